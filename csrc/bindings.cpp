@@ -1,0 +1,14 @@
+// The only PYBIND11_MODULE: hybrid_engine._C. Each concept binds itself in csrc/bind_<concept>.cpp;
+// this file lists them, in dependency order.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+namespace hybrid {
+void bind_grid(py::module_& m);
+}  // namespace hybrid
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hybrid_engine C++ core: process grid, pipeline schedules, executor, loss scaler, TP autograd";
+  hybrid::bind_grid(m);
+}
