@@ -1,0 +1,25 @@
+// Thin, blocking-where-it-says helpers over a c10d::ProcessGroup handed in from Python.
+//
+// A ProcessGroup arrives from Python as c10::intrusive_ptr<c10d::ProcessGroup> (torch's pybind11 holder
+// caster does the conversion); ranks passed to send/recv are ranks *within that group*.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace hybrid {
+
+using GroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// In-place sum over the group; waits for completion. A null group or a group of one is a no-op.
+void all_reduce_sum(at::Tensor& tensor, const GroupPtr& group);
+
+// In-place max over the group; waits.
+void all_reduce_max(at::Tensor& tensor, const GroupPtr& group);
+
+// Asynchronous in-place sum; the caller waits on the returned work (null for a trivial group).
+c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(at::Tensor& tensor, const GroupPtr& group);
+
+inline bool is_trivial(const GroupPtr& group) { return !group || group->getSize() == 1; }
+
+}  // namespace hybrid
