@@ -7,10 +7,18 @@ namespace py = pybind11;
 namespace hybrid {
 void bind_grid(py::module_& m);
 void bind_comm(py::module_& m);
+void bind_schedule(py::module_& m);
+void bind_tp(py::module_& m);
+void bind_amp(py::module_& m);
+void bind_executor(py::module_& m);
 }  // namespace hybrid
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hybrid_engine C++ core: process grid, pipeline schedules, executor, loss scaler, TP autograd";
   hybrid::bind_grid(m);
   hybrid::bind_comm(m);
+  hybrid::bind_schedule(m);
+  hybrid::bind_tp(m);
+  hybrid::bind_amp(m);
+  hybrid::bind_executor(m);
 }

@@ -28,4 +28,13 @@ c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(at::Tensor& tensor, const Gr
   return all_reduce(tensor, group, c10d::ReduceOp::SUM);
 }
 
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const GroupPtr& group) {
+  if (is_trivial(group)) return {tensor};
+  std::vector<at::Tensor> inputs{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < group->getSize(); ++i) outputs[0].push_back(at::empty_like(inputs[0]));
+  group->allgather(outputs, inputs)->wait();
+  return outputs[0];
+}
+
 }  // namespace hybrid

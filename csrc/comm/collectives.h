@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <vector>
+
 namespace hybrid {
 
 using GroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
@@ -19,6 +21,10 @@ void all_reduce_max(at::Tensor& tensor, const GroupPtr& group);
 
 // Asynchronous in-place sum; the caller waits on the returned work (null for a trivial group).
 c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(at::Tensor& tensor, const GroupPtr& group);
+
+// Every member's `tensor`, indexed by rank within the group; waits. All members must pass the same shape.
+// A null group or a group of one returns {tensor}.
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const GroupPtr& group);
 
 inline bool is_trivial(const GroupPtr& group) { return !group || group->getSize() == 1; }
 

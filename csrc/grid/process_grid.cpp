@@ -1,6 +1,7 @@
 #include "grid/process_grid.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 #include <stdexcept>
 

@@ -1,0 +1,118 @@
+// Python face of the fp16 loss scaler and global-norm clipping (hybrid_engine._C.DynamicLossScaler,
+// hybrid_engine._C.clip_grad_norm). Gradient lists may hold None; groups may be None (size 1).
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "amp/grad_clip.h"
+#include "amp/loss_scaler.h"
+
+namespace py = pybind11;
+
+namespace hybrid {
+
+namespace {
+using MaybeTensors = std::vector<std::optional<at::Tensor>>;
+using MaybeGroup = std::optional<GroupPtr>;
+
+std::vector<at::Tensor> defined_or_empty(const MaybeTensors& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.value_or(at::Tensor()));
+  return out;
+}
+
+GroupPtr group_or_null(const MaybeGroup& group) { return group.value_or(GroupPtr()); }
+
+py::dict state_to_dict(const LossScalerState& s) {
+  py::dict d;
+  d["scale"] = static_cast<double>(s.scale);
+  d["growth_tracker"] = s.growth_tracker;
+  d["hysteresis_tracker"] = s.hysteresis_tracker;
+  d["consecutive_overflows"] = s.consecutive_overflows;
+  d["skipped_steps"] = s.skipped_steps;
+  return d;
+}
+
+template <typename T>
+T required(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw py::key_error(std::string("loss scaler state_dict has no '") + key + "'");
+  return d[key].cast<T>();
+}
+
+LossScalerState state_from_dict(const py::dict& d) {
+  LossScalerState s;
+  s.scale = static_cast<float>(required<double>(d, "scale"));
+  s.growth_tracker = required<int64_t>(d, "growth_tracker");
+  s.hysteresis_tracker = required<int64_t>(d, "hysteresis_tracker");
+  s.consecutive_overflows = required<int64_t>(d, "consecutive_overflows");
+  s.skipped_steps = required<int64_t>(d, "skipped_steps");
+  return s;
+}
+}  // namespace
+
+void bind_amp(py::module_& m) {
+  py::class_<DynamicLossScaler>(m, "DynamicLossScaler",
+                                "fp16 loss scaler: GradScaler's growth/backoff rule, Megatron's hysteresis and "
+                                "floor, inf/NaN agreement over a process group.")
+      .def(py::init([](double init_scale, double growth_factor, double backoff_factor, int64_t growth_interval,
+                       int64_t hysteresis, double min_scale, bool is_static) {
+             return DynamicLossScaler(LossScalerConfig{init_scale, growth_factor, backoff_factor, growth_interval,
+                                                       hysteresis, min_scale, is_static});
+           }),
+           py::kw_only(), py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0,
+           py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000, py::arg("hysteresis") = 1,
+           py::arg("min_scale") = 1.0, py::arg("static") = false)
+      .def_property_readonly("scale", &DynamicLossScaler::scale, "Current scale (an fp32 value), no sync.")
+      .def_property_readonly("skipped_steps", &DynamicLossScaler::skipped_steps)
+      .def_property_readonly("consecutive_overflows", &DynamicLossScaler::consecutive_overflows)
+      .def_property_readonly("growth_tracker", &DynamicLossScaler::growth_tracker)
+      .def_property_readonly("hysteresis_tracker", &DynamicLossScaler::hysteresis_tracker)
+      .def_property_readonly("growth_interval", [](const DynamicLossScaler& s) { return s.config().growth_interval; })
+      .def_property_readonly("hysteresis", [](const DynamicLossScaler& s) { return s.config().hysteresis; })
+      .def_property_readonly("min_scale", [](const DynamicLossScaler& s) { return s.config().min_scale; })
+      .def_property_readonly("is_static", [](const DynamicLossScaler& s) { return s.config().is_static; })
+      .def(
+          "unscale_and_check",
+          [](DynamicLossScaler& self, const MaybeTensors& grads, const MaybeGroup& group,
+             std::optional<at::Device> device) {
+            return self.unscale_and_check(defined_or_empty(grads), group_or_null(group), device);
+          },
+          py::arg("grads"), py::arg("group") = py::none(), py::arg("device") = py::none(),
+          py::call_guard<py::gil_scoped_release>(),
+          "Unscales `grads` in place (None entries skipped), MAX-reduces the inf/NaN flag over `group`; "
+          "True means every rank of the group skips this step. Call update() after.")
+      .def("update", &DynamicLossScaler::update, py::arg("found_inf"),
+           "Advance scale and counters after a step; found_inf=True for a skipped step.")
+      .def("state_dict", [](const DynamicLossScaler& self) { return state_to_dict(self.state()); },
+           "Plain dict of Python numbers (torch.save(weights_only=True) can hold it).")
+      .def("load_state_dict", [](DynamicLossScaler& self, const py::dict& d) { self.load_state(state_from_dict(d)); },
+           py::arg("state_dict"), "Restore state; in static mode the configured scale is kept.")
+      .def("__repr__", [](const DynamicLossScaler& self) {
+        const auto& s = self.state();
+        std::ostringstream out;
+        out << "DynamicLossScaler(scale=" << s.scale << ", growth_tracker=" << s.growth_tracker << "/"
+            << self.config().growth_interval << ", skipped_steps=" << s.skipped_steps
+            << (self.config().is_static ? ", static" : "") << ")";
+        return out.str();
+      });
+
+  m.def(
+      "clip_grad_norm",
+      [](const MaybeTensors& split_grads, const MaybeTensors& replicated_grads, double max_norm,
+         const MaybeGroup& mp_group, const MaybeGroup& pp_group, std::optional<at::Device> device) {
+        return clip_grad_norm(defined_or_empty(split_grads), defined_or_empty(replicated_grads), max_norm,
+                              group_or_null(mp_group), group_or_null(pp_group), device);
+      },
+      py::arg("split_grads"), py::arg("replicated_grads"), py::arg("max_norm"), py::arg("mp_group") = py::none(),
+      py::arg("pp_group") = py::none(), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "Global L2 norm of the model's gradient (MP-split grads summed over mp_group, MP-replicated grads counted "
+      "once, stages summed over pp_group); clips in place to max_norm when finite and above it (max_norm <= 0: "
+      "measure only). Returns the pre-clip norm.");
+}
+
+}  // namespace hybrid

@@ -1,0 +1,83 @@
+// Python face of the pipeline executor and the DP gradient sync.
+#include <torch/csrc/utils/pybind.h>
+
+#include "executor/dp_grad_sync.h"
+#include "executor/pipeline_executor.h"
+
+namespace py = pybind11;
+
+namespace hybrid {
+
+namespace {
+
+// Meta tensors describe what travels between stages: shape and dtype, no storage.
+std::vector<TensorSpec> to_specs(const std::vector<at::Tensor>& examples) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : examples) specs.push_back({t.sizes().vec(), t.scalar_type()});
+  return specs;
+}
+
+std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
+    const std::map<std::pair<int, int>, std::pair<GroupPtr, int>>& entries) {
+  std::map<PipelineExecutor::ChannelKey, Channel> channels;
+  for (const auto& [key, value] : entries) channels[key] = Channel{value.first, value.second};
+  return channels;
+}
+
+}  // namespace
+
+void bind_executor(py::module_& m) {
+  py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
+                                                      "Averages flat gradient buckets over the DP group.")
+      .def(py::init<std::vector<at::Tensor>, GroupPtr>(), py::arg("buckets"), py::arg("dp_group"))
+      .def("launch", &DpGradSync::launch, py::arg("bucket"), py::call_guard<py::gil_scoped_release>())
+      .def("finish", &DpGradSync::finish, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_buckets", &DpGradSync::num_buckets);
+
+  py::class_<TraceEvent>(m, "TraceEvent")
+      .def_readonly("action", &TraceEvent::action)
+      .def_readonly("start_us", &TraceEvent::start_us)
+      .def_readonly("end_us", &TraceEvent::end_us);
+
+  py::class_<PipelineExecutor>(m, "PipelineExecutor",
+                               "Runs one pipeline rank's action list per step (see csrc/executor).")
+      .def(py::init([](std::vector<Action> actions, int pp_rank, int pp_size, int num_stages, int num_micro,
+                       py::function stage_fn, py::function loss_fn,
+                       std::map<std::pair<int, int>, std::pair<GroupPtr, int>> send_channels,
+                       std::map<std::pair<int, int>, std::pair<GroupPtr, int>> recv_channels,
+                       std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
+                       const std::string& device, std::shared_ptr<DpGradSync> dp_sync,
+                       std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace) {
+             ExecutorConfig config;
+             config.pp_rank = pp_rank;
+             config.pp_size = pp_size;
+             config.num_stages = num_stages;
+             config.num_micro = num_micro;
+             config.merge_weight_grads = merge_weight_grads;
+             config.record_trace = record_trace;
+             // The executor runs with the GIL released; Python is re-entered only to run a stage or the loss.
+             auto stage = [stage_fn](int s, const at::Tensor& x) {
+               py::gil_scoped_acquire gil;
+               return stage_fn(s, x).cast<at::Tensor>();
+             };
+             auto loss = [loss_fn](const at::Tensor& out, const at::Tensor& target) {
+               py::gil_scoped_acquire gil;
+               return loss_fn(out, target).cast<at::Tensor>();
+             };
+             return std::make_unique<PipelineExecutor>(
+                 std::move(actions), config, stage, loss, to_channels(send_channels), to_channels(recv_channels),
+                 to_specs(input_specs), to_specs(output_specs), at::Device(device), std::move(dp_sync),
+                 std::move(stage_buckets));
+           }),
+           py::arg("actions"), py::arg("pp_rank"), py::arg("pp_size"), py::arg("num_stages"), py::arg("num_micro"),
+           py::arg("stage_fn"), py::arg("loss_fn"), py::arg("send_channels"), py::arg("recv_channels"),
+           py::arg("input_specs"), py::arg("output_specs"), py::arg("device"), py::arg("dp_sync") = nullptr,
+           py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
+           py::arg("record_trace") = false)
+      .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("trace", &PipelineExecutor::trace)
+      .def_property_readonly("actions", &PipelineExecutor::actions);
+}
+
+}  // namespace hybrid

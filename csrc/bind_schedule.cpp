@@ -1,0 +1,116 @@
+// Python face of the torch-free pipeline schedules: hybrid_engine._C.schedule.
+// Only pybind11 headers, no torch: this file compiles in seconds.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "schedule/action.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/simulate.h"
+#include "schedule/validate.h"
+
+namespace py = pybind11;
+
+namespace hybrid {
+
+namespace {
+
+std::string costs_repr(const Costs& c) {
+  auto num = [](double x) { return py::str(py::float_(x)).cast<std::string>(); };
+  return "Costs(F=" + num(c.forward) + ", B=" + num(c.backward) + ", I=" + num(c.backward_input) +
+         ", W=" + num(c.backward_weight) + ", latency=" + num(c.latency) + ")";
+}
+
+}  // namespace
+
+void bind_schedule(py::module_& root) {
+  py::module_ m = root.def_submodule(
+      "schedule", "Pipeline schedules as data: actions, generators, lowering, validation, simulation.");
+
+  py::enum_<ActionType>(m, "ActionType")
+      .value("F", ActionType::F)
+      .value("B", ActionType::B)
+      .value("I", ActionType::I)
+      .value("W", ActionType::W)
+      .value("SEND_F", ActionType::SEND_F)
+      .value("RECV_F", ActionType::RECV_F)
+      .value("SEND_B", ActionType::SEND_B)
+      .value("RECV_B", ActionType::RECV_B)
+      .def_property_readonly("is_compute", [](ActionType t) { return is_compute(t); })
+      .def_property_readonly("is_comm", [](ActionType t) { return is_comm(t); })
+      .def_static("parse", &parse_action_type, py::arg("text"));
+
+  // Immutable, so that actions can be dict keys and set members.
+  py::class_<Action>(m, "Action", "One step of one rank's pipeline program: (stage, type, micro). Prints as '1F3'.")
+      .def(py::init([](int stage, ActionType type, int micro) { return Action{stage, type, micro}; }),
+           py::arg("stage"), py::arg("type"), py::arg("micro"))
+      .def_readonly("stage", &Action::stage)
+      .def_readonly("type", &Action::type)
+      .def_readonly("micro", &Action::micro)
+      .def_property_readonly("is_compute", [](const Action& a) { return is_compute(a.type); })
+      .def_static("parse", &parse_action, py::arg("text"), "Inverse of str(): '1F3' -> Action(1, F, 3).")
+      .def("__str__", [](const Action& a) { return to_string(a); })
+      .def("__repr__", [](const Action& a) { return to_string(a); })
+      .def("__eq__",
+           [](const Action& a, const py::object& other) -> py::object {
+             if (!py::isinstance<Action>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(a == other.cast<const Action&>());
+           })
+      .def("__hash__",
+           [](const Action& a) { return py::hash(py::make_tuple(a.stage, static_cast<int>(a.type), a.micro)); })
+      .def(py::pickle([](const Action& a) { return to_string(a); },
+                      [](const std::string& text) { return parse_action(text); }));
+
+  py::class_<Costs>(m, "Costs", "Durations of one F, B, I, W (one stage, one micro-batch) and per-message latency.")
+      .def(py::init([](double f, double b, double i, double w, double latency) {
+             return Costs{f, b, i, w, latency};
+           }),
+           py::arg("F") = 1.0, py::arg("B") = 2.0, py::arg("I") = 1.0, py::arg("W") = 1.0,
+           py::arg("latency") = 0.0)
+      .def_readwrite("F", &Costs::forward)
+      .def_readwrite("B", &Costs::backward)
+      .def_readwrite("I", &Costs::backward_input)
+      .def_readwrite("W", &Costs::backward_weight)
+      .def_readwrite("latency", &Costs::latency)
+      .def("of", &Costs::of, py::arg("type"))
+      .def("__repr__", &costs_repr);
+
+  py::class_<TimedAction>(m, "TimedAction",
+                          "An action with its simulated times. RECV: start = posted, end = data arrived.")
+      .def_readonly("action", &TimedAction::action)
+      .def_readonly("start", &TimedAction::start)
+      .def_readonly("end", &TimedAction::end)
+      .def("__repr__", [](const TimedAction& t) {
+        return "TimedAction(" + to_string(t.action) + ", start=" + py::str(py::float_(t.start)).cast<std::string>() +
+               ", end=" + py::str(py::float_(t.end)).cast<std::string>() + ")";
+      });
+
+  py::class_<SimResult>(m, "SimResult")
+      .def_readonly("makespan", &SimResult::makespan)
+      .def_readonly("busy", &SimResult::busy)
+      .def_readonly("idle", &SimResult::idle)
+      .def_readonly("bubble", &SimResult::bubble, "total idle / (ranks x makespan)")
+      .def_readonly("peak_activations", &SimResult::peak_activations)
+      .def_readonly("timeline", &SimResult::timeline, "per rank, every action with its start and end, in list order")
+      .def("__repr__", [](const SimResult& r) {
+        return "SimResult(makespan=" + py::str(py::float_(r.makespan)).cast<std::string>() +
+               ", bubble=" + py::str(py::float_(r.bubble)).cast<std::string>() +
+               ", peak_activations=" + py::str(py::cast(r.peak_activations)).cast<std::string>() + ")";
+      });
+
+  py::register_exception<DeadlockError>(m, "ScheduleDeadlockError", PyExc_RuntimeError);
+
+  m.def("schedule_names", &schedule_names);
+  m.def("check_schedule_request", &check_schedule_request, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
+        py::arg("virtual_stages") = 1);
+  m.def("make_compute_schedule", &make_compute_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
+        py::arg("virtual_stages") = 1, "Compute-only program (F, B, I, W) of every rank.");
+  m.def("make_schedule", &make_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
+        py::arg("virtual_stages") = 1, "Program of every rank, with sends and receives.");
+  m.def("add_communication", &add_communication, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"));
+  m.def("validate", &validate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("micro_batches"));
+  m.def("simulate", &simulate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"),
+        py::arg("costs") = Costs());
+}
+
+}  // namespace hybrid

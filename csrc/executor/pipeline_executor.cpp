@@ -1,0 +1,286 @@
+#include "executor/pipeline_executor.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include "tp/weight_grad_store.h"
+
+namespace hybrid {
+
+namespace {
+
+std::string where(int pp_rank, const Action& a) {
+  return "pipeline rank " + std::to_string(pp_rank) + " action " + to_string(a);
+}
+
+bool is_backward_type(ActionType t) { return t == ActionType::B || t == ActionType::I || t == ActionType::W; }
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn,
+                                   LossFn loss_fn, std::map<ChannelKey, Channel> send_channels,
+                                   std::map<ChannelKey, Channel> recv_channels,
+                                   std::vector<TensorSpec> stage_input_specs,
+                                   std::vector<TensorSpec> stage_output_specs, at::Device device,
+                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets)
+    : actions_(std::move(actions)),
+      config_(config),
+      stage_fn_(std::move(stage_fn)),
+      loss_fn_(std::move(loss_fn)),
+      send_channels_(std::move(send_channels)),
+      recv_channels_(std::move(recv_channels)),
+      input_specs_(std::move(stage_input_specs)),
+      output_specs_(std::move(stage_output_specs)),
+      device_(device),
+      dp_sync_(std::move(dp_sync)),
+      stage_buckets_(std::move(stage_buckets)) {
+  if (static_cast<int>(input_specs_.size()) != config_.num_stages ||
+      static_cast<int>(output_specs_.size()) != config_.num_stages) {
+    throw std::invalid_argument("executor needs one input and one output spec per stage (" +
+                                std::to_string(config_.num_stages) + ")");
+  }
+  bool has_w = false;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Action& a = actions_[i];
+    if (stage_owner(a.stage, config_.pp_size) != config_.pp_rank) {
+      throw std::invalid_argument(where(config_.pp_rank, a) + ": stage is owned by pipeline rank " +
+                                  std::to_string(stage_owner(a.stage, config_.pp_size)));
+    }
+    if (is_backward_type(a.type)) last_grad_action_[a.stage] = i;
+    if (a.type == ActionType::W) {
+      has_w = true;
+      last_w_micro_[a.stage] = a.micro;
+    }
+  }
+  // Without W actions, I computes everything (there is nothing to defer to).
+  if (!has_w) config_.merge_weight_grads = false;
+}
+
+PipelineExecutor::MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
+
+const Channel& PipelineExecutor::channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,
+                                         const Action& a) const {
+  auto it = channels.find({peer, static_cast<int>(kind)});
+  if (it == channels.end()) {
+    throw std::runtime_error(where(config_.pp_rank, a) + ": no channel to/from pipeline rank " +
+                             std::to_string(peer));
+  }
+  return it->second;
+}
+
+std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inputs,
+                                              const std::vector<at::Tensor>& targets, double loss_multiplier) {
+  const bool holds_first = stage_owner(0, config_.pp_size) == config_.pp_rank;
+  const bool holds_last = stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank;
+  if (holds_first && static_cast<int>(inputs.size()) != config_.num_micro) {
+    throw std::invalid_argument("the first stage needs " + std::to_string(config_.num_micro) +
+                                " micro-batch inputs, got " + std::to_string(inputs.size()));
+  }
+  if (holds_last && static_cast<int>(targets.size()) != config_.num_micro) {
+    throw std::invalid_argument("the last stage needs " + std::to_string(config_.num_micro) +
+                                " micro-batch targets, got " + std::to_string(targets.size()));
+  }
+  std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
+  trace_.clear();
+  step_start_ = std::chrono::steady_clock::now();
+  auto now_us = [this] {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start_).count();
+  };
+  try {
+    for (size_t i = 0; i < actions_.size(); ++i) {
+      const Action& a = actions_[i];
+      const double start = config_.record_trace ? now_us() : 0.0;
+      execute(a, inputs, targets, loss_multiplier, losses);
+      if (config_.record_trace && is_compute(a.type)) trace_.push_back({a, start, now_us()});
+      auto last = last_grad_action_.find(a.stage);
+      if (dp_sync_ && last != last_grad_action_.end() && last->second == i) {
+        auto buckets = stage_buckets_.find(a.stage);
+        if (buckets != stage_buckets_.end()) {
+          for (int b : buckets->second) dp_sync_->launch(b);
+        }
+      }
+      reap_sends(false);
+    }
+    reap_sends(true);
+    if (!recvs_.empty()) {
+      const auto& [key, pending] = *recvs_.begin();
+      throw std::runtime_error("pipeline rank " + std::to_string(config_.pp_rank) + ": receive for stage " +
+                               std::to_string(std::get<0>(key)) + " micro-batch " + std::to_string(std::get<1>(key)) +
+                               " was posted but never consumed");
+    }
+    if (dp_sync_) dp_sync_->finish();
+  } catch (...) {
+    micro_.clear();
+    recvs_.clear();
+    sends_.clear();
+    WeightGradStore::instance().clear();
+    throw;
+  }
+  micro_.clear();
+  return losses;
+}
+
+void PipelineExecutor::execute(const Action& a, const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& targets, double loss_multiplier,
+                               std::vector<at::Tensor>& losses) {
+  switch (a.type) {
+    case ActionType::F:
+      forward(a, inputs, targets, loss_multiplier, losses);
+      break;
+    case ActionType::B:
+      backward(a, /*defer_weight_grads=*/false);
+      break;
+    case ActionType::I:
+      backward(a, /*defer_weight_grads=*/true);
+      break;
+    case ActionType::W:
+      weight_grads(a);
+      break;
+    case ActionType::RECV_F:
+      post_recv(a, TensorKind::Activation);
+      break;
+    case ActionType::RECV_B:
+      post_recv(a, TensorKind::Gradient);
+      break;
+    case ActionType::SEND_F: {
+      MicroState& s = state(a.stage, a.micro);
+      if (!s.output.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no F ran)");
+      post_send(a, TensorKind::Activation, s.output.detach());
+      break;
+    }
+    case ActionType::SEND_B: {
+      MicroState& s = state(a.stage, a.micro);
+      if (!s.input_grad.defined()) {
+        throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no backward ran)");
+      }
+      post_send(a, TensorKind::Gradient, s.input_grad);
+      s.input_grad.reset();
+      break;
+    }
+  }
+}
+
+void PipelineExecutor::forward(const Action& a, const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& targets, double loss_multiplier,
+                               std::vector<at::Tensor>& losses) {
+  MicroState& s = state(a.stage, a.micro);
+  if (is_first_stage(a.stage)) {
+    s.input = inputs.at(a.micro);
+  } else {
+    // A fresh leaf: backward leaves the gradient for upstream in its .grad.
+    s.input = take_recv(a, TensorKind::Activation).requires_grad_(true);
+  }
+  at::Tensor output = stage_fn_(a.stage, s.input);
+  if (is_last_stage(a.stage)) {
+    at::Tensor loss = loss_fn_(output, targets.at(a.micro));
+    if (loss.numel() != 1) {
+      throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
+    }
+    losses.at(a.micro) = loss.detach();
+    s.loss = loss * loss_multiplier;
+  } else {
+    s.output = output;
+  }
+}
+
+void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
+  MicroState& s = state(a.stage, a.micro);
+  at::Tensor root;
+  at::Tensor root_grad;
+  if (is_last_stage(a.stage)) {
+    root = s.loss;
+  } else {
+    root = s.output;
+    root_grad = take_recv(a, TensorKind::Gradient);
+  }
+  if (!root.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
+  if (root.requires_grad()) {
+    std::optional<DeferWeightGrads> defer;
+    if (defer_weight_grads) defer.emplace(WgradKey{a.stage, a.micro});
+    if (root_grad.defined()) {
+      torch::autograd::backward({root}, {root_grad});
+    } else {
+      torch::autograd::backward({root});
+    }
+  }
+  if (!is_first_stage(a.stage)) {
+    at::Tensor grad = s.input.grad();
+    // An input the stage ignores still owes upstream a gradient: zeros keep the channels in step.
+    s.input_grad = grad.defined() ? grad : at::zeros_like(s.input);
+  }
+  s.input.reset();
+  s.output.reset();
+  s.loss.reset();
+}
+
+void PipelineExecutor::weight_grads(const Action& a) {
+  if (!config_.merge_weight_grads) {
+    WeightGradStore::instance().flush(WgradKey{a.stage, a.micro});
+    return;
+  }
+  // Merged: every W of this stage but the last is a no-op; the last computes all micro-batches at once.
+  if (last_w_micro_.at(a.stage) != a.micro) return;
+  std::vector<WgradKey> keys;
+  for (const Action& other : actions_) {
+    if (other.type == ActionType::W && other.stage == a.stage) keys.push_back(WgradKey{a.stage, other.micro});
+  }
+  WeightGradStore::instance().flush_merged(keys);
+}
+
+void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {
+  const bool activation = kind == TensorKind::Activation;
+  const int peer_stage = activation ? a.stage - 1 : a.stage + 1;
+  if (peer_stage < 0 || peer_stage >= config_.num_stages) {
+    throw std::runtime_error(where(config_.pp_rank, a) + ": no neighbouring stage to receive from");
+  }
+  const TensorSpec& spec = activation ? input_specs_.at(a.stage) : output_specs_.at(a.stage);
+  at::Tensor buffer = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype).device(device_));
+  const Channel& ch = channel(recv_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
+  std::vector<at::Tensor> tensors{buffer};
+  auto key = std::make_tuple(a.stage, a.micro, static_cast<int>(kind));
+  if (recvs_.count(key)) throw std::runtime_error(where(config_.pp_rank, a) + ": receive posted twice");
+  recvs_[key] = PendingRecv{ch.group->recv(tensors, ch.peer_group_rank, /*tag=*/0), buffer};
+}
+
+at::Tensor PipelineExecutor::take_recv(const Action& a, TensorKind kind) {
+  auto it = recvs_.find(std::make_tuple(a.stage, a.micro, static_cast<int>(kind)));
+  if (it == recvs_.end()) {
+    throw std::runtime_error(where(config_.pp_rank, a) + ": its input was never received (no " +
+                             (kind == TensorKind::Activation ? "RECV_F" : "RECV_B") + " before it)");
+  }
+  PendingRecv pending = std::move(it->second);
+  recvs_.erase(it);
+  pending.work->wait();
+  return pending.buffer;
+}
+
+void PipelineExecutor::post_send(const Action& a, TensorKind kind, const at::Tensor& tensor) {
+  const bool activation = kind == TensorKind::Activation;
+  const int peer_stage = activation ? a.stage + 1 : a.stage - 1;
+  if (peer_stage < 0 || peer_stage >= config_.num_stages) {
+    throw std::runtime_error(where(config_.pp_rank, a) + ": no neighbouring stage to send to");
+  }
+  const Channel& ch = channel(send_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
+  at::Tensor payload = tensor.contiguous();
+  std::vector<at::Tensor> tensors{payload};
+  sends_.push_back(PendingSend{ch.group->send(tensors, ch.peer_group_rank, /*tag=*/0), payload});
+}
+
+void PipelineExecutor::reap_sends(bool wait_all) {
+  if (wait_all) {
+    for (auto& s : sends_) s.work->wait();
+    sends_.clear();
+    return;
+  }
+  // Drop the sends that are done so their buffers free early; keep posting order for the rest.
+  std::vector<PendingSend> still;
+  for (auto& s : sends_) {
+    if (!s.work->isCompleted()) still.push_back(std::move(s));
+  }
+  sends_ = std::move(still);
+}
+
+}  // namespace hybrid

@@ -1,0 +1,138 @@
+// Runs one rank's pipeline action list (see csrc/schedule/action.h) for one training step.
+//
+// Communication: every (sender, receiver, kind) has its own two-rank process group ("channel"), so a
+// channel carries one direction of one kind of tensor and its sends and receives pair up in order; the
+// schedule simulator has already checked that this order can never deadlock. RECV_* posts an irecv where
+// the schedule puts it (ahead of need); the compute action that consumes it waits on that work only then.
+// SEND_* is an isend whose work is waited only when the step ends or the send has completed.
+//
+// Lifetime: a micro-batch's stage input and output are dropped by the backward that last needs them; the
+// gradient sent upstream is dropped once its send completes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "comm/collectives.h"
+#include "executor/dp_grad_sync.h"
+#include "schedule/action.h"
+
+namespace hybrid {
+
+enum class TensorKind { Activation = 0, Gradient = 1 };
+
+struct Channel {
+  GroupPtr group;
+  int peer_group_rank = 0;  // the peer's rank within `group`
+};
+
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+};
+
+struct ExecutorConfig {
+  int pp_rank = 0;
+  int pp_size = 1;
+  int num_stages = 1;  // pp * virtual stages
+  int num_micro = 1;
+  // zb1 only: W actions of a stage are gathered into one weight-gradient GEMM per layer at the stage's last
+  // W (K = all micro-batches' rows) instead of one small GEMM per micro-batch.
+  bool merge_weight_grads = false;
+  bool record_trace = false;
+};
+
+// One executed action with host-clock times in microseconds from the step's start.
+struct TraceEvent {
+  Action action;
+  double start_us = 0;
+  double end_us = 0;
+};
+
+class PipelineExecutor {
+ public:
+  // Runs the forward of global stage `stage` on `input`; returns the stage output.
+  using StageFn = std::function<at::Tensor(int stage, const at::Tensor& input)>;
+  // Loss of one micro-batch on the last stage (a scalar); the executor multiplies by the loss multiplier.
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+  using ChannelKey = std::pair<int, int>;  // (peer pp rank, TensorKind)
+
+  PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn, LossFn loss_fn,
+                   std::map<ChannelKey, Channel> send_channels, std::map<ChannelKey, Channel> recv_channels,
+                   std::vector<TensorSpec> stage_input_specs, std::vector<TensorSpec> stage_output_specs,
+                   at::Device device, std::shared_ptr<DpGradSync> dp_sync,
+                   std::map<int, std::vector<int>> stage_buckets);
+
+  // One step. `inputs` has num_micro tensors on a rank holding stage 0 (else empty); `targets` likewise on
+  // the rank holding the last stage. Returns the per-micro-batch losses (unmultiplied, detached) on the
+  // rank holding the last stage, else an empty list. Gradients are accumulated into the parameters'
+  // .grad and averaged over DP before this returns.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+                              double loss_multiplier);
+
+  const std::vector<Action>& actions() const { return actions_; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+
+ private:
+  struct MicroState {
+    at::Tensor input;       // stage input (requires grad on all but the first stage)
+    at::Tensor output;      // stage output, root of this micro-batch's backward
+    at::Tensor loss;        // last stage: multiplied loss, root of the backward
+    at::Tensor input_grad;  // gradient to send upstream
+  };
+  struct PendingRecv {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor buffer;
+  };
+  struct PendingSend {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor tensor;  // kept alive until the send completes
+  };
+
+  void execute(const Action& a, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+               double loss_multiplier, std::vector<at::Tensor>& losses);
+  void forward(const Action& a, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+               double loss_multiplier, std::vector<at::Tensor>& losses);
+  void backward(const Action& a, bool defer_weight_grads);
+  void weight_grads(const Action& a);
+  void post_recv(const Action& a, TensorKind kind);
+  void post_send(const Action& a, TensorKind kind, const at::Tensor& tensor);
+  at::Tensor take_recv(const Action& a, TensorKind kind);
+  void reap_sends(bool wait_all);
+  MicroState& state(int stage, int micro);
+  const Channel& channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,
+                         const Action& a) const;
+  bool is_first_stage(int stage) const { return stage == 0; }
+  bool is_last_stage(int stage) const { return stage == config_.num_stages - 1; }
+
+  std::vector<Action> actions_;
+  ExecutorConfig config_;
+  StageFn stage_fn_;
+  LossFn loss_fn_;
+  std::map<ChannelKey, Channel> send_channels_;
+  std::map<ChannelKey, Channel> recv_channels_;
+  std::vector<TensorSpec> input_specs_;
+  std::vector<TensorSpec> output_specs_;
+  at::Device device_;
+  std::shared_ptr<DpGradSync> dp_sync_;
+  std::map<int, std::vector<int>> stage_buckets_;
+  // Index in actions_ of each stage's last backward-type action (B, I without W, or W): after it the
+  // stage's gradients are final for the step and its DP buckets can be reduced.
+  std::map<int, size_t> last_grad_action_;
+  std::map<int, int> last_w_micro_;  // stage -> micro of its last W (merged weight gradients run there)
+
+  std::map<std::pair<int, int>, MicroState> micro_;
+  std::map<std::tuple<int, int, int>, PendingRecv> recvs_;  // (stage, micro, kind)
+  std::vector<PendingSend> sends_;
+  std::vector<TraceEvent> trace_;
+  std::chrono::steady_clock::time_point step_start_;
+};
+
+}  // namespace hybrid

@@ -1,0 +1,194 @@
+#include "schedule/generators.h"
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+
+#include "schedule/lower.h"
+
+namespace hybrid {
+
+namespace {
+
+// Beyond this many compute actions a request is a typo, not a pipeline; refuse before allocating.
+constexpr long long kMaxComputeActions = 1LL << 24;
+
+std::string sizes_text(int pp, int micro_batches, int virtual_stages) {
+  return "pp=" + std::to_string(pp) + ", micro-batches=" + std::to_string(micro_batches) +
+         ", virtual stages=" + std::to_string(virtual_stages);
+}
+
+// The 1F1B skeleton shared by 1f1b, interleaved and zb1 (as in torch's _get_1f1b_rank_ops): `warmup`
+// forwards, then one forward and one backward in turn until the forwards run out, then the remaining
+// backwards. forwards[j] / backwards[j] are the rank's j-th forward and backward; the backward's type is set
+// here (B, or I + W).
+//
+// With split_backward the backward is I, and W is deferred: the W of the j-th backward is issued only
+// after backward j + deferred_w, and the last deferred_w W's drain at the end, into the cool-down bubbles.
+std::vector<Action> one_f_one_b_rank(const std::vector<Action>& forwards, const std::vector<Action>& backwards,
+                                     int warmup, bool split_backward, int deferred_w) {
+  const int total = static_cast<int>(forwards.size());
+  warmup = std::min(warmup, total);
+  std::vector<Action> ops;
+  ops.reserve(forwards.size() * (split_backward ? 3 : 2));
+  std::deque<Action> pending_w;
+  int next_backward = 0;
+  auto backward = [&]() {
+    Action a = backwards[next_backward];
+    a.type = split_backward ? ActionType::I : ActionType::B;
+    ops.push_back(a);
+    if (!split_backward) {
+      ++next_backward;
+      return;
+    }
+    pending_w.push_back({a.stage, ActionType::W, a.micro});
+    if (next_backward >= deferred_w) {
+      ops.push_back(pending_w.front());
+      pending_w.pop_front();
+    }
+    ++next_backward;
+  };
+  for (int j = 0; j < warmup; ++j) ops.push_back(forwards[j]);  // warm-up
+  for (int j = warmup; j < total; ++j) {                         // steady state
+    ops.push_back(forwards[j]);
+    backward();
+  }
+  while (next_backward < total) backward();  // cool-down
+  for (const Action& w : pending_w) ops.push_back(w);
+  return ops;
+}
+
+// Forward (stage, micro) of a rank's single stage, micro-batches in order; backwards likewise.
+std::vector<Action> one_stage_sequence(int rank, int micro_batches, ActionType type) {
+  std::vector<Action> seq;
+  for (int k = 0; k < micro_batches; ++k) seq.push_back({rank, type, k});
+  return seq;
+}
+
+// 1F1B with one stage per rank. Rank r starts pp - r - 1 forwards ahead: exactly what fills the pipe before
+// the first gradient returns, and the bound on live activations (rank 0 holds pp).
+//
+// zero_bubble gives ZB-H1: I in place of B, so gradients travel back sooner, and W deferred by r on rank r
+// (torch's ScheduleInterleavedZeroBubble with one chunk). Rank r then holds at most
+// (pp - r - 1) + r + 1 = pp activations until their W: 1F1B's bound, reached on every rank.
+Schedule one_stage_1f1b(int pp, int micro_batches, bool zero_bubble) {
+  Schedule schedule(pp);
+  for (int r = 0; r < pp; ++r) {
+    schedule[r] = one_f_one_b_rank(one_stage_sequence(r, micro_batches, ActionType::F),
+                                   one_stage_sequence(r, micro_batches, ActionType::B), pp - r - 1, zero_bubble,
+                                   zero_bubble ? r : 0);
+  }
+  return schedule;
+}
+
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "zb1"};
+  return names;
+}
+
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages) {
+  const auto& names = schedule_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b, interleaved or zb1)");
+  }
+  if (pp < 1) throw std::invalid_argument("pp must be >= 1 (got " + std::to_string(pp) + ")");
+  if (micro_batches < 1) {
+    throw std::invalid_argument("micro-batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
+  }
+  if (virtual_stages < 1) {
+    throw std::invalid_argument("virtual stages must be >= 1 (got " + std::to_string(virtual_stages) + ")");
+  }
+  if (static_cast<long long>(pp) * virtual_stages * micro_batches > kMaxComputeActions) {
+    throw std::invalid_argument("schedule too large: " + sizes_text(pp, micro_batches, virtual_stages));
+  }
+  if (name == "interleaved") {
+    if (virtual_stages < 2) {
+      throw std::invalid_argument("interleaved needs virtual stages >= 2 (got " + std::to_string(virtual_stages) +
+                                  "); with one stage per rank use 1f1b");
+    }
+    if (pp < 2) throw std::invalid_argument("interleaved needs pp >= 2 (got " + std::to_string(pp) + ")");
+    if (micro_batches % pp != 0) {
+      // Megatron's order runs micro-batches through the chunks in rounds of pp; a partial round would
+      // leave a rank waiting on a forward that the order has not issued yet.
+      throw std::invalid_argument("interleaved needs micro-batches to be a multiple of pp (got micro-batches=" +
+                                  std::to_string(micro_batches) + ", pp=" + std::to_string(pp) + ")");
+    }
+  } else if (name != "gpipe" && virtual_stages != 1) {
+    throw std::invalid_argument(name + " runs one stage per rank (virtual stages must be 1, got " +
+                                std::to_string(virtual_stages) + "); use interleaved or gpipe for v > 1");
+  }
+}
+
+Schedule naive_compute(int pp, int micro_batches) {
+  // Stop-and-wait needs no coordination beyond data flow: each rank runs F then B of one micro-batch, and
+  // the next F on rank 0 waits for that B, which waits for the whole pipeline's backward.
+  Schedule schedule(pp);
+  for (int r = 0; r < pp; ++r) {
+    for (int k = 0; k < micro_batches; ++k) {
+      schedule[r].push_back({r, ActionType::F, k});
+      schedule[r].push_back({r, ActionType::B, k});
+    }
+  }
+  return schedule;
+}
+
+Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages) {
+  Schedule schedule(pp);
+  for (int r = 0; r < pp; ++r) {
+    for (int c = 0; c < virtual_stages; ++c) {
+      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({c * pp + r, ActionType::F, k});
+    }
+    for (int c = virtual_stages - 1; c >= 0; --c) {
+      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({c * pp + r, ActionType::B, k});
+    }
+  }
+  return schedule;
+}
+
+Schedule one_f_one_b_compute(int pp, int micro_batches) {
+  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/false);
+}
+
+Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages) {
+  // Megatron's order: the j-th forward of a rank runs chunk (j / pp) mod v on micro-batch
+  // (j / (pp v)) pp + j mod pp, i.e. pp micro-batches go through chunk 0, then the same pp through chunk 1, ...
+  // Backwards walk the chunks in reverse. Warm-up is (v - 1) pp forwards to reach the last chunk, plus two
+  // per hop to the last rank (forward out, backward back).
+  Schedule schedule(pp);
+  const int per_round = pp * virtual_stages;
+  const int total = micro_batches * virtual_stages;
+  for (int r = 0; r < pp; ++r) {
+    std::vector<Action> forwards, backwards;
+    for (int j = 0; j < total; ++j) {
+      const int chunk = (j % per_round) / pp;
+      const int micro = (j / per_round) * pp + j % pp;
+      forwards.push_back({chunk * pp + r, ActionType::F, micro});
+      backwards.push_back({(virtual_stages - 1 - chunk) * pp + r, ActionType::B, micro});
+    }
+    const int warmup = (pp - r - 1) * 2 + (virtual_stages - 1) * pp;
+    schedule[r] = one_f_one_b_rank(forwards, backwards, warmup, /*split_backward=*/false, 0);
+  }
+  return schedule;
+}
+
+Schedule zb1_compute(int pp, int micro_batches) {
+  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/true);
+}
+
+Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages) {
+  check_schedule_request(name, pp, micro_batches, virtual_stages);
+  if (name == "naive") return naive_compute(pp, micro_batches);
+  if (name == "gpipe") return gpipe_compute(pp, micro_batches, virtual_stages);
+  if (name == "1f1b") return one_f_one_b_compute(pp, micro_batches);
+  if (name == "interleaved") return interleaved_compute(pp, micro_batches, virtual_stages);
+  return zb1_compute(pp, micro_batches);
+}
+
+Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages) {
+  return add_communication(make_compute_schedule(name, pp, micro_batches, virtual_stages), pp,
+                           pp * virtual_stages);
+}
+
+}  // namespace hybrid

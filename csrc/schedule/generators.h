@@ -1,0 +1,44 @@
+// Pipeline schedule generators. Torch-free.
+//
+// Each generator returns the compute-only program of every rank (F, B, I, W in execution order); the
+// lowering pass (lower.h) adds the sends and receives. Stages are global virtual stage indices
+// 0 .. pp * v - 1 and stage s runs on rank s % pp, so with v chunks per rank, rank r owns stages
+// r, r + pp, ..., r + (v - 1) * pp.
+//
+//   naive        stop-and-wait, the course base code: micro-batch k + 1 enters only after k's backward left.
+//   gpipe        all forwards, then all backwards (GPipe, arXiv 1811.06965); with v > 1 the same breadth-first
+//                order over a rank's chunks (torch's ScheduleLoopedBFS).
+//   1f1b         PipeDream-Flush (arXiv 2006.09503): warm-up, steady one-forward-one-backward, cool-down.
+//   interleaved  Megatron's interleaved 1F1B over v chunks per rank (arXiv 2104.04473, section 2.2).
+//   zb1          ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B with B split into I and W, W deferred into the
+//                cool-down bubbles.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "schedule/action.h"
+
+namespace hybrid {
+
+// The names make_schedule accepts, in order of decreasing bubble.
+const std::vector<std::string>& schedule_names();
+
+// Throws std::invalid_argument with one clear sentence if (name, pp, micro_batches, virtual_stages) is not a
+// schedule we can build: sizes < 1, an unknown name, v > 1 for a one-chunk schedule, interleaved with v < 2,
+// pp < 2 or micro_batches not a multiple of pp.
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages);
+
+Schedule naive_compute(int pp, int micro_batches);
+Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages = 1);
+Schedule one_f_one_b_compute(int pp, int micro_batches);
+Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages);
+Schedule zb1_compute(int pp, int micro_batches);
+
+// Compute-only program of a named schedule, after check_schedule_request.
+Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
+
+// The program each rank executes: make_compute_schedule lowered by add_communication.
+Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
+
+}  // namespace hybrid

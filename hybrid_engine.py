@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""hybrid_engine driver: DP x PP x MP training of the course model.
+
+    torchrun --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2
+
+Reads top to bottom: arguments -> checks (before any collective) -> process groups -> engine -> training
+loop -> report. On GPUs it uses CUDA + NCCL, one GPU per process (cuda:LOCAL_RANK); without GPUs, CPU + gloo.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import hybrid_engine
+from hybrid_engine.config import SCHEDULES, ConfigError, LaunchEnv, check_training, resolve_grid
+from hybrid_engine.engine import Engine
+from hybrid_engine.exit_together import wait_for_all_ranks
+from hybrid_engine.grid import build_groups, grid_picture, host_name, mapping_table
+from hybrid_engine.models import SyntheticRegression, large_linear_model
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (every rank prints the same) and exit code 2."""
+
+    def error(self, message: str):  # noqa: D102
+        raise ConfigError(message)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _OneLineParser(
+        description="Hybrid data x pipeline x tensor parallel training of the course MLP "
+        "(depth x [Linear(dim, dim) + ReLU], MSE against a fixed random teacher).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("grid")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world / (pp * mp))")
+    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (ranks per pipeline)")
+    g.add_argument("--mp", type=int, default=1, help="tensor (model) parallel ranks per layer")
+    g.add_argument("--order", default="mp-dp-pp",
+                   help="rank layout, axes from fastest- to slowest-varying; the default keeps MP peers adjacent")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: CUDA + NCCL when GPUs exist, else CPU + gloo")
+    g.add_argument("--comm-timeout", type=float, default=60.0,
+                   help="seconds a collective may wait for a peer before this rank gives up")
+
+    s = p.add_argument_group("pipeline schedule")
+    s.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
+    s.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved only)")
+    s.add_argument("--merge-wgrad", action="store_true",
+                   help="zb1: compute each stage's weight gradients once over all micro-batches (one GEMM)")
+
+    m = p.add_argument_group("model and data")
+    m.add_argument("--dim", type=int, default=1024, help="hidden size of every Linear layer")
+    m.add_argument("--depth", type=int, default=8, help="number of Linear + ReLU blocks")
+    m.add_argument("--batch-size", type=int, default=64, help="global batch size (all DP replicas together)")
+    m.add_argument("--micro-batches", type=int, default=4, help="micro-batches per DP rank per step")
+    m.add_argument("--seed", type=int, default=0, help="initial weights and data depend on this alone")
+
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=10, help="optimizer steps (0: set up, print the grid, stop)")
+    t.add_argument("--warmup", type=int, default=2, help="steps left out of the timing summary")
+    t.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    t.add_argument("--lr", type=float, default=1e-2, help="learning rate")
+
+    r = p.add_argument_group("reporting")
+    r.add_argument("--metrics", default=None, help="write one JSON line per step here (rank 0)")
+    r.add_argument("--quiet", action="store_true", help="no per-step lines, only the summary")
+    return p.parse_args(argv)
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda but no CUDA GPU is visible")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> None:
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def gather_floats(value: float, device: torch.device) -> list[float]:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [round(float(x.item()), 3) for x in out]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = LaunchEnv.from_environ()
+    grid = resolve_grid(args.dp, args.pp, args.mp, args.order, env.world_size)
+    device = pick_device(args.device, env.local_rank)
+    check_training(grid, schedule=args.schedule, virtual_stages=args.virtual_stages, depth=args.depth,
+                   dim=args.dim, batch_size=args.batch_size, micro_batches=args.micro_batches,
+                   device_type=device.type)
+
+    init_distributed(env, device, args.comm_timeout)
+    groups = build_groups(grid, env.rank)
+    places = [None] * env.world_size
+    dist.all_gather_object(places, (host_name(), str(device)))
+    if env.rank == 0:
+        print(mapping_table(grid, [h for h, _ in places], [d for _, d in places]))
+        print(grid_picture(grid), flush=True)
+
+    model = large_linear_model(args.dim, args.depth, args.seed)  # meta: each rank builds only its stages
+    engine = Engine(model, F.mse_loss, groups, schedule=args.schedule, micro_batches=args.micro_batches,
+                    virtual_stages=args.virtual_stages, optimizer=args.optimizer, lr=args.lr, device=device,
+                    merge_weight_grads=args.merge_wgrad)
+    data = SyntheticRegression(args.dim, args.seed, device)
+    per_dp = args.batch_size // grid.dp_size
+    dp_rank = groups.coords.dp
+
+    metrics = open(args.metrics, "w") if (args.metrics and env.rank == 0) else None
+    times: list[float] = []
+    peaks: list[float] = []
+    for step in range(args.steps):
+        x, y = data.batch(step, args.batch_size)
+        x, y = x[dp_rank * per_dp:(dp_rank + 1) * per_dp], y[dp_rank * per_dp:(dp_rank + 1) * per_dp]
+        result = engine.train_step(x if engine.holds_first_stage else None, y if engine.holds_last_stage else None)
+        peaks = gather_floats(peak_memory_gib(device), device)
+        if step >= args.warmup:
+            times.append(result.step_time_s)
+        record = {"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
+                  "samples_per_s": round(args.batch_size / result.step_time_s, 1), "peak_mem_gib": peaks}
+        if env.rank == 0:
+            if metrics:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+            if not args.quiet:
+                print(f"step {step:4d}  loss {result.loss:.6f}  {result.step_time_s * 1e3:8.2f} ms  "
+                      f"{record['samples_per_s']:10.1f} samples/s", flush=True)
+
+    if env.rank == 0 and args.steps > args.warmup:
+        median = statistics.median(times)
+        print(f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
+              f"schedule {args.schedule}, median step {median * 1e3:.2f} ms after {args.warmup} warm-up steps, "
+              f"{args.batch_size / median:.1f} samples/s, peak memory per rank (GiB) {peaks}", flush=True)
+    if metrics:
+        metrics.close()
+    del engine  # the executor holds process groups: release them before the groups are destroyed
+    dist.destroy_process_group()
+    return 0
+
+
+def run() -> int:
+    """Every failure becomes one line on this rank's stderr and a non-zero exit; --debug-style tracebacks
+    are available with HYBRID_ENGINE_DEBUG=1."""
+    rank = os.environ.get("RANK", "0")
+    try:
+        return main()
+    except ConfigError as exc:
+        print(f"hybrid_engine: error: {exc}", file=sys.stderr, flush=True)
+        wait_for_all_ranks(int(rank), int(os.environ.get("WORLD_SIZE", "1")))
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the driver's job is to turn any failure into one clear line
+        if os.environ.get("HYBRID_ENGINE_DEBUG"):
+            raise
+        print(f"hybrid_engine: rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,251 @@
+"""Engine: wires grid groups, stages, schedule, C++ executor, DP gradient sync and optimizer.
+
+One `train_step` is one optimizer step over this DP rank's slice of the global batch, cut into
+micro-batches that the C++ executor pushes through this rank's pipeline stages in schedule order.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import _C
+from .grid import ACTIVATION, GRADIENT, GridGroups
+from .partition import partition, stages_of_rank
+from .schedule import make_schedule
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean loss over the global batch (same value on every rank)
+    step_time_s: float
+    skipped: bool = False
+    loss_scale: float | None = None
+    grad_norm: float | None = None
+
+
+def materialize(module: nn.Module, device: torch.device) -> nn.Module:
+    """Move a stage to its device. Modules built on the meta device are allocated there and initialised
+    by their own reset_parameters(), so only this rank's layers ever exist in memory."""
+    if any(p.is_meta for p in module.parameters()):
+        module = module.to_empty(device=device)
+        for sub in module.modules():
+            if hasattr(sub, "reset_parameters"):
+                sub.reset_parameters()
+        return module
+    return module.to(device)
+
+
+def _tensor_parallel(stage: nn.Sequential, mp_group: dist.ProcessGroup) -> nn.Sequential:
+    from .tp_layers import parallelize_mlp
+
+    return parallelize_mlp(stage, mp_group)
+
+
+class Engine:
+    """Hybrid DP x PP x MP training of an nn.Sequential.
+
+    model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages.
+    loss_fn: (output, target) -> scalar mean loss of one micro-batch.
+    groups: this rank's process groups (hybrid_engine.grid.build_groups).
+    tensor_parallel: split nn.Linear layers Megatron-style over the MP group (column then row parallel);
+        with mp=1 they become our deferrable-weight-gradient Linear, which zb1 needs to split I from W.
+    """
+
+    def __init__(
+        self,
+        model: nn.Sequential,
+        loss_fn: LossFn,
+        groups: GridGroups,
+        *,
+        schedule: str = "1f1b",
+        micro_batches: int = 4,
+        virtual_stages: int = 1,
+        optimizer: str = "sgd",
+        lr: float = 1e-3,
+        device: torch.device | str = "cpu",
+        tensor_parallel: bool = True,
+        merge_weight_grads: bool = False,
+        trace: bool = False,
+    ):
+        self.groups = groups
+        self.grid = groups.grid
+        self.device = torch.device(device)
+        self.loss_fn = loss_fn
+        self.micro_batches = micro_batches
+        self.schedule_name = schedule
+        coords = groups.coords
+        self.pp_rank, self.pp_size, self.dp_size = coords.pp, self.grid.pp_size, self.grid.dp_size
+        self.num_stages = self.pp_size * virtual_stages
+
+        # Stages: partition the whole model, keep (and build) only this rank's chunks.
+        self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, virtual_stages)
+        layout = partition(model, self.num_stages)
+        self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
+        self.stages: dict[int, nn.Sequential] = {}
+        for s in self.stage_ids:
+            stage = materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device)
+            if tensor_parallel:
+                stage = _tensor_parallel(stage, groups.mp)
+            self.stages[s] = stage
+        self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
+
+        self.actions = make_schedule(schedule, self.pp_size, micro_batches, virtual_stages)[self.pp_rank]
+        self._buckets, self._stage_buckets = self._make_grad_buckets()
+        self.optimizer = self._make_optimizer(optimizer, lr)
+        self._merge_weight_grads = merge_weight_grads
+        self._trace = trace
+        self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def _make_grad_buckets(self) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
+        """One flat gradient buffer per (stage, dtype); each parameter's .grad is a view into it, so
+        backward accumulates straight into what the DP all-reduce sends."""
+        buckets: list[torch.Tensor] = []
+        stage_buckets: dict[int, list[int]] = {}
+        for s in self.stage_ids:
+            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+            for p in self.stages[s].parameters():
+                if p.requires_grad:
+                    by_dtype.setdefault(p.dtype, []).append(p)
+            stage_buckets[s] = []
+            for dtype, params in by_dtype.items():
+                flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
+                offset = 0
+                for p in params:
+                    p.grad = flat[offset : offset + p.numel()].view_as(p)
+                    offset += p.numel()
+                stage_buckets[s].append(len(buckets))
+                buckets.append(flat)
+        return buckets, stage_buckets
+
+    def _make_optimizer(self, name: str, lr: float) -> torch.optim.Optimizer:
+        params = self.parameters or [nn.Parameter(torch.zeros(1, device=self.device))]
+        if name == "sgd":
+            return torch.optim.SGD(params, lr=lr)
+        if name == "adam":
+            return torch.optim.Adam(params, lr=lr)
+        raise ValueError(f"unknown optimizer '{name}' (expected sgd or adam)")
+
+    def _probe_specs(self, micro_input: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Shape and dtype of every stage's input and output, as meta tensors. Stage by stage, the owner
+        runs its stage once on zeros (no grad) and tells the whole pipeline what came out."""
+        pp_group = self.groups.pp
+        specs: list[tuple[tuple[int, ...], torch.dtype] | None] = [None] * (self.num_stages + 1)
+        first_owner = self.groups.pp_ranks[0]
+        box = [(tuple(micro_input.shape), micro_input.dtype) if micro_input is not None else None]
+        if self.pp_size > 1:
+            dist.broadcast_object_list(box, src=first_owner, group=pp_group)
+        specs[0] = box[0]
+        for s in range(self.num_stages):
+            owner = s % self.pp_size
+            box = [None]
+            if owner == self.pp_rank:
+                shape, dtype = specs[s]
+                with torch.no_grad():
+                    out = self._run_stage(s, torch.zeros(shape, dtype=dtype, device=self.device))
+                box = [(tuple(out.shape), out.dtype)]
+            if self.pp_size > 1:
+                dist.broadcast_object_list(box, src=self.groups.pp_ranks[owner], group=pp_group)
+            specs[s + 1] = box[0]
+        meta = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in specs]
+        return meta[:-1], meta[1:]
+
+    def _build_executor(self, micro_input: torch.Tensor | None) -> _C.PipelineExecutor:
+        inputs, outputs = self._probe_specs(micro_input)
+        sends, recvs = {}, {}
+        for (src, dst, kind), channel in self.groups.channels.items():
+            code = 0 if kind == ACTIVATION else 1
+            entry = (channel.group, channel.peer_group_rank)
+            if src == self.pp_rank:
+                sends[(dst, code)] = entry
+            if dst == self.pp_rank:
+                recvs[(src, code)] = entry
+        dp_sync = _C.DpGradSync(self._buckets, self.groups.dp)
+        return _C.PipelineExecutor(
+            actions=self.actions,
+            pp_rank=self.pp_rank,
+            pp_size=self.pp_size,
+            num_stages=self.num_stages,
+            num_micro=self.micro_batches,
+            stage_fn=self._run_stage,
+            loss_fn=self._micro_loss,
+            send_channels=sends,
+            recv_channels=recvs,
+            input_specs=inputs,
+            output_specs=outputs,
+            device=str(self.device),
+            dp_sync=dp_sync,
+            stage_buckets=self._stage_buckets,
+            merge_weight_grads=self._merge_weight_grads,
+            record_trace=self._trace,
+        )
+
+    # ----------------------------------------------------------------------------------------- the step
+    def _run_stage(self, stage: int, x: torch.Tensor) -> torch.Tensor:
+        return self.stages[stage](x)
+
+    def _micro_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output.float(), target)
+
+    @property
+    def holds_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def holds_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def zero_grad(self) -> None:
+        for flat in self._buckets:
+            flat.zero_()
+
+    def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
+        """inputs/targets: this DP rank's slice of the global batch (inputs needed on the first stage,
+        targets on the last; pass None elsewhere). Returns the global mean loss on every rank."""
+        start = time.perf_counter()
+        micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
+        micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
+        if self._executor is None:
+            self._executor = self._build_executor(micro_in[0] if micro_in else None)
+        self.zero_grad()
+        # The loss of each micro-batch is divided by the micro-batch count here, exactly once; the DP
+        # average happens in the gradient all-reduce.
+        losses = self._executor.run(micro_in, micro_tgt, 1.0 / self.micro_batches)
+        self.optimizer.step()
+        loss = self._global_loss(losses)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepResult(loss=loss, step_time_s=time.perf_counter() - start)
+
+    def _global_loss(self, losses: list[torch.Tensor]) -> float:
+        """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only
+        the last stage's MP rank 0 of each replica contributes."""
+        contributes = self.holds_last_stage and self.groups.coords.mp == 0
+        value = torch.stack(losses).mean() if (contributes and losses) else torch.zeros((), device=self.device)
+        value = value.detach().to(torch.float64 if self.device.type == "cpu" else torch.float32).reshape(1)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(value)
+        return float(value.item()) / self.dp_size
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's layers as full tensors (gathered over MP) on the CPU, keyed like the whole model's
+        state_dict ("<module index>.<name>"), whatever the grid. Every rank must call it (MP all-gathers)."""
+        from .tp_layers import gather_full
+
+        state: dict[str, torch.Tensor] = {}
+        for s in self.stage_ids:
+            for name, param in self.stages[s].named_parameters():
+                local, _, leaf = name.partition(".")
+                state[f"{self.stage_layer_indices[s][int(local)]}.{leaf}"] = gather_full(param, self.groups.mp).cpu()
+        return state
+
+    @property
+    def trace(self) -> list:
+        return list(self._executor.trace()) if self._executor is not None else []

@@ -1,0 +1,124 @@
+"""Run a function on N gloo ranks in fresh processes, with no hangs.
+
+    results = run_ranks(4, my_fn, arg1, arg2, timeout=60)   # my_fn(rank, world_size, arg1, arg2) on each rank
+
+`my_fn` must be a module-level function (children import it by name); whatever it returns must pickle and
+comes back as results[rank]. Children are forked from a forkserver that has torch imported, so a launch
+costs about a second, not an import of torch per rank. The default process group is set up before `my_fn`
+runs and torn down after. If any rank raises or dies, or the timeout passes, every child is killed and the test fails
+with the failing rank's traceback. The rendezvous is a FileStore in a fresh temporary directory, so parallel
+test runs never race for a TCP port.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import pytest
+import torch.multiprocessing as mp
+
+_GRACE_S = 2.0  # how long a dead child's last message may take to arrive through the pipe
+
+
+def _child(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple, results: Any, timeout: float):
+    try:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share a few cores
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{os.path.join(store_dir, 'store')}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),  # a collective missing a peer errors out, never hangs
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        message = (rank, True, value)
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        message = (rank, False, traceback.format_exc())
+    results.put(message)
+    # Skip interpreter teardown (seconds with torch loaded, times N ranks on a few cores) once the
+    # message is through the pipe.
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _context():
+    """forkserver with torch preloaded: the server imports torch once per test session, every child after
+    that is a fork of it (no torch import per rank, no fork of a parent whose thread pools are running)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
+def _stop(procs: list, grace: float) -> None:
+    """Let children exit on their own for `grace` seconds, then terminate, then kill."""
+    end = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)
+
+
+def run_ranks(world_size: int, fn: Callable, *args: Any, timeout: float = 60) -> list:
+    """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the per-rank results, in rank order."""
+    ctx = _context()
+    results = ctx.Queue()
+    outcome: dict[int, tuple[bool, Any]] = {}
+    procs: list = []
+    finished = False
+    with tempfile.TemporaryDirectory(prefix="run_ranks_") as store_dir:
+        try:
+            for rank in range(world_size):
+                p = ctx.Process(
+                    target=_child, args=(rank, world_size, store_dir, fn, args, results, timeout), daemon=True
+                )
+                p.start()
+                procs.append(p)
+
+            deadline = time.monotonic() + timeout
+            dead_since: dict[int, float] = {}
+            while len(outcome) < world_size:
+                now = time.monotonic()
+                if now > deadline:
+                    missing = sorted(set(range(world_size)) - set(outcome))
+                    pytest.fail(f"run_ranks: ranks {missing} still running after {timeout} s (killed)")
+                try:
+                    rank, ok, value = results.get(timeout=0.1)
+                    outcome[rank] = (ok, value)
+                    if not ok:
+                        pytest.fail(f"run_ranks: rank {rank} of {world_size} failed:\n{value}", pytrace=False)
+                    continue
+                except queue.Empty:
+                    pass
+                for rank, p in enumerate(procs):  # died without a word (segfault, os._exit, OOM kill)
+                    if rank in outcome or p.is_alive():
+                        continue
+                    first_seen = dead_since.setdefault(rank, now)
+                    if now - first_seen > _GRACE_S:
+                        pytest.fail(f"run_ranks: rank {rank} of {world_size} died with exit code {p.exitcode}")
+            finished = True
+        finally:
+            _stop(procs, grace=5.0 if finished else 0.0)
+            results.close()
+    return [outcome[rank][1] for rank in range(world_size)]

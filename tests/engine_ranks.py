@@ -1,0 +1,43 @@
+"""Rank-side helpers for engine tests (module level, so spawned ranks can import them)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hybrid_engine import ProcessGrid
+from hybrid_engine.engine import Engine
+from hybrid_engine.grid import build_groups
+from hybrid_engine.models import SyntheticRegression, large_linear_model
+
+
+def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: str, v: int, cfg: dict) -> dict:
+    """Train cfg['steps'] steps on one grid; returns losses and (on dp rank 0) this rank's full layers."""
+    grid = ProcessGrid(dp, pp, mp)
+    groups = build_groups(grid, rank)
+    model = large_linear_model(cfg["dim"], cfg["depth"], cfg.get("seed", 0))
+    engine = Engine(model, F.mse_loss, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
+                    virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"], device="cpu",
+                    merge_weight_grads=cfg.get("merge_weight_grads", False))
+    data = SyntheticRegression(cfg["dim"], cfg.get("seed", 0), "cpu")
+    per_dp = cfg["batch_size"] // dp
+    d = groups.coords.dp
+    losses = []
+    for step in range(cfg["steps"]):
+        x, y = data.batch(step, cfg["batch_size"])
+        x, y = x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp]
+        losses.append(engine.train_step(x, y).loss)
+    # numpy, not tensors: torch would pass tensors through shared memory that dies with this process
+    state = {k: v.numpy() for k, v in engine.full_state_dict().items()}
+    del engine
+    groups.destroy()
+    return {"losses": losses, "state": state if d == 0 and groups.coords.mp == 0 else {}}
+
+
+def sweep(rank: int, world: int, runs: list[tuple], cfg: dict) -> list[dict]:
+    """Several grids of the same world size, one after another in the same processes."""
+    out = []
+    for dp, pp, mp, schedule, v in runs:
+        out.append(train_on_grid(rank, world, dp, pp, mp, schedule, v, cfg))
+        dist.barrier()
+    return out

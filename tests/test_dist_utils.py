@@ -1,0 +1,58 @@
+"""run_ranks, the multi-rank test launcher: results come back in rank order; a failing, dying or hanging
+rank fails the test with its story instead of hanging it."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_utils import run_ranks
+
+
+def _sum_of_ranks(rank: int, world_size: int, offset: int) -> float:
+    t = torch.tensor([float(rank + offset)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _rank_1_raises(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+
+
+def _rank_0_dies(rank: int, world_size: int) -> None:
+    if rank == 0:
+        os._exit(3)
+    time.sleep(30)
+
+
+def _rank_1_skips_the_collective(rank: int, world_size: int) -> None:
+    if rank != 1:
+        dist.all_reduce(torch.zeros(1))
+    time.sleep(30)
+
+
+def test_results_come_back_in_rank_order():
+    assert run_ranks(3, _sum_of_ranks, 10) == [33.0, 33.0, 33.0]
+
+
+def test_a_raising_rank_fails_the_test_with_its_traceback():
+    with pytest.raises(pytest.fail.Exception, match="(?s)rank 1 of 2 failed.*ValueError: boom on rank 1"):
+        run_ranks(2, _rank_1_raises)
+
+
+def test_a_dead_rank_fails_the_test():
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 died with exit code 3"):
+        run_ranks(2, _rank_0_dies, timeout=30)
+    assert time.monotonic() - start < 10
+
+
+def test_a_hang_fails_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="still running after 3 s"):
+        run_ranks(2, _rank_1_skips_the_collective, timeout=3)
+    assert time.monotonic() - start < 8

@@ -1,0 +1,44 @@
+"""The driver's grid: printed mapping on 8 CPU ranks, the order flag, and a bad grid rejected everywhere."""
+import re
+import time
+
+from launch_utils import torchrun
+
+import hybrid_engine
+
+
+def _table(stdout: str) -> dict[int, tuple[int, int, int]]:
+    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+cpu", stdout, flags=re.M)
+    return {int(r): (int(dp), int(pp), int(mp)) for r, dp, pp, mp in rows}
+
+
+def test_eight_cpu_ranks_print_every_coordinate():
+    run = torchrun(8, "--dp", "2", "--pp", "2", "--mp", "2", "--steps", "0")
+    assert run.returncode == 0, run.stderr
+    table = _table(run.stdout)
+    grid = hybrid_engine.ProcessGrid(2, 2, 2)
+    assert table == {r: tuple(grid.coords(r)) for r in range(8)}
+    assert table[5] == (0, 1, 1)  # mp fastest, then dp, then pp
+    assert "stage pp=1" in run.stdout
+
+
+def test_order_flag_changes_the_mapping_as_documented():
+    run = torchrun(8, "--dp", "2", "--pp", "2", "--mp", "2", "--order", "dp-mp-pp", "--steps", "0")
+    assert run.returncode == 0, run.stderr
+    table = _table(run.stdout)
+    # dp fastest: ranks 0 and 1 are the two replicas of the same (pp 0, mp 0) shard
+    assert table[0] == (0, 0, 0) and table[1] == (1, 0, 0) and table[2] == (0, 0, 1)
+    assert table[4] == (0, 1, 0)
+
+
+def test_bad_grid_fails_every_rank_fast_with_one_line():
+    start = time.monotonic()
+    run = torchrun(8, "--dp", "3", "--pp", "2", "--mp", "2", timeout=60)
+    elapsed = time.monotonic() - start
+    assert run.returncode != 0
+    assert elapsed < 30
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("hybrid_engine: error:")]
+    assert len(lines) == 8, run.stderr
+    assert all("3 x 2 x 2 = 12 != world size 8" in ln for ln in lines)
+    # our ranks print no traceback of their own (torchrun adds its own failure summary afterwards)
+    assert "hybrid_engine.py\", line" not in run.stderr
