@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.batch_size / median:.1f} samples/s, peak memory per rank (GiB) {peaks}", flush=True)
     if metrics:
         metrics.close()
-    del engine  # the executor holds process groups: release them before the groups are destroyed
+    engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0
 

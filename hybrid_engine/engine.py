@@ -48,6 +48,20 @@ def _tensor_parallel(stage: nn.Sequential, mp_group: dist.ProcessGroup) -> nn.Se
     return parallelize_mlp(stage, mp_group)
 
 
+def _stage_runner(stages: dict[int, nn.Sequential]) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    def run(stage: int, x: torch.Tensor) -> torch.Tensor:
+        return stages[stage](x)
+
+    return run
+
+
+def _micro_loss(loss_fn: LossFn) -> LossFn:
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss_fn(output.float(), target)
+
+    return loss
+
+
 class Engine:
     """Hybrid DP x PP x MP training of an nn.Sequential.
 
@@ -174,8 +188,9 @@ class Engine:
             pp_size=self.pp_size,
             num_stages=self.num_stages,
             num_micro=self.micro_batches,
-            stage_fn=self._run_stage,
-            loss_fn=self._micro_loss,
+            # closures over what they need, not bound methods: the executor must not keep the Engine alive
+            stage_fn=_stage_runner(self.stages),
+            loss_fn=_micro_loss(self.loss_fn),
             send_channels=sends,
             recv_channels=recvs,
             input_specs=inputs,
@@ -190,9 +205,6 @@ class Engine:
     # ----------------------------------------------------------------------------------------- the step
     def _run_stage(self, stage: int, x: torch.Tensor) -> torch.Tensor:
         return self.stages[stage](x)
-
-    def _micro_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(output.float(), target)
 
     @property
     def holds_first_stage(self) -> bool:
@@ -233,6 +245,10 @@ class Engine:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(value)
         return float(value.item()) / self.dp_size
+
+    def close(self) -> None:
+        """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards."""
+        self._executor = None
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's layers as full tensors (gathered over MP) on the CPU, keyed like the whole model's

@@ -6,7 +6,7 @@
 comes back as results[rank]. Children are forked from a forkserver that has torch imported, so a launch
 costs about a second, not an import of torch per rank. The default process group is set up before `my_fn`
 runs and torn down after. If any rank raises or dies, or the timeout passes, every child is killed and the test fails
-with the failing rank's traceback. The rendezvous is a FileStore in a fresh temporary directory, so parallel
+with the failing rank's traceback. The rendezvous is a TCPStore served by the parent on a port the OS picks, so parallel
 test runs never race for a TCP port.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ import datetime
 import os
 import queue
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -26,7 +25,7 @@ import torch.multiprocessing as mp
 _GRACE_S = 2.0  # how long a dead child's last message may take to arrive through the pipe
 
 
-def _child(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple, results: Any, timeout: float):
+def _child(rank: int, world_size: int, store_port: int, fn: Callable, args: tuple, results: Any, timeout: float):
     try:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
@@ -35,7 +34,8 @@ def _child(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple
         torch.set_num_threads(1)  # N ranks share a few cores
         dist.init_process_group(
             "gloo",
-            init_method=f"file://{os.path.join(store_dir, 'store')}",
+            store=dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False,
+                                timeout=datetime.timedelta(seconds=timeout)),
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout),  # a collective missing a peer errors out, never hangs
@@ -87,38 +87,44 @@ def run_ranks(world_size: int, fn: Callable, *args: Any, timeout: float = 60) ->
     outcome: dict[int, tuple[bool, Any]] = {}
     procs: list = []
     finished = False
-    with tempfile.TemporaryDirectory(prefix="run_ranks_") as store_dir:
-        try:
-            for rank in range(world_size):
-                p = ctx.Process(
-                    target=_child, args=(rank, world_size, store_dir, fn, args, results, timeout), daemon=True
-                )
-                p.start()
-                procs.append(p)
+    # The parent serves the rendezvous store on a port the OS picks, so parallel runs never race for a port.
+    # (A FileStore would do too, but it rescans its whole file on every lookup: a test that creates
+    # hundreds of groups slows to a crawl.)
+    import torch.distributed as dist
 
-            deadline = time.monotonic() + timeout
-            dead_since: dict[int, float] = {}
-            while len(outcome) < world_size:
-                now = time.monotonic()
-                if now > deadline:
-                    missing = sorted(set(range(world_size)) - set(outcome))
-                    pytest.fail(f"run_ranks: ranks {missing} still running after {timeout} s (killed)")
-                try:
-                    rank, ok, value = results.get(timeout=0.1)
-                    outcome[rank] = (ok, value)
-                    if not ok:
-                        pytest.fail(f"run_ranks: rank {rank} of {world_size} failed:\n{value}", pytrace=False)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    try:
+        for rank in range(world_size):
+            p = ctx.Process(
+                target=_child, args=(rank, world_size, store.port, fn, args, results, timeout), daemon=True
+            )
+            p.start()
+            procs.append(p)
+
+        deadline = time.monotonic() + timeout
+        dead_since: dict[int, float] = {}
+        while len(outcome) < world_size:
+            now = time.monotonic()
+            if now > deadline:
+                missing = sorted(set(range(world_size)) - set(outcome))
+                pytest.fail(f"run_ranks: ranks {missing} still running after {timeout} s (killed)")
+            try:
+                rank, ok, value = results.get(timeout=0.1)
+                outcome[rank] = (ok, value)
+                if not ok:
+                    pytest.fail(f"run_ranks: rank {rank} of {world_size} failed:\n{value}", pytrace=False)
+                continue
+            except queue.Empty:
+                pass
+            for rank, p in enumerate(procs):  # died without a word (segfault, os._exit, OOM kill)
+                if rank in outcome or p.is_alive():
                     continue
-                except queue.Empty:
-                    pass
-                for rank, p in enumerate(procs):  # died without a word (segfault, os._exit, OOM kill)
-                    if rank in outcome or p.is_alive():
-                        continue
-                    first_seen = dead_since.setdefault(rank, now)
-                    if now - first_seen > _GRACE_S:
-                        pytest.fail(f"run_ranks: rank {rank} of {world_size} died with exit code {p.exitcode}")
-            finished = True
-        finally:
-            _stop(procs, grace=5.0 if finished else 0.0)
-            results.close()
+                first_seen = dead_since.setdefault(rank, now)
+                if now - first_seen > _GRACE_S:
+                    pytest.fail(f"run_ranks: rank {rank} of {world_size} died with exit code {p.exitcode}")
+        finished = True
+    finally:
+        _stop(procs, grace=5.0 if finished else 0.0)
+        results.close()
     return [outcome[rank][1] for rank in range(world_size)]

@@ -29,7 +29,7 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
         losses.append(engine.train_step(x, y).loss)
     # numpy, not tensors: torch would pass tensors through shared memory that dies with this process
     state = {k: v.numpy() for k, v in engine.full_state_dict().items()}
-    del engine
+    engine.close()
     groups.destroy()
     return {"losses": losses, "state": state if d == 0 and groups.coords.mp == 0 else {}}
 
