@@ -26,6 +26,7 @@ from hybrid_engine.engine import Engine
 from hybrid_engine.exit_together import wait_for_all_ranks
 from hybrid_engine.grid import build_groups, grid_picture, host_name, mapping_table
 from hybrid_engine.models import SyntheticRegression, large_linear_model
+from hybrid_engine.precision import IMPLEMENTATIONS, Precision
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -70,6 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--warmup", type=int, default=2, help="steps left out of the timing summary")
     t.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     t.add_argument("--lr", type=float, default=1e-2, help="learning rate")
+
+    a = p.add_argument_group("mixed precision")
+    a.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off",
+                   help="half-precision compute: fp16 (with dynamic loss scaling) or bf16 (no scaling)")
+    a.add_argument("--amp-impl", choices=IMPLEMENTATIONS, default="half-weights",
+                   help="autocast: fp32 weights cast per matrix product; half-weights: half weights for the whole "
+                        "step with fp32 master weights and fp32 gradient accumulation")
+    a.add_argument("--loss-scale", type=float, default=None, help="fp16: a static loss scale instead of dynamic")
+    a.add_argument("--scale-window", type=int, default=2000, help="fp16: clean steps before the scale doubles")
+    a.add_argument("--hysteresis", type=int, default=1, help="fp16: overflows tolerated before the scale halves")
+    a.add_argument("--clip-grad", type=float, default=0.0, help="clip the global gradient norm to this (0: off)")
 
     r = p.add_argument_group("reporting")
     r.add_argument("--metrics", default=None, help="write one JSON line per step here (rank 0)")
@@ -124,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device, env.local_rank)
     check_training(grid, schedule=args.schedule, virtual_stages=args.virtual_stages, depth=args.depth,
                    dim=args.dim, batch_size=args.batch_size, micro_batches=args.micro_batches,
-                   device_type=device.type)
+                   amp=args.amp, device_type=device.type)
+    if args.loss_scale is not None and args.amp != "fp16":
+        raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {args.amp}")
 
     init_distributed(env, device, args.comm_timeout)
     groups = build_groups(grid, env.rank)
@@ -137,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     model = large_linear_model(args.dim, args.depth, args.seed)  # meta: each rank builds only its stages
     engine = Engine(model, F.mse_loss, groups, schedule=args.schedule, micro_batches=args.micro_batches,
                     virtual_stages=args.virtual_stages, optimizer=args.optimizer, lr=args.lr, device=device,
-                    merge_weight_grads=args.merge_wgrad)
+                    merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
+                    loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
+                    clip_grad=args.clip_grad)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
@@ -153,14 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         if step >= args.warmup:
             times.append(result.step_time_s)
         record = {"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
-                  "samples_per_s": round(args.batch_size / result.step_time_s, 1), "peak_mem_gib": peaks}
+                  "samples_per_s": round(args.batch_size / result.step_time_s, 1), "peak_mem_gib": peaks,
+                  "loss_scale": result.loss_scale, "skipped": result.skipped, "grad_norm": result.grad_norm}
         if env.rank == 0:
             if metrics:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
             if not args.quiet:
+                extra = f"  scale {result.loss_scale:g}{' SKIPPED' if result.skipped else ''}" if result.loss_scale else ""
                 print(f"step {step:4d}  loss {result.loss:.6f}  {result.step_time_s * 1e3:8.2f} ms  "
-                      f"{record['samples_per_s']:10.1f} samples/s", flush=True)
+                      f"{record['samples_per_s']:10.1f} samples/s{extra}", flush=True)
 
     if env.rank == 0 and args.steps > args.warmup:
         median = statistics.median(times)

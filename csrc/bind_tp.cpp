@@ -7,6 +7,7 @@
 
 #include "tp/linear.h"
 #include "tp/mp_region.h"
+#include "tp/main_grad.h"
 #include "tp/weight_grad_store.h"
 
 namespace py = pybind11;
@@ -71,6 +72,9 @@ void bind_tp(py::module_& m) {
   m.def("wgrad_flush_all", []() { return WeightGradStore::instance().flush_all(); },
         py::call_guard<py::gil_scoped_release>());
   m.def("wgrad_pending", []() { return WeightGradStore::instance().pending(); }, "Stashed entries, all keys.");
+  m.def("set_main_grad", &set_main_grad, py::arg("param"), py::arg("buffer"),
+        "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.");
+  m.def("clear_main_grads", &clear_main_grads);
   m.def("wgrad_clear", []() { WeightGradStore::instance().clear(); },
         "Drop every stash uncomputed and leave defer mode.");
 }

@@ -14,9 +14,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import _C
-from .grid import ACTIVATION, GRADIENT, GridGroups
+from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
+from .grid import ACTIVATION, GridGroups
 from .partition import partition, stages_of_rank
+from .precision import MasterWeights, Precision
 from .schedule import make_schedule
+from .tp_layers import is_mp_split
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -48,9 +51,11 @@ def _tensor_parallel(stage: nn.Sequential, mp_group: dist.ProcessGroup) -> nn.Se
     return parallelize_mlp(stage, mp_group)
 
 
-def _stage_runner(stages: dict[int, nn.Sequential]) -> Callable[[int, torch.Tensor], torch.Tensor]:
+def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device
+                  ) -> Callable[[int, torch.Tensor], torch.Tensor]:
     def run(stage: int, x: torch.Tensor) -> torch.Tensor:
-        return stages[stage](x)
+        with precision.stage_context(device):
+            return stages[stage](x)
 
     return run
 
@@ -87,6 +92,11 @@ class Engine:
         tensor_parallel: bool = True,
         merge_weight_grads: bool = False,
         trace: bool = False,
+        precision: Precision = Precision(),
+        loss_scale: float | None = None,
+        scale_window: int = 2000,
+        hysteresis: int = 1,
+        clip_grad: float = 0.0,
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -108,39 +118,57 @@ class Engine:
             if tensor_parallel:
                 stage = _tensor_parallel(stage, groups.mp)
             self.stages[s] = stage
+        self.precision = precision
+        if precision.half_weights:
+            for s in self.stage_ids:
+                self.stages[s] = self.stages[s].to(precision.half_dtype)
         self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
+        # Who holds the fp32 gradients the optimizer reads: the parameters themselves, or their fp32 masters.
+        self.masters = MasterWeights(self.parameters) if precision.half_weights else None
+        self.optimized = self.masters.masters if self.masters else self.parameters
 
         self.actions = make_schedule(schedule, self.pp_size, micro_batches, virtual_stages)[self.pp_rank]
         self._buckets, self._stage_buckets = self._make_grad_buckets()
         self.optimizer = self._make_optimizer(optimizer, lr)
+        self.scaler = make_loss_scaler(precision.amp, loss_scale, scale_window, hysteresis)
+        self.overflow_watch = OverflowWatch(rank=groups.rank)
+        self.clip_grad = clip_grad
+        self._inject_nonfinite = False
+        # A closure over the stages, not a bound method: the executor holding it must not keep the Engine alive.
+        self._runner = _stage_runner(self.stages, precision, self.device)
         self._merge_weight_grads = merge_weight_grads
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
 
     # ----------------------------------------------------------------------------------------------- setup
     def _make_grad_buckets(self) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
-        """One flat gradient buffer per (stage, dtype); each parameter's .grad is a view into it, so
-        backward accumulates straight into what the DP all-reduce sends."""
+        """One flat fp32 gradient buffer per (stage, dtype of the optimized tensor); each optimized tensor's
+        .grad is a view into it, so backward accumulates straight into what the DP all-reduce sends. With
+        half weights the views are also registered as the half parameters' fp32 main grads."""
+        owner = dict(zip(map(id, self.parameters), self.optimized))
         buckets: list[torch.Tensor] = []
         stage_buckets: dict[int, list[int]] = {}
         for s in self.stage_ids:
             by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for p in self.stages[s].parameters():
                 if p.requires_grad:
-                    by_dtype.setdefault(p.dtype, []).append(p)
+                    by_dtype.setdefault(owner[id(p)].dtype, []).append(p)
             stage_buckets[s] = []
             for dtype, params in by_dtype.items():
                 flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
                 offset = 0
                 for p in params:
-                    p.grad = flat[offset : offset + p.numel()].view_as(p)
+                    view = flat[offset : offset + p.numel()].view_as(p)
+                    owner[id(p)].grad = view
+                    if self.masters is not None:
+                        _C.set_main_grad(p, view)
                     offset += p.numel()
                 stage_buckets[s].append(len(buckets))
                 buckets.append(flat)
         return buckets, stage_buckets
 
     def _make_optimizer(self, name: str, lr: float) -> torch.optim.Optimizer:
-        params = self.parameters or [nn.Parameter(torch.zeros(1, device=self.device))]
+        params = self.optimized or [nn.Parameter(torch.zeros(1, device=self.device))]
         if name == "sgd":
             return torch.optim.SGD(params, lr=lr)
         if name == "adam":
@@ -163,7 +191,7 @@ class Engine:
             if owner == self.pp_rank:
                 shape, dtype = specs[s]
                 with torch.no_grad():
-                    out = self._run_stage(s, torch.zeros(shape, dtype=dtype, device=self.device))
+                    out = self._runner(s, torch.zeros(shape, dtype=dtype, device=self.device))
                 box = [(tuple(out.shape), out.dtype)]
             if self.pp_size > 1:
                 dist.broadcast_object_list(box, src=self.groups.pp_ranks[owner], group=pp_group)
@@ -188,8 +216,7 @@ class Engine:
             pp_size=self.pp_size,
             num_stages=self.num_stages,
             num_micro=self.micro_batches,
-            # closures over what they need, not bound methods: the executor must not keep the Engine alive
-            stage_fn=_stage_runner(self.stages),
+            stage_fn=self._runner,
             loss_fn=_micro_loss(self.loss_fn),
             send_channels=sends,
             recv_channels=recvs,
@@ -203,8 +230,6 @@ class Engine:
         )
 
     # ----------------------------------------------------------------------------------------- the step
-    def _run_stage(self, stage: int, x: torch.Tensor) -> torch.Tensor:
-        return self.stages[stage](x)
 
     @property
     def holds_first_stage(self) -> bool:
@@ -218,23 +243,54 @@ class Engine:
         for flat in self._buckets:
             flat.zero_()
 
+    def inject_nonfinite_grad(self) -> None:
+        """Test hook: the next step finds an inf in this rank's first gradient bucket after backward."""
+        self._inject_nonfinite = True
+
     def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
         """inputs/targets: this DP rank's slice of the global batch (inputs needed on the first stage,
         targets on the last; pass None elsewhere). Returns the global mean loss on every rank."""
         start = time.perf_counter()
+        if self.holds_first_stage and self.precision.half_weights:
+            inputs = inputs.to(self.precision.half_dtype)
         micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
         micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
         if self._executor is None:
             self._executor = self._build_executor(micro_in[0] if micro_in else None)
         self.zero_grad()
-        # The loss of each micro-batch is divided by the micro-batch count here, exactly once; the DP
-        # average happens in the gradient all-reduce.
-        losses = self._executor.run(micro_in, micro_tgt, 1.0 / self.micro_batches)
-        self.optimizer.step()
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        # The loss of each micro-batch is divided by the micro-batch count here, exactly once (and multiplied
+        # by the fp16 loss scale); the DP average happens in the gradient all-reduce.
+        losses = self._executor.run(micro_in, micro_tgt, scale / self.micro_batches)
+        if self._inject_nonfinite and self._buckets:
+            self._buckets[0].view(-1)[0] = float("inf")
+        self._inject_nonfinite = False
+
+        skipped = False
+        if self.scaler is not None:
+            # DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
+            # rank of every replica take the same decision.
+            skipped = self.scaler.unscale_and_check(self._buckets, self.groups.model_parallel, self.device)
+        grad_norm = None
+        if not skipped and self.clip_grad > 0:
+            grad_norm = self._clip()
+        if not skipped:
+            self.optimizer.step()
+            if self.masters is not None:
+                self.masters.copy_to_model()
+        if self.scaler is not None:
+            self.scaler.update(skipped)
+            self.overflow_watch.observe(self.scaler)
         loss = self._global_loss(losses)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepResult(loss=loss, step_time_s=time.perf_counter() - start)
+        return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
+                          loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
+
+    def _clip(self) -> float:
+        split = [o.grad for p, o in zip(self.parameters, self.optimized) if is_mp_split(p)]
+        replicated = [o.grad for p, o in zip(self.parameters, self.optimized) if not is_mp_split(p)]
+        return clip_grad_norm(split, replicated, self.clip_grad, self.groups.mp, self.groups.pp, self.device)
 
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only
@@ -247,19 +303,24 @@ class Engine:
         return float(value.item()) / self.dp_size
 
     def close(self) -> None:
-        """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards."""
+        """Drop the executor (it holds process groups and buffers) and the fp32 main-grad routes; the engine
+        cannot step afterwards."""
         self._executor = None
+        if self.masters is not None:
+            _C.clear_main_grads()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's layers as full tensors (gathered over MP) on the CPU, keyed like the whole model's
         state_dict ("<module index>.<name>"), whatever the grid. Every rank must call it (MP all-gathers)."""
         from .tp_layers import gather_full
 
+        weights = dict(zip(map(id, self.parameters), self.optimized))  # fp32 masters when weights are half
         state: dict[str, torch.Tensor] = {}
         for s in self.stage_ids:
             for name, param in self.stages[s].named_parameters():
                 local, _, leaf = name.partition(".")
-                state[f"{self.stage_layer_indices[s][int(local)]}.{leaf}"] = gather_full(param, self.groups.mp).cpu()
+                full = gather_full(weights[id(param)], self.groups.mp)
+                state[f"{self.stage_layer_indices[s][int(local)]}.{leaf}"] = full.cpu()
         return state
 
     @property

@@ -263,6 +263,15 @@ void PipelineExecutor::post_send(const Action& a, TensorKind kind, const at::Ten
   if (peer_stage < 0 || peer_stage >= config_.num_stages) {
     throw std::runtime_error(where(config_.pp_rank, a) + ": no neighbouring stage to send to");
   }
+  // The receiver allocated its buffer from the probed spec; anything else would be read as garbage.
+  const TensorSpec& spec = activation ? output_specs_.at(a.stage) : input_specs_.at(a.stage);
+  if (tensor.sizes().vec() != spec.shape || tensor.scalar_type() != spec.dtype) {
+    std::ostringstream msg;
+    msg << where(config_.pp_rank, a) << ": sends " << tensor.scalar_type() << tensor.sizes()
+        << " but the receiving stage expects " << spec.dtype << at::IntArrayRef(spec.shape)
+        << " (stage outputs must keep the shape and dtype seen on the first step)";
+    throw std::runtime_error(msg.str());
+  }
   const Channel& ch = channel(send_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
   at::Tensor payload = tensor.contiguous();
   std::vector<at::Tensor> tensors{payload};

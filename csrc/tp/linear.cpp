@@ -1,5 +1,7 @@
 #include "tp/linear.h"
 
+#include "tp/main_grad.h"
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -47,6 +49,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (store.defer() && ctx->saved_data.at("deferrable").toBool() && !at::GradMode::is_enabled()) {
       store.stash({x_2d.detach(), grad_2d.detach(), want_weight ? weight : at::Tensor(),
                    want_bias ? bias : at::Tensor()});
+      return {grad_input, at::Tensor(), at::Tensor()};
+    }
+    // A weight with an fp32 main grad accumulates there directly (half weights, fp32 accumulation).
+    if (ctx->saved_data.at("deferrable").toBool() && find_main_grad(weight) != nullptr) {
+      accumulate_linear_grads(grad_2d, x_2d, want_weight ? weight : at::Tensor(), want_bias ? bias : at::Tensor());
       return {grad_input, at::Tensor(), at::Tensor()};
     }
     return {grad_input, want_weight ? linear_weight_grad(grad_2d, x_2d) : at::Tensor(),

@@ -1,5 +1,7 @@
 #include "tp/weight_grad_store.h"
 
+#include "tp/main_grad.h"
+
 #include <ATen/ExpandUtils.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -168,7 +170,10 @@ DeferWeightGrads::~DeferWeightGrads() {
   }
 }
 
-at::Tensor& grad_target(const at::Tensor& param) { return param.mutable_grad(); }
+at::Tensor& grad_target(const at::Tensor& param) {
+  at::Tensor* main = find_main_grad(param);
+  return main ? *main : param.mutable_grad();
+}
 
 at::Tensor linear_weight_grad(const at::Tensor& grad_output_2d, const at::Tensor& input_2d) {
   return grad_output_2d.t().mm(input_2d);
@@ -197,7 +202,7 @@ void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor&
   if (weight.defined()) {
     at::Tensor& target = grad_target(weight);
     if (target.defined()) {
-      target.addmm_(grad_output_2d.t(), input_2d);
+      addmm_into(target, grad_output_2d, input_2d);
     } else {
       assign_grad(target, weight, linear_weight_grad(grad_output_2d, input_2d));
     }
@@ -205,7 +210,7 @@ void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor&
   if (bias.defined()) {
     at::Tensor& target = grad_target(bias);
     if (target.defined()) {
-      target.add_(linear_bias_grad(grad_output_2d, bias));
+      add_bias_grad_into(target, grad_output_2d);
     } else {
       assign_grad(target, bias, linear_bias_grad(grad_output_2d, bias));
     }

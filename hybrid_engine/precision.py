@@ -1,0 +1,73 @@
+"""How a stage computes in half precision: two implementations of `--amp fp16|bf16`, both kept.
+
+autocast      fp32 weights; torch.autocast casts them to half inside every matrix product, i.e. once per
+              micro-batch and layer (what the course asks for). Gradients accumulate in fp32 .grad.
+half-weights  the stage's weights live in half precision for the whole step, next to an fp32 master copy that
+              the optimizer updates; the cast happens once per optimizer step. Weight gradients accumulate in
+              fp32 "main grad" buffers, written by one GEMM with half inputs and fp32 output per layer
+              (csrc/tp/main_grad.h), so summing micro-batches never rounds to half precision.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from . import _C
+
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+IMPLEMENTATIONS = ("autocast", "half-weights")
+
+
+@dataclass(frozen=True)
+class Precision:
+    amp: str = "off"  # off | fp16 | bf16
+    implementation: str = "half-weights"
+
+    def __post_init__(self):
+        if self.amp not in ("off", *HALF_DTYPES):
+            raise ValueError(f"--amp must be off, fp16 or bf16, got {self.amp!r}")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"--amp-impl must be one of {', '.join(IMPLEMENTATIONS)}, got {self.implementation!r}")
+
+    @property
+    def half_dtype(self) -> torch.dtype | None:
+        return HALF_DTYPES.get(self.amp)
+
+    @property
+    def autocast(self) -> bool:
+        return self.amp != "off" and self.implementation == "autocast"
+
+    @property
+    def half_weights(self) -> bool:
+        return self.amp != "off" and self.implementation == "half-weights"
+
+    def stage_context(self, device: torch.device):
+        if self.autocast:
+            return torch.autocast(device.type, dtype=self.half_dtype)
+        return contextlib.nullcontext()
+
+
+class MasterWeights:
+    """fp32 master copies of half-precision stage weights; the optimizer steps the masters."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.masters = [nn.Parameter(p.detach().float().clone()) for p in params]
+        for master, param in zip(self.masters, params):
+            for flag in ("mp_split", "mp_split_dim"):
+                if hasattr(param, flag):
+                    setattr(master, flag, getattr(param, flag))
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """The one cast per optimizer step: fp32 masters -> half weights."""
+        if self.params:
+            torch._foreach_copy_(self.params, self.masters)
+
+    @staticmethod
+    def route_grads(params: list[nn.Parameter], buffers: list[torch.Tensor]) -> None:
+        for param, buffer in zip(params, buffers):
+            _C.set_main_grad(param, buffer)
