@@ -11,16 +11,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
+import re
 import resource
 import statistics
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import hybrid_engine
+from hybrid_engine import checkpoint, faults
 from hybrid_engine.config import SCHEDULES, ConfigError, LaunchEnv, check_training, resolve_grid
 from hybrid_engine.engine import Engine
 from hybrid_engine.exit_together import wait_for_all_ranks
@@ -56,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s = p.add_argument_group("pipeline schedule")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     s.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved only)")
+    s.add_argument("--no-fuse", action="store_true",
+                   help="run stages module by module instead of as one C++ Linear(+ReLU) chain (for comparison)")
     s.add_argument("--merge-wgrad", action="store_true",
                    help="zb1: compute each stage's weight gradients once over all micro-batches (one GEMM)")
 
@@ -86,7 +92,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("reporting")
     r.add_argument("--metrics", default=None, help="write one JSON line per step here (rank 0)")
     r.add_argument("--quiet", action="store_true", help="no per-step lines, only the summary")
+
+    c = p.add_argument_group("checkpoints (see hybrid_engine/checkpoint.py and docs/failure_behaviour.md)")
+    c.add_argument("--save", metavar="DIR", default=None,
+                   help="write checkpoints under DIR (DIR/step_N, DIR/latest); must be visible to every rank")
+    c.add_argument("--save-every", metavar="N", type=int, default=0,
+                   help="also save after every N steps (0: only after the last step)")
+    c.add_argument("--keep-checkpoints", metavar="K", type=int, default=3, help="keep the newest K checkpoints")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --save DIR if there is one, else start as usual "
+                        "(from --load, or from scratch): what a restarted job (torchrun --max-restarts) needs")
+    c.add_argument("--load", metavar="PATH", default=None,
+                   help="start from this checkpoint (DIR/step_N, or a --save DIR: its latest), on any grid; "
+                        "--steps counts from step 0, so training continues at the checkpoint's step")
     return p.parse_args(argv)
+
+
+class TrainingStopped(Exception):
+    """Training cannot go on (a non-finite loss); every rank finds it at the same step (the loss is all-reduced)."""
+
+
+def model_info(args: argparse.Namespace) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """What a checkpoint must match: the model config and every parameter's full shape (a meta model: free)."""
+    shapes = {k: tuple(v.shape) for k, v in large_linear_model(args.dim, args.depth, args.seed).state_dict().items()}
+    return {"name": "large_linear_model", "dim": args.dim, "depth": args.depth, "seed": args.seed}, shapes
+
+
+def checkpoint_to_start_from(args: argparse.Namespace) -> checkpoint.Checkpoint | None:
+    """The checkpoint this run continues (None: from scratch), checked on every rank before any collective."""
+    if args.save_every < 0 or args.keep_checkpoints < 1:
+        raise ConfigError(f"--save-every must be >= 0 and --keep-checkpoints >= 1, got {args.save_every} and "
+                          f"{args.keep_checkpoints}")
+    if (args.resume or args.save_every) and not args.save:
+        raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "
+                          "use --load PATH)")
+    existing = None
+    if args.save:
+        try:
+            os.makedirs(args.save, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--save {args.save}: cannot create the directory ({exc.strerror})") from None
+        existing = checkpoint.latest_path(args.save)
+        if existing and not args.resume:
+            raise ConfigError(f"--save {args.save} already holds checkpoints (latest {existing}); pass --resume "
+                              "to continue from it, or choose another directory")
+    path = existing if (args.resume and existing) else args.load
+    if path is None:
+        return None
+    ckpt = checkpoint.open_checkpoint(path)
+    model, shapes = model_info(args)
+    checkpoint.check_compatible(ckpt, model, shapes, args.optimizer)
+    return ckpt
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -129,7 +185,7 @@ def gather_floats(value: float, device: torch.device) -> list[float]:
     return [round(float(x.item()), 3) for x in out]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = None) -> int:
     args = parse_args(argv)
     env = LaunchEnv.from_environ()
     grid = resolve_grid(args.dp, args.pp, args.mp, args.order, env.world_size)
@@ -139,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                    amp=args.amp, device_type=device.type)
     if args.loss_scale is not None and args.amp != "fp16":
         raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {args.amp}")
+    start_from = checkpoint_to_start_from(args)
 
     init_distributed(env, device, args.comm_timeout)
+    if heartbeat is not None:
+        heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
     groups = build_groups(grid, env.rank)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))
@@ -153,18 +212,30 @@ def main(argv: list[str] | None = None) -> int:
                     virtual_stages=args.virtual_stages, optimizer=args.optimizer, lr=args.lr, device=device,
                     merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
                     loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
-                    clip_grad=args.clip_grad)
+                    clip_grad=args.clip_grad, fuse_stages=not args.no_fuse)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
+    first_step = checkpoint.load(engine, start_from) if start_from else 0
+    if start_from and env.rank == 0:
+        print(f"resumed from {start_from.path} at step {first_step}", flush=True)
 
-    metrics = open(args.metrics, "w") if (args.metrics and env.rank == 0) else None
+    # a resumed run appends: the file then holds the whole history (replayed steps appear twice, the last wins)
+    metrics = open(args.metrics, "a" if start_from else "w") if (args.metrics and env.rank == 0) else None
     times: list[float] = []
     peaks: list[float] = []
-    for step in range(args.steps):
+    for step in range(first_step, args.steps):
+        if faults.test_hook("KILL_AT_STEP", step, env.rank):
+            faults.kill_self()
         x, y = data.batch(step, args.batch_size)
         x, y = x[dp_rank * per_dp:(dp_rank + 1) * per_dp], y[dp_rank * per_dp:(dp_rank + 1) * per_dp]
+        if faults.test_hook("NAN_AT_STEP", step):
+            x = x.clone().fill_(float("nan"))
         result = engine.train_step(x if engine.holds_first_stage else None, y if engine.holds_last_stage else None)
+        if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together
+            raise TrainingStopped(f"loss is {'NaN' if math.isnan(result.loss) else result.loss} at step {step}: "
+                                  "training stopped (lower --lr; with --save, --resume continues from the last "
+                                  "checkpoint, written before this step)")
         peaks = gather_floats(peak_memory_gib(device), device)
         if step >= args.warmup:
             times.append(result.step_time_s)
@@ -179,8 +250,17 @@ def main(argv: list[str] | None = None) -> int:
                 extra = f"  scale {result.loss_scale:g}{' SKIPPED' if result.skipped else ''}" if result.loss_scale else ""
                 print(f"step {step:4d}  loss {result.loss:.6f}  {result.step_time_s * 1e3:8.2f} ms  "
                       f"{record['samples_per_s']:10.1f} samples/s{extra}", flush=True)
+        if args.save and (step + 1 == args.steps or (args.save_every and (step + 1) % args.save_every == 0)):
+            model, _ = model_info(args)
+            path = checkpoint.save(engine, args.save, step + 1, {"model": model, "optimizer": args.optimizer},
+                                   keep=args.keep_checkpoints,
+                                   crash_in_save=faults.test_hook("CRASH_IN_SAVE", step + 1, env.rank))
+            if env.rank == 0 and not args.quiet:
+                print(f"saved {path}", flush=True)
 
-    if env.rank == 0 and args.steps > args.warmup:
+    if start_from and first_step >= args.steps and env.rank == 0:
+        print(f"nothing to do: the checkpoint is at step {first_step}, --steps is {args.steps}", flush=True)
+    if env.rank == 0 and times:
         median = statistics.median(times)
         print(f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
               f"schedule {args.schedule}, median step {median * 1e3:.2f} ms after {args.warmup} warm-up steps, "
@@ -192,22 +272,57 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default  # LaunchEnv reports the bad value
+
+
 def run() -> int:
     """Every failure becomes one line on this rank's stderr and a non-zero exit; --debug-style tracebacks
-    are available with HYBRID_ENGINE_DEBUG=1."""
-    rank = os.environ.get("RANK", "0")
+    are available with HYBRID_ENGINE_DEBUG=1. Exit codes: 0 done, 2 bad input (flags, grid, checkpoint),
+    1 training stopped (NaN loss) or a failure (a lost peer: the line names it), 143 stopped by SIGTERM."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    heartbeat = faults.Heartbeat(rank, world)
+    reporter = faults.SigtermReporter(rank, heartbeat).install()
+
+    def leave(code: int, line: str, wait_for_peers: bool) -> int:
+        if not reporter.leaving(code):
+            threading.Event().wait()  # the SIGTERM thread is reporting and ends the process
+        heartbeat.note_exit()
+        print(line() if callable(line) else line, file=sys.stderr, flush=True)
+        reporter.reported()
+        if wait_for_peers:
+            wait_for_all_ranks(rank, world)
+        return code
+
     try:
-        return main()
+        code = main(heartbeat=heartbeat)
+        reporter.leaving(code)
+        heartbeat.note_exit()
+        return code
     except ConfigError as exc:
-        print(f"hybrid_engine: error: {exc}", file=sys.stderr, flush=True)
-        wait_for_all_ranks(int(rank), int(os.environ.get("WORLD_SIZE", "1")))
-        return 2
+        return leave(2, f"hybrid_engine: error: {exc}", wait_for_peers=True)
+    except TrainingStopped as exc:
+        return leave(1, f"hybrid_engine: error: {exc}", wait_for_peers=True)
     except Exception as exc:  # noqa: BLE001 - the driver's job is to turn any failure into one clear line
         if os.environ.get("HYBRID_ENGINE_DEBUG"):
             raise
-        print(f"hybrid_engine: rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-              file=sys.stderr, flush=True)
-        return 1
+        # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
+        first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
+        what = f"{type(exc).__name__}: {first.split('. ')[0]}"
+
+        def line() -> str:  # a lost peer is the usual cause: watch the heartbeats a moment to name it
+            lost = heartbeat.describe_loss()
+            return f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{what}"
+
+        code = leave(1, line, wait_for_peers=False)
+        if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
+            heartbeat.linger()
+            sys.stdout.flush()
+            os._exit(code)
+        return code
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tp/linear.h"
+#include "tp/linear_chain.h"
 #include "tp/mp_region.h"
 #include "tp/main_grad.h"
 #include "tp/weight_grad_store.h"
@@ -72,6 +73,15 @@ void bind_tp(py::module_& m) {
   m.def("wgrad_flush_all", []() { return WeightGradStore::instance().flush_all(); },
         py::call_guard<py::gil_scoped_release>());
   m.def("wgrad_pending", []() { return WeightGradStore::instance().pending(); }, "Stashed entries, all keys.");
+  m.def(
+      "linear_chain",
+      [](const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& params, const std::vector<bool>& relu) {
+        std::vector<at::Tensor> tensors;
+        for (const auto& p : params) tensors.push_back(p.has_value() ? *p : at::Tensor());
+        return linear_chain(x, tensors, relu);
+      },
+      py::arg("x"), py::arg("params"), py::arg("relu"),
+      "A stage of Linear(+ReLU) layers as one autograd node: params = [w0, b0 or None, w1, ...].");
   m.def("set_main_grad", &set_main_grad, py::arg("param"), py::arg("buffer"),
         "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.");
   m.def("clear_main_grads", &clear_main_grads);

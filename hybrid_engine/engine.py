@@ -51,9 +51,35 @@ def _tensor_parallel(stage: nn.Sequential, mp_group: dist.ProcessGroup) -> nn.Se
     return parallelize_mlp(stage, mp_group)
 
 
-def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device
+def _chain_of(stage: nn.Sequential) -> tuple[list, list[bool]] | None:
+    """(params, relu flags) if the stage is a plain chain of our Linear layers, each optionally followed by a
+    ReLU — the shape the C++ linear_chain runs as one autograd node; else None."""
+    from .tp_layers import Linear
+
+    params: list = []
+    relu: list[bool] = []
+    for module in stage:
+        if isinstance(module, Linear):
+            params += [module.weight, module.bias]
+            relu.append(False)
+        elif isinstance(module, nn.ReLU) and relu and not relu[-1] and not module.inplace:
+            relu[-1] = True
+        else:
+            return None
+    return (params, relu) if relu else None
+
+
+def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device, fuse: bool
                   ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """Runs one stage's forward. A stage that is a chain of Linear(+ReLU) layers runs as one C++ autograd node
+    (csrc/tp/linear_chain.h) — a fraction of the host time of module-by-module execution; under autocast,
+    or for any other module, the stage's own forward runs."""
+    chains = {s: _chain_of(m) for s, m in stages.items()} if fuse and not precision.autocast else {}
+
     def run(stage: int, x: torch.Tensor) -> torch.Tensor:
+        chain = chains.get(stage)
+        if chain is not None and x.dim() == 2:
+            return _C.linear_chain(x, *chain)
         with precision.stage_context(device):
             return stages[stage](x)
 
@@ -75,6 +101,7 @@ class Engine:
     groups: this rank's process groups (hybrid_engine.grid.build_groups).
     tensor_parallel: split nn.Linear layers Megatron-style over the MP group (column then row parallel);
         with mp=1 they become our deferrable-weight-gradient Linear, which zb1 needs to split I from W.
+    fuse_stages: run a stage that is a plain Linear(+ReLU) chain as one C++ autograd node.
     """
 
     def __init__(
@@ -97,6 +124,7 @@ class Engine:
         scale_window: int = 2000,
         hysteresis: int = 1,
         clip_grad: float = 0.0,
+        fuse_stages: bool = True,
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -135,7 +163,7 @@ class Engine:
         self.clip_grad = clip_grad
         self._inject_nonfinite = False
         # A closure over the stages, not a bound method: the executor holding it must not keep the Engine alive.
-        self._runner = _stage_runner(self.stages, precision, self.device)
+        self._runner = _stage_runner(self.stages, precision, self.device, fuse_stages)
         self._merge_weight_grads = merge_weight_grads
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
@@ -326,3 +354,62 @@ class Engine:
     @property
     def trace(self) -> list:
         return list(self._executor.trace()) if self._executor is not None else []
+
+    # ------------------------------------------------------------------ checkpoints (issue #7, hybrid_engine/checkpoint.py)
+    def _checkpoint_tensors(self) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        """(global name, model parameter, the tensor the optimizer steps: the fp32 master with half weights)."""
+        stepped = dict(zip(map(id, self.parameters), getattr(self, "optimized", self.parameters)))
+        out = []
+        for s in self.stage_ids:
+            for name, param in self.stages[s].named_parameters():
+                local, _, leaf = name.partition(".")
+                out.append((f"{self.stage_layer_indices[s][int(local)]}.{leaf}", param, stepped[id(param)]))
+        return out
+
+    def checkpoint_names(self) -> list[str]:
+        """Global names ("<module index>.<weight|bias>") of this rank's parameters."""
+        return [name for name, _, _ in self._checkpoint_tensors()]
+
+    def state_for_checkpoint(self) -> dict:
+        """This rank's training state in a grid-independent form, on the CPU: "weights" and per-parameter
+        "optimizer" state as full tensors (gathered over MP) keyed by global parameter name, and the loss
+        scaler's state (None without one). Every rank must call it (MP all-gathers, in the same order)."""
+        from .tp_layers import gather_full
+
+        weights, optimizer = {}, {}
+        for name, param, stepped in self._checkpoint_tensors():
+            weights[name] = gather_full(stepped, self.groups.mp).cpu()
+            optimizer[name] = {}
+            for key, value in self.optimizer.state.get(stepped, {}).items():
+                if torch.is_tensor(value) and value.shape == stepped.shape:  # a per-element state: a shard
+                    alias = value.detach()
+                    alias.mp_split, alias.mp_split_dim = getattr(param, "mp_split", False), getattr(
+                        param, "mp_split_dim", None)
+                    value = gather_full(alias, self.groups.mp)
+                optimizer[name][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
+        scaler = getattr(self, "scaler", None)
+        return {"weights": weights, "optimizer": optimizer, "scaler": scaler.state_dict() if scaler else None}
+
+    @torch.no_grad()
+    def load_checkpoint_state(self, weights: dict, optimizer: dict, scaler: dict | None) -> None:
+        """Inverse of state_for_checkpoint, on any grid: every full tensor of this rank's parameters is sliced
+        to this rank's MP shard. No collectives. A scaler state is restored only if this run has a scaler."""
+        from .tp_layers import take_shard
+
+        for name, param, stepped in self._checkpoint_tensors():
+            full = weights[name]
+            stepped.copy_(take_shard(full, like=param, mp_group=self.groups.mp))
+            if stepped is not param:
+                param.copy_(stepped)  # half weights: the one cast, as after an optimizer step
+            state = {}
+            for key, value in optimizer.get(name, {}).items():
+                if torch.is_tensor(value) and value.shape == full.shape and value.dim() > 0:
+                    value = take_shard(value, like=param, mp_group=self.groups.mp).to(stepped.device)
+                state[key] = value.clone() if torch.is_tensor(value) else value
+            if state:
+                self.optimizer.state[stepped] = state
+            else:
+                self.optimizer.state.pop(stepped, None)
+        own_scaler = getattr(self, "scaler", None)
+        if own_scaler is not None and scaler is not None:
+            own_scaler.load_state_dict(scaler)

@@ -1,0 +1,100 @@
+#include "tp/linear_chain.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "tp/main_grad.h"
+#include "tp/weight_grad_store.h"
+
+namespace hybrid {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor layer_forward(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, bool relu) {
+  if (b.defined()) {
+    // One cuBLASLt call with a bias(+ReLU) epilogue where the backend has it.
+    if (relu) return at::_addmm_activation(b, h, w.t(), 1, 1, /*use_gelu=*/false);
+    return at::addmm(b, h, w.t());
+  }
+  at::Tensor out = h.mm(w.t());
+  return relu ? out.relu_() : out;
+}
+
+struct LinearChainFunction : public torch::autograd::Function<LinearChainFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList params,
+                            const std::vector<bool>& relu) {
+    const size_t n = relu.size();
+    TORCH_CHECK(params.size() == 2 * n, "linear_chain: ", n, " layers need ", 2 * n, " params, got ", params.size());
+    TORCH_CHECK(x.dim() == 2, "linear_chain: input must be [rows, features], got ", x.sizes());
+    std::vector<at::Tensor> activations{x};  // a_0 = x, a_{i+1} = layer i's output
+    at::Tensor h = x;
+    bool deferrable = true;
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& w = params[2 * i];
+      const at::Tensor& b = params[2 * i + 1];
+      deferrable = deferrable && w.is_leaf() && (!b.defined() || b.is_leaf());
+      h = layer_forward(h, w, b, relu[i]);
+      activations.push_back(h);
+    }
+    std::vector<at::Tensor> saved = activations;
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["n"] = static_cast<int64_t>(n);
+    c10::List<bool> relu_list;
+    for (bool r : relu) relu_list.push_back(r);
+    ctx->saved_data["relu"] = relu_list;
+    ctx->saved_data["deferrable"] = deferrable;
+    return h;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto n = static_cast<size_t>(ctx->saved_data.at("n").toInt());
+    const c10::List<bool> relu = ctx->saved_data.at("relu").toBoolList();
+    const bool deferrable = ctx->saved_data.at("deferrable").toBool();
+    variable_list saved = ctx->get_saved_variables();
+    // saved: a_0..a_n, then weight_0, bias_0, ...
+    auto activation = [&](size_t i) -> const at::Tensor& { return saved[i]; };
+    auto weight = [&](size_t i) -> const at::Tensor& { return saved[n + 1 + 2 * i]; };
+    auto bias = [&](size_t i) -> const at::Tensor& { return saved[n + 2 + 2 * i]; };
+
+    // Outputs of backward: grad of x, then one slot per param, then none for the relu flags.
+    variable_list out(2 + 2 * n);
+    at::Tensor g = grads[0];
+    if (!g.defined()) return out;
+    WeightGradStore& store = WeightGradStore::instance();
+    const bool defer = deferrable && store.defer() && !at::GradMode::is_enabled();
+    for (size_t k = n; k-- > 0;) {
+      if (relu.get(k)) g = at::threshold_backward(g, activation(k + 1), 0);
+      const at::Tensor& w = weight(k);
+      const at::Tensor& b = bias(k);
+      const bool want_w = ctx->needs_input_grad(1 + 2 * k);
+      const bool want_b = b.defined() && ctx->needs_input_grad(2 + 2 * k);
+      if (want_w || want_b) {
+        at::Tensor wt = want_w ? w : at::Tensor();
+        at::Tensor bt = want_b ? b : at::Tensor();
+        if (defer) {
+          store.stash({activation(k).detach(), g.detach(), wt, bt});
+        } else if (deferrable && find_main_grad(w) != nullptr) {
+          accumulate_linear_grads(g, activation(k), wt, bt);
+        } else {
+          if (want_w) out[1 + 2 * k] = linear_weight_grad(g, activation(k));
+          if (want_b) out[2 + 2 * k] = linear_bias_grad(g, b);
+        }
+      }
+      if (k > 0 || ctx->needs_input_grad(0)) g = g.mm(w);
+    }
+    out[0] = ctx->needs_input_grad(0) ? g : at::Tensor();
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& params, const std::vector<bool>& relu) {
+  return LinearChainFunction::apply(x, at::TensorList(params), relu);
+}
+
+}  // namespace hybrid
