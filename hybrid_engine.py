@@ -31,6 +31,7 @@ from hybrid_engine.exit_together import wait_for_all_ranks
 from hybrid_engine.grid import build_groups, grid_picture, host_name, mapping_table
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 from hybrid_engine.precision import IMPLEMENTATIONS, Precision
+from hybrid_engine.trace import gather_pipeline_rows, spans_of, write_trace
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved only)")
     s.add_argument("--no-fuse", action="store_true",
                    help="run stages module by module instead of as one C++ Linear(+ReLU) chain (for comparison)")
+    s.add_argument("--recompute", action="store_true",
+                   help="activation recomputation: keep only stage inputs between forward and backward")
     s.add_argument("--merge-wgrad", action="store_true",
                    help="zb1: compute each stage's weight gradients once over all micro-batches (one GEMM)")
 
@@ -92,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("reporting")
     r.add_argument("--metrics", default=None, help="write one JSON line per step here (rank 0)")
     r.add_argument("--quiet", action="store_true", help="no per-step lines, only the summary")
+    r.add_argument("--trace", default=None, metavar="PATH",
+                   help="time every action of the last step; rank 0 writes PATH.json (Chrome trace), PATH.png and "
+                        "PATH.simulated.png, and reports the measured bubble")
 
     c = p.add_argument_group("checkpoints (see hybrid_engine/checkpoint.py and docs/failure_behaviour.md)")
     c.add_argument("--save", metavar="DIR", default=None,
@@ -212,7 +218,8 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
                     virtual_stages=args.virtual_stages, optimizer=args.optimizer, lr=args.lr, device=device,
                     merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
                     loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
-                    clip_grad=args.clip_grad, fuse_stages=not args.no_fuse)
+                    clip_grad=args.clip_grad, fuse_stages=not args.no_fuse, recompute=args.recompute,
+                    trace=args.trace is not None)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
@@ -265,6 +272,15 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         print(f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
               f"schedule {args.schedule}, median step {median * 1e3:.2f} ms after {args.warmup} warm-up steps, "
               f"{args.batch_size / median:.1f} samples/s, peak memory per rank (GiB) {peaks}", flush=True)
+    if args.trace and args.steps > 0:
+        c = groups.coords
+        rows = gather_pipeline_rows(spans_of(engine.trace), c.pp, grid.pp_size, c.dp == 0 and c.mp == 0)
+        if env.rank == 0:
+            summary = write_trace(args.trace, rows, args.schedule, args.micro_batches, args.virtual_stages)
+            print(f"trace: {args.trace}.json, measured bubble {summary['measured_bubble']:.3f}, "
+                  f"simulated {summary['simulated_bubble']:.3f}", flush=True)
+            if metrics:
+                metrics.write(json.dumps({"trace": summary}) + "\n")
     if metrics:
         metrics.close()
     engine.close()  # the executor holds process groups: release them before the groups are destroyed

@@ -75,12 +75,13 @@ void bind_tp(py::module_& m) {
   m.def("wgrad_pending", []() { return WeightGradStore::instance().pending(); }, "Stashed entries, all keys.");
   m.def(
       "linear_chain",
-      [](const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& params, const std::vector<bool>& relu) {
+      [](const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& params, const std::vector<bool>& relu,
+         bool recompute) {
         std::vector<at::Tensor> tensors;
         for (const auto& p : params) tensors.push_back(p.has_value() ? *p : at::Tensor());
-        return linear_chain(x, tensors, relu);
+        return linear_chain(x, tensors, relu, recompute);
       },
-      py::arg("x"), py::arg("params"), py::arg("relu"),
+      py::arg("x"), py::arg("params"), py::arg("relu"), py::arg("recompute") = false,
       "A stage of Linear(+ReLU) layers as one autograd node: params = [w0, b0 or None, w1, ...].");
   m.def("set_main_grad", &set_main_grad, py::arg("param"), py::arg("buffer"),
         "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.");

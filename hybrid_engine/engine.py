@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import _C
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
@@ -69,18 +70,21 @@ def _chain_of(stage: nn.Sequential) -> tuple[list, list[bool]] | None:
     return (params, relu) if relu else None
 
 
-def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device, fuse: bool
-                  ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device, fuse: bool,
+                  recompute: bool) -> Callable[[int, torch.Tensor], torch.Tensor]:
     """Runs one stage's forward. A stage that is a chain of Linear(+ReLU) layers runs as one C++ autograd node
     (csrc/tp/linear_chain.h) — a fraction of the host time of module-by-module execution; under autocast,
-    or for any other module, the stage's own forward runs."""
+    or for any other module, the stage's own forward runs. With recompute, only each stage's input stays
+    alive between forward and backward (the chain reruns its forward; other stages use torch checkpointing)."""
     chains = {s: _chain_of(m) for s, m in stages.items()} if fuse and not precision.autocast else {}
 
     def run(stage: int, x: torch.Tensor) -> torch.Tensor:
         chain = chains.get(stage)
         if chain is not None and x.dim() == 2:
-            return _C.linear_chain(x, *chain)
+            return _C.linear_chain(x, *chain, recompute)
         with precision.stage_context(device):
+            if recompute and torch.is_grad_enabled():
+                return torch.utils.checkpoint.checkpoint(stages[stage], x, use_reentrant=False)
             return stages[stage](x)
 
     return run
@@ -102,6 +106,7 @@ class Engine:
     tensor_parallel: split nn.Linear layers Megatron-style over the MP group (column then row parallel);
         with mp=1 they become our deferrable-weight-gradient Linear, which zb1 needs to split I from W.
     fuse_stages: run a stage that is a plain Linear(+ReLU) chain as one C++ autograd node.
+    recompute: activation recomputation; keep only stage inputs between a micro-batch's forward and backward.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class Engine:
         hysteresis: int = 1,
         clip_grad: float = 0.0,
         fuse_stages: bool = True,
+        recompute: bool = False,
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -163,7 +169,7 @@ class Engine:
         self.clip_grad = clip_grad
         self._inject_nonfinite = False
         # A closure over the stages, not a bound method: the executor holding it must not keep the Engine alive.
-        self._runner = _stage_runner(self.stages, precision, self.device, fuse_stages)
+        self._runner = _stage_runner(self.stages, precision, self.device, fuse_stages, recompute)
         self._merge_weight_grads = merge_weight_grads
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known

@@ -1,5 +1,6 @@
 #include "executor/pipeline_executor.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <sstream>
@@ -85,6 +86,9 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
   }
   std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
   trace_.clear();
+  device_spans_.clear();
+  const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
+  if (device_trace) step_event_ = record_event();
   step_start_ = std::chrono::steady_clock::now();
   auto now_us = [this] {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start_).count();
@@ -92,9 +96,15 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
   try {
     for (size_t i = 0; i < actions_.size(); ++i) {
       const Action& a = actions_[i];
-      const double start = config_.record_trace ? now_us() : 0.0;
+      const bool traced = config_.record_trace && is_compute(a.type);
+      const double start = traced ? now_us() : 0.0;
+      auto start_event = traced && device_trace ? record_event() : nullptr;
       execute(a, inputs, targets, loss_multiplier, losses);
-      if (config_.record_trace && is_compute(a.type)) trace_.push_back({a, start, now_us()});
+      if (traced && device_trace) {
+        device_spans_.push_back({a, start_event, record_event()});
+      } else if (traced) {
+        trace_.push_back({a, start, now_us()});
+      }
       auto last = last_grad_action_.find(a.stage);
       if (dp_sync_ && last != last_grad_action_.end() && last->second == i) {
         auto buckets = stage_buckets_.find(a.stage);
@@ -112,6 +122,7 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
                                " was posted but never consumed");
     }
     if (dp_sync_) dp_sync_->finish();
+    if (device_trace) resolve_device_trace();
   } catch (...) {
     micro_.clear();
     recvs_.clear();
@@ -228,6 +239,24 @@ void PipelineExecutor::weight_grads(const Action& a) {
     if (other.type == ActionType::W && other.stage == a.stage) keys.push_back(WgradKey{a.stage, other.micro});
   }
   WeightGradStore::instance().flush_merged(keys);
+}
+
+std::shared_ptr<c10::Event> PipelineExecutor::record_event() {
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  auto event = std::make_shared<c10::Event>(device_.type(), c10::EventFlag::BACKEND_DEFAULT);
+  event->record(impl.getStream(device_));
+  return event;
+}
+
+void PipelineExecutor::resolve_device_trace() {
+  if (device_spans_.empty()) return;
+  device_spans_.back().end->synchronize();
+  for (const DeviceSpan& span : device_spans_) {
+    // elapsedTime is in milliseconds
+    trace_.push_back({span.action, step_event_->elapsedTime(*span.start) * 1e3,
+                      step_event_->elapsedTime(*span.end) * 1e3});
+  }
+  device_spans_.clear();
 }
 
 void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
 #include <chrono>
 #include <functional>
@@ -49,7 +50,8 @@ struct ExecutorConfig {
   bool record_trace = false;
 };
 
-// One executed action with host-clock times in microseconds from the step's start.
+// One executed compute action, in microseconds from the step's start: device time (CUDA events on the
+// compute stream) on a GPU, host clock on the CPU.
 struct TraceEvent {
   Action action;
   double start_us = 0;
@@ -133,6 +135,15 @@ class PipelineExecutor {
   std::vector<PendingSend> sends_;
   std::vector<TraceEvent> trace_;
   std::chrono::steady_clock::time_point step_start_;
+  // GPU tracing: events recorded around each compute action, resolved to times once the step is over.
+  struct DeviceSpan {
+    Action action;
+    std::shared_ptr<c10::Event> start, end;
+  };
+  std::vector<DeviceSpan> device_spans_;
+  std::shared_ptr<c10::Event> step_event_;
+  std::shared_ptr<c10::Event> record_event();
+  void resolve_device_trace();
 };
 
 }  // namespace hybrid

@@ -25,7 +25,7 @@ at::Tensor layer_forward(const at::Tensor& h, const at::Tensor& w, const at::Ten
 
 struct LinearChainFunction : public torch::autograd::Function<LinearChainFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList params,
-                            const std::vector<bool>& relu) {
+                            const std::vector<bool>& relu, bool recompute) {
     const size_t n = relu.size();
     TORCH_CHECK(params.size() == 2 * n, "linear_chain: ", n, " layers need ", 2 * n, " params, got ", params.size());
     TORCH_CHECK(x.dim() == 2, "linear_chain: input must be [rows, features], got ", x.sizes());
@@ -39,8 +39,10 @@ struct LinearChainFunction : public torch::autograd::Function<LinearChainFunctio
       h = layer_forward(h, w, b, relu[i]);
       activations.push_back(h);
     }
-    std::vector<at::Tensor> saved = activations;
+    // Recomputation keeps only the stage input; the backward runs the forward again to rebuild the rest.
+    std::vector<at::Tensor> saved = recompute ? std::vector<at::Tensor>{x} : activations;
     saved.insert(saved.end(), params.begin(), params.end());
+    ctx->saved_data["recompute"] = recompute;
     ctx->save_for_backward(saved);
     ctx->saved_data["n"] = static_cast<int64_t>(n);
     c10::List<bool> relu_list;
@@ -55,13 +57,23 @@ struct LinearChainFunction : public torch::autograd::Function<LinearChainFunctio
     const c10::List<bool> relu = ctx->saved_data.at("relu").toBoolList();
     const bool deferrable = ctx->saved_data.at("deferrable").toBool();
     variable_list saved = ctx->get_saved_variables();
+    if (ctx->saved_data.at("recompute").toBool()) {
+      // saved: a_0, then the params; rebuild a_1..a_n without recording a graph.
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> rebuilt{saved[0]};
+      for (size_t i = 0; i < n; ++i) {
+        rebuilt.push_back(layer_forward(rebuilt.back(), saved[1 + 2 * i], saved[2 + 2 * i], relu.get(i)));
+      }
+      rebuilt.insert(rebuilt.end(), saved.begin() + 1, saved.end());
+      saved = std::move(rebuilt);
+    }
     // saved: a_0..a_n, then weight_0, bias_0, ...
     auto activation = [&](size_t i) -> const at::Tensor& { return saved[i]; };
     auto weight = [&](size_t i) -> const at::Tensor& { return saved[n + 1 + 2 * i]; };
     auto bias = [&](size_t i) -> const at::Tensor& { return saved[n + 2 + 2 * i]; };
 
-    // Outputs of backward: grad of x, then one slot per param, then none for the relu flags.
-    variable_list out(2 + 2 * n);
+    // Outputs of backward: grad of x, then one slot per param, then none for the relu and recompute flags.
+    variable_list out(3 + 2 * n);
     at::Tensor g = grads[0];
     if (!g.defined()) return out;
     WeightGradStore& store = WeightGradStore::instance();
@@ -93,8 +105,9 @@ struct LinearChainFunction : public torch::autograd::Function<LinearChainFunctio
 
 }  // namespace
 
-at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& params, const std::vector<bool>& relu) {
-  return LinearChainFunction::apply(x, at::TensorList(params), relu);
+at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& params, const std::vector<bool>& relu,
+                        bool recompute) {
+  return LinearChainFunction::apply(x, at::TensorList(params), relu, recompute);
 }
 
 }  // namespace hybrid

@@ -15,6 +15,9 @@
 namespace hybrid {
 
 // params: weight_0, bias_0, weight_1, bias_1, ... (an undefined bias means none); relu[i]: ReLU after layer i.
-at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& params, const std::vector<bool>& relu);
+// recompute: keep only the stage input alive until the backward, which reruns the forward (activation
+// recomputation: one extra forward for a stage's activations shrunk to its input).
+at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& params, const std::vector<bool>& relu,
+                        bool recompute = false);
 
 }  // namespace hybrid
