@@ -9,6 +9,7 @@ from hybrid_engine import ProcessGrid
 from hybrid_engine.engine import Engine
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
+from hybrid_engine.precision import Precision
 
 
 def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: str, v: int, cfg: dict) -> dict:
@@ -41,3 +42,53 @@ def sweep(rank: int, world: int, runs: list[tuple], cfg: dict) -> list[dict]:
         out.append(train_on_grid(rank, world, dp, pp, mp, schedule, v, cfg))
         dist.barrier()
     return out
+
+
+def amp_overflow_run(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict, inject_rank: int,
+                     inject_step: int) -> dict:
+    """fp16 half-weights training where one rank finds an inf in its gradients at one step."""
+    grid = ProcessGrid(dp, pp, mp)
+    groups = build_groups(grid, rank)
+    engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule="1f1b",
+                    micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
+                    precision=Precision("fp16", "half-weights"), scale_window=cfg.get("scale_window", 2000))
+    data = SyntheticRegression(cfg["dim"], 0, "cpu")
+    per_dp = cfg["batch_size"] // dp
+    d = groups.coords.dp
+    history, states = [], {}
+    for step in range(cfg["steps"]):
+        x, y = data.batch(step, cfg["batch_size"])
+        if step == inject_step:
+            states["before"] = {k: v.numpy() for k, v in engine.full_state_dict().items()}
+            if rank == inject_rank:
+                engine.inject_nonfinite_grad()
+        result = engine.train_step(x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp])
+        history.append((result.loss_scale, result.skipped, engine.scaler.scale))
+        if step == inject_step:
+            states["after"] = {k: v.numpy() for k, v in engine.full_state_dict().items()}
+    engine.close()
+    groups.destroy()
+    return {"history": history, "states": states}
+
+
+def train_precision(rank: int, world: int, runs: list[tuple], cfg: dict, amp: str, impl: str) -> list[list[float]]:
+    """Loss curves of several grids (dp, pp, mp, schedule) in one precision."""
+    curves = []
+    for dp, pp, mp, schedule in runs:
+        grid = ProcessGrid(dp, pp, mp)
+        groups = build_groups(grid, rank)
+        engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule=schedule,
+                        micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
+                        precision=Precision(amp, impl))
+        data = SyntheticRegression(cfg["dim"], 0, "cpu")
+        per_dp = cfg["batch_size"] // dp
+        d = groups.coords.dp
+        losses = []
+        for step in range(cfg["steps"]):
+            x, y = data.batch(step, cfg["batch_size"])
+            losses.append(engine.train_step(x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp]).loss)
+        engine.close()
+        groups.destroy()
+        dist.barrier()
+        curves.append(losses)
+    return curves
