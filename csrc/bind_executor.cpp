@@ -42,7 +42,7 @@ void bind_executor(py::module_& m) {
   py::class_<PipelineExecutor>(m, "PipelineExecutor",
                                "Runs one pipeline rank's action list per step (see csrc/executor).")
       .def(py::init([](std::vector<Action> actions, int pp_rank, int pp_size, int num_stages, int num_micro,
-                       py::function stage_fn, py::function loss_fn,
+                       py::function stage_fn, py::object loss_fn,
                        std::map<std::pair<int, int>, std::pair<GroupPtr, int>> send_channels,
                        std::map<std::pair<int, int>, std::pair<GroupPtr, int>> recv_channels,
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
@@ -60,10 +60,19 @@ void bind_executor(py::module_& m) {
                py::gil_scoped_acquire gil;
                return stage_fn(s, x).cast<at::Tensor>();
              };
-             auto loss = [loss_fn](const at::Tensor& out, const at::Tensor& target) {
-               py::gil_scoped_acquire gil;
-               return loss_fn(out, target).cast<at::Tensor>();
-             };
+             PipelineExecutor::LossFn loss;
+             if (py::isinstance<py::str>(loss_fn) && loss_fn.cast<std::string>() == "mse") {
+               // The course loss without a trip through Python: on the last stage that trip, once per
+               // micro-batch, sat on the pipeline's critical path.
+               loss = [](const at::Tensor& out, const at::Tensor& target) {
+                 return at::mse_loss(out.to(at::kFloat), target);
+               };
+             } else {
+               loss = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {
+                 py::gil_scoped_acquire gil;
+                 return fn(out, target).cast<at::Tensor>();
+               };
+             }
              return std::make_unique<PipelineExecutor>(
                  std::move(actions), config, stage, loss, to_channels(send_channels), to_channels(recv_channels),
                  to_specs(input_specs), to_specs(output_specs), at::Device(device), std::move(dp_sync),

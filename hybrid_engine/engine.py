@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from . import _C
@@ -251,7 +252,8 @@ class Engine:
             num_stages=self.num_stages,
             num_micro=self.micro_batches,
             stage_fn=self._runner,
-            loss_fn=_micro_loss(self.loss_fn),
+            # F.mse_loss runs inside C++ (no Python on the last stage's critical path); any other loss is called
+            loss_fn="mse" if self.loss_fn is F.mse_loss else _micro_loss(self.loss_fn),
             send_channels=sends,
             recv_channels=recvs,
             input_specs=inputs,
