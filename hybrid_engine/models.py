@@ -70,14 +70,28 @@ class SyntheticRegression:
         self.scale = torch.empty(dim, device=self.device).uniform_(-1.0, 1.0, generator=gen)
         self.shift = torch.empty(dim, device=self.device).uniform_(0.0, 0.5, generator=gen)
 
-    def inputs(self, step: int, batch_size: int) -> torch.Tensor:
-        """The global batch of step `step` (every rank draws the same numbers, then slices)."""
-        gen = _generator(self.device, stream_seed(self.seed, _STREAM_BATCH, step))
-        return torch.randn(batch_size, self.dim, device=self.device, generator=gen)
+    # Rows are drawn in blocks, each from its own (seed, step, block) generator: any row range can be drawn
+    # alone (a DP rank draws only its slice, a middle pipeline stage nothing) and equals the same rows of the
+    # whole batch, whatever the grid.
+    ROW_BLOCK = 256
+
+    def inputs(self, step: int, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of step `step`'s global batch."""
+        parts = []
+        for block in range(start // self.ROW_BLOCK, (stop - 1) // self.ROW_BLOCK + 1):
+            gen = _generator(self.device, stream_seed(self.seed, _STREAM_BATCH, step * 1_000_003 + block))
+            rows = torch.randn(self.ROW_BLOCK, self.dim, device=self.device, generator=gen)
+            lo = max(start - block * self.ROW_BLOCK, 0)
+            hi = min(stop - block * self.ROW_BLOCK, self.ROW_BLOCK)
+            parts.append(rows[lo:hi])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def targets(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.relu(inputs * self.scale + self.shift)
 
-    def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.inputs(step, batch_size)
+    def batch(self, step: int, batch_size: int, start: int = 0, stop: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of rows [start, stop) (default: all) of a global batch of `batch_size` rows."""
+        stop = batch_size if stop is None else stop
+        x = self.inputs(step, start, stop)
         return x, self.targets(x)

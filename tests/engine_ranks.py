@@ -25,8 +25,7 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
     d = groups.coords.dp
     losses = []
     for step in range(cfg["steps"]):
-        x, y = data.batch(step, cfg["batch_size"])
-        x, y = x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp]
+        x, y = data.batch(step, cfg["batch_size"], d * per_dp, (d + 1) * per_dp)
         losses.append(engine.train_step(x, y).loss)
     # numpy, not tensors: torch would pass tensors through shared memory that dies with this process
     state = {k: v.numpy() for k, v in engine.full_state_dict().items()}

@@ -1,0 +1,246 @@
+"""The benchmark programs (experiments/) on CPU + gloo at toy sizes: each runs, prints one JSON record with the
+shared keys and trains the engine's model (the first loss, taken before any update, is the model's loss on the
+first batch); bench.py's derived numbers and max_batch.py's search are checked on synthetic inputs."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import bench  # noqa: E402
+import bench_analysis  # noqa: E402
+import launch  # noqa: E402
+import max_batch  # noqa: E402
+from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
+
+TINY = ["--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "4", "--steps", "3", "--warmup", "1",
+        "--device", "cpu"]
+RECORD_KEYS = {"system", "mode", "prec", "gpus", "dp", "pp", "mp", "dim", "depth", "batch", "micro", "step_ms",
+               "samples_s", "tflops_per_gpu", "peak_gib", "losses"}
+
+
+def first_loss() -> float:
+    """The course model's loss on step 0's batch, before any update: what every system must report first."""
+    model = large_linear_model(32, 4, 0).to_empty(device="cpu")
+    for m in model.modules():
+        if hasattr(m, "init_seed"):
+            m.reset_parameters()
+    x, y = SyntheticRegression(32, 0, "cpu").batch(0, 16)
+    with torch.no_grad():
+        return float(F.mse_loss(model(x), y))
+
+
+def run_program(script: str, nproc: int, *args: str) -> dict:
+    cmd = launch.torchrun(nproc, launch.free_port()) if nproc > 1 else [sys.executable]
+    cmd += [str(EXPERIMENTS / script), *args]
+    done = subprocess.run(cmd, cwd=REPO, env=launch.child_env(cpu=True), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, launch.worker_stderr(done.stderr)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, done.stdout  # one record, from rank 0 only
+    return json.loads(lines[0])
+
+
+def check_record(rec: dict, *, system: str, mode: str, prec: str, gpus: int, tol: float) -> None:
+    assert RECORD_KEYS <= rec.keys()
+    assert (rec["system"], rec["mode"], rec["prec"], rec["gpus"]) == (system, mode, prec, gpus)
+    assert rec["timed_steps"] == 2 and rec["step_ms"] > 0 and len(rec["losses"]) == 3
+    assert len(rec["peak_gib"]) >= 1 and all(math.isfinite(x) for x in rec["losses"])
+    assert rec["losses"][0] == pytest.approx(first_loss(), rel=tol)
+
+
+def test_base_code_runs_dp_over_two_cpu_ranks_with_fp16_autocast_and_grad_scaler():
+    rec = run_program("baseline_practical10.py", 2, *TINY, "--amp", "fp16")
+    check_record(rec, system="base", mode="practical10", prec="fp16", gpus=4, tol=1e-2)
+    assert (rec["dp"], rec["pp"]) == (2, 2)
+
+
+@pytest.mark.parametrize("mode,nproc,amp,prec,tol", [
+    ("interleaved", 2, "fp16", "fp16", 1e-2),  # two stages per rank, scaler flags agreed over ranks
+    ("tp", 2, "bf16", "bf16", 2e-2),           # DTensor Colwise/Rowwise over 2 ranks
+    ("1f1b", 1, "off", "fp32", 1e-6),          # one rank: the schedule without communication
+    ("single", 1, "fp16", "fp16", 1e-2),       # the 1-GPU baseline with gradient accumulation
+])
+def test_peer_mode_runs_on_cpu_and_trains_the_engine_model(mode, nproc, amp, prec, tol):
+    rec = run_program("peer_torch_pipelining.py", nproc, "--mode", mode, *TINY, "--amp", amp)
+    check_record(rec, system="peer", mode=mode, prec=prec, gpus=nproc, tol=tol)
+    if mode == "tp":
+        assert rec["mp"] == 2
+
+
+def test_bench_runs_the_engine_through_the_driver_and_writes_the_results_file(tmp_path):
+    assert bench.main(["--tiny", "--device", "cpu", "--quick", "--only", "engine", "--precs", "fp32",
+                       "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-2xcpu-quick.json")
+    data = json.loads(path.read_text())
+    assert {"meta", "runs", "ratios", "ratio_details"} <= data.keys()
+    assert {"card", "gpus", "torch", "gemm_peak_tflops", "hbm_copy_gbps", "definitions"} <= data["meta"].keys()
+    (run,) = data["runs"]
+    assert "error" not in run, run
+    assert RECORD_KEYS <= run.keys() and (run["system"], run["mode"], run["pp"]) == ("engine", "1f1b", 2)
+    assert run["losses"][0] == pytest.approx(first_loss(), rel=1e-6)
+    assert run["bubble_simulated"] == pytest.approx(1 / 5)  # 1f1b, pp 2, 4 micro-batches: (p-1)/(m+p-1)
+    assert 0 <= run["bubble_traced"] < 1 and "--trace" in run["cmd"]  # the driver's own timeline, kept:
+    assert (tmp_path / f"{path.stem}-traces" / "L_fp32_1f1b_pp2.json").exists()
+    assert set(data["ratios"]) == {t.name for t in bench_analysis.TARGETS}
+
+
+def test_bench_turns_a_flag_the_driver_lacks_into_an_error_record(tmp_path):
+    args = bench.parse_args(["--device", "cpu"])
+    spec = bench.Spec("engine", "1f1b", "L", "fp16", pp=2, variant="recompute")
+    known = {"--dp", "--pp", "--mp", "--schedule", "--dim", "--depth", "--batch-size", "--micro-batches", "--steps",
+             "--warmup", "--seed", "--amp", "--device", "--quiet", "--metrics"}
+    run = bench.run_one(spec, bench.TINY, args, known, str(tmp_path))
+    assert run["error"].startswith("hybrid_engine.py has no --recompute flag")
+    assert "--recompute" in bench.command(spec, bench.TINY, device="cpu", metrics="m")
+    args.driver_error = "hybrid_engine.py --help failed (exit 1: ImportError: hybrid_engine._C is not built)"
+    assert bench.run_one(spec, bench.TINY, args, known, str(tmp_path))["error"] == args.driver_error
+
+
+def synthetic_run(system, mode, config, prec, samples_s, *, dp=1, pp=1, mp=1, variant="", micro=8, tflops=100.0):
+    batch = 1024
+    return {"system": system, "mode": mode, "config": config, "prec": prec, "dp": dp, "pp": pp, "mp": mp,
+            "variant": variant, "gpus": (2 * dp if system == "base" else dp * pp * mp), "micro": micro,
+            "batch": batch, "samples_s": samples_s, "step_ms": 1e3 * batch / samples_s, "tflops_per_gpu": tflops}
+
+
+def test_ratios_use_the_fastest_engine_schedule_and_leave_missing_runs_null():
+    runs = [
+        synthetic_run("base", "practical10", "L", "fp16", 1000, pp=2),
+        synthetic_run("peer", "1f1b", "L", "fp16", 2000, pp=2),
+        {**synthetic_run("engine", "1f1b", "L", "fp16", 6000, pp=2), "bubble_traced": 0.12},
+        synthetic_run("engine", "zb1", "L", "fp16", 7000, pp=2),
+        synthetic_run("engine", "1f1b", "L", "fp16", 9000, pp=2, variant="autocast"),  # not the default: ignored
+        {**synthetic_run("engine", "gpipe", "L", "fp16", 99999, pp=2), "error": "exit 1"},  # failed: ignored
+        synthetic_run("engine", "single", "L", "fp16", 3600),
+        synthetic_run("engine", "dp", "L", "fp16", 6840, dp=2),
+        synthetic_run("peer", "tp", "L", "fp16", 500, mp=2),
+        synthetic_run("engine", "tp", "L", "fp16", 1600, mp=2),
+        synthetic_run("peer", "1f1b", "X", "fp16", 100000, pp=2),
+        synthetic_run("engine", "1f1b", "X", "fp16", 150000, pp=2, tflops=640.0),
+    ]
+    meta = {"gemm_peak_tflops": {"fp16": 800.0, "fp32": 50.0}}
+    bench_analysis.annotate(runs, meta["gemm_peak_tflops"])
+    ratios, details = bench_analysis.compute_ratios(runs, meta)
+    assert ratios["L_pp2_fp16_vs_peer_1f1b"] == pytest.approx(3.5)
+    assert ratios["L_pp2_fp16_vs_base"] == pytest.approx(7.0)
+    assert details["L_pp2_fp16_vs_peer_1f1b"]["met"] is True and "zb1" in details["L_pp2_fp16_vs_peer_1f1b"]["engine"]
+    assert ratios["L_mp2_fp16_vs_peer_tp"] == pytest.approx(3.2)
+    assert ratios["L_dp2_fp16_scaling_efficiency"] == pytest.approx(0.95)
+    assert ratios["X_pp2_fp16_vs_peer_1f1b"] == pytest.approx(1.5)
+    # X: 640 TFLOP/s of an 800 peak with a simulated 1f1b bubble of 1/9
+    assert ratios["X_pp2_fp16_of_peak_x_1_minus_bubble"] == pytest.approx(640 / (800 * 8 / 9))
+    # L 1f1b: T_1gpu / (pp * T_step) = (1/3600) / (2/6000) -> bubble 1/6 against a simulated 1/9
+    assert ratios["L_pp2_fp16_1f1b_bubble_measured_over_simulated"] == pytest.approx((1 / 6) / (1 / 9), rel=1e-3)
+    assert details["L_pp2_fp16_1f1b_bubble_measured_over_simulated"]["met"] is False
+    assert ratios["L_pp2_fp16_1f1b_bubble_traced_over_simulated"] == pytest.approx(0.12 * 9, rel=1e-3)
+    for missing in ("L_pp2_fp32_vs_base", "C_pp2_fp16_vs_peer_1f1b", "L_mp2_bf16_vs_peer_tp"):
+        assert ratios[missing] is None and details[missing]["met"] is None
+    assert runs[0]["bubble_simulated"] == pytest.approx(0.5)  # the base code is stop-and-wait
+    assert runs[2]["mfu"] == pytest.approx(100 / 800)
+    table = bench_analysis.format_table(runs, ratios, details)
+    assert "ERROR: exit 1" in table and "L_pp2_fp16_vs_peer_1f1b" in table
+
+
+def test_engine_record_takes_the_median_after_warmup_and_the_last_peaks(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    steps = [(0, 9.0), (1, 0.30), (2, 0.10), (3, 0.20), (4, 0.40)]
+    lines = [json.dumps({"step": s, "loss": 1.0 / (s + 1), "step_time_s": t, "peak_mem_gib": [1.0 + s, 2.0],
+                         "skipped": s == 1}) for s, t in steps]
+    lines.append(json.dumps({"trace": {"measured_bubble": 0.125, "simulated_bubble": 0.1111}}))
+    metrics.write_text("\n".join(lines))
+    cfg = bench.Config(dim=64, depth=2, batch=128, micro=4, steps=5, warmup=2)
+    rec = bench.engine_record(bench.Spec("engine", "1f1b", "L", "fp32", pp=2), cfg, str(metrics))
+    assert rec["step_ms"] == pytest.approx(200.0) and rec["samples_s"] == pytest.approx(640.0)
+    assert rec["peak_gib"] == [5.0, 2.0] and rec["skipped_steps"] == 1 and rec["losses"][0] == 1.0
+    assert rec["bubble_traced"] == 0.125 and len(rec["losses"]) == 5
+    assert rec["tflops_per_gpu"] == pytest.approx(6 * 128 * 64 * 64 * 2 / 0.2 / 2 / 1e12, rel=1e-3)
+
+
+def test_error_line_finds_the_workers_reason_under_torchrun_noise():
+    stderr = ("W1126 warnings\nhybrid_engine: rank 1: OutOfMemoryError: CUDA out of memory. Tried to allocate\n"
+              "Traceback (most recent call last):\n  File \"/x/torch/distributed/run.py\", line 9\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert launch.error_line(stderr, 1) == "exit 1: hybrid_engine: rank 1: OutOfMemoryError: CUDA out of memory. " \
+                                           "Tried to allocate"
+    assert launch.is_oom(stderr) and not launch.is_oom("hybrid_engine: error: --dim must be >= 1")
+
+
+def fake_trials(limit: int, *, gib_per_row: float | None = None, seconds: float = 1.0):
+    calls = []
+
+    def trial(batch):
+        calls.append(batch)
+        peak = 2.0 + gib_per_row * batch if gib_per_row else None
+        return max_batch.Trial(batch, "ok" if batch <= limit else "oom", peak_gib=peak, seconds=seconds)
+    return trial, calls
+
+
+@pytest.mark.parametrize("limit", [8, 1000, 12_344, 300_000])
+def test_max_batch_search_brackets_the_limit_within_tolerance(limit):
+    trial, calls = fake_trials(limit)
+    found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**20, tolerance=0.05)
+    assert found.converged and found.max_batch <= limit < found.first_failure
+    assert found.first_failure - found.max_batch <= max(8, 0.05 * found.max_batch)
+    assert all(b % 8 == 0 for b in calls) and len(calls) <= 20
+
+
+def test_max_batch_search_uses_the_memory_line_to_jump_near_the_limit():
+    # 80 GiB card, 2 GiB fixed, limit where the line reaches ~76 GiB (the rest: context, fragmentation)
+    trial, calls = fake_trials(limit=296_000, gib_per_row=0.00025)
+    found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**20, tolerance=0.05, capacity_gib=80.0)
+    blind, blind_calls = fake_trials(limit=296_000)
+    max_batch.search_max_batch(blind, quantum=8, start=1024, cap=2**20, tolerance=0.05)
+    assert found.max_batch <= 296_000 < found.first_failure
+    assert len(calls) < len(blind_calls)
+
+
+def test_max_batch_search_stops_at_the_cap_on_errors_and_when_the_budget_is_spent():
+    trial, _ = fake_trials(10**9)
+    capped = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=5003, tolerance=0.05)
+    assert capped.max_batch == 5000 and capped.first_failure is None and "cap" in capped.reason
+
+    broken = max_batch.search_max_batch(lambda b: max_batch.Trial(b, "error", message="boom"), quantum=8,
+                                        start=1024, cap=2**20)
+    assert not broken.converged and broken.max_batch is None and "boom" in broken.reason
+
+    cut = max_batch.search_max_batch(lambda b: max_batch.Trial(b, "ok" if b < 4096 else "budget"), quantum=8,
+                                     start=1024, cap=2**20)
+    assert (cut.max_batch, cut.first_failure, cut.reason) == (2048, None, "time budget spent")
+
+    clock = iter(range(0, 10**6, 100))  # every look at the clock: 100 s later
+    slow, calls = fake_trials(10**6, seconds=100.0)
+    out = max_batch.search_max_batch(slow, quantum=8, start=1024, cap=2**20, budget_s=450, clock=lambda: next(clock))
+    assert not out.converged and out.reason == "time budget spent" and len(calls) == 4
+
+
+def test_max_batch_ratios_compare_against_fp32():
+    results = {"fp32": {"max_batch": 1000}, "fp16": {"max_batch": 2500}, "fp16-recompute": {"max_batch": 7000}}
+    r = max_batch.ratios(results)
+    assert r["fp16_over_fp32"] == {"value": 2.5, "target": ">= 2", "met": True}
+    assert r["fp16-recompute_over_fp32"]["met"] is False
+    assert max_batch.ratios({"fp16": {"max_batch": 5}})["fp16_over_fp32"]["value"] is None
+
+
+def test_max_batch_runs_a_real_driver_trial_on_cpu(tmp_path):
+    assert max_batch.main(["--device", "cpu", "--dim", "32", "--depth", "4", "--micro-batches", "4", "--start", "16",
+                           "--cap", "16", "--modes", "fp32", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-maxbatch.jsonl")
+    recs = [json.loads(ln) for ln in path.read_text().splitlines()]
+    trial = next(r for r in recs if r["kind"] == "trial")
+    assert trial["status"] == "ok" and trial["batch"] == 16 and "--batch-size 16" in trial["cmd"]
+    result = next(r for r in recs if r["kind"] == "result")
+    assert result["max_batch"] == 16 and "cap" in result["reason"]
+    assert recs[-1]["kind"] == "ratios"
+
+
+def test_max_batch_skips_a_mode_whose_flag_the_driver_lacks():
+    assert launch.missing_flags(["hybrid_engine.py", "--amp", "fp16", "--recompute"], {"--amp"}) == ["--recompute"]
+    assert launch.missing_flags(["hybrid_engine.py", "--amp", "fp16"], {"--amp"}) == []
