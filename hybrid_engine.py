@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rank layout, axes from fastest- to slowest-varying; the default keeps MP peers adjacent")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA + NCCL when GPUs exist, else CPU + gloo")
+    g.add_argument("--memory-cap-gib", type=float, default=None,
+                   help="CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)")
     g.add_argument("--comm-timeout", type=float, default=60.0,
                    help="seconds a collective may wait for a peer before this rank gives up")
 
@@ -169,8 +171,17 @@ def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    store = None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
+        # run finds the dead attempt's gloo/NCCL addresses under the same keys and fails connecting to them.
+        store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size, is_master=False,
+            timeout=datetime.timedelta(seconds=timeout_s)))
     dist.init_process_group(
         backend,
+        store=store,
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -203,6 +214,9 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {args.amp}")
     start_from = checkpoint_to_start_from(args)
 
+    if args.memory_cap_gib is not None and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
     init_distributed(env, device, args.comm_timeout)
     if heartbeat is not None:
         heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
@@ -232,11 +246,12 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     times: list[float] = []
     peaks: list[float] = []
     for step in range(first_step, args.steps):
-        if faults.test_hook("KILL_AT_STEP", step, env.rank):
+        if faults.hook_fires("KILL_AT_STEP", step, env.rank):
             faults.kill_self()
-        x, y = data.batch(step, args.batch_size)
-        x, y = x[dp_rank * per_dp:(dp_rank + 1) * per_dp], y[dp_rank * per_dp:(dp_rank + 1) * per_dp]
-        if faults.test_hook("NAN_AT_STEP", step):
+        x = y = None
+        if engine.holds_first_stage or engine.holds_last_stage:  # only this DP rank's rows, only where needed
+            x, y = data.batch(step, args.batch_size, dp_rank * per_dp, (dp_rank + 1) * per_dp)
+        if faults.hook_fires("NAN_AT_STEP", step) and x is not None:
             x = x.clone().fill_(float("nan"))
         result = engine.train_step(x if engine.holds_first_stage else None, y if engine.holds_last_stage else None)
         if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together
@@ -261,7 +276,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
             model, _ = model_info(args)
             path = checkpoint.save(engine, args.save, step + 1, {"model": model, "optimizer": args.optimizer},
                                    keep=args.keep_checkpoints,
-                                   crash_in_save=faults.test_hook("CRASH_IN_SAVE", step + 1, env.rank))
+                                   crash_in_save=faults.hook_fires("CRASH_IN_SAVE", step + 1, env.rank))
             if env.rank == 0 and not args.quiet:
                 print(f"saved {path}", flush=True)
 
@@ -303,13 +318,14 @@ def run() -> int:
     heartbeat = faults.Heartbeat(rank, world)
     reporter = faults.SigtermReporter(rank, heartbeat).install()
 
-    def leave(code: int, line: str, wait_for_peers: bool) -> int:
+    def leave(code: int, line, wait_for_peers: bool) -> int:  # line: str, or a function that makes it
         if not reporter.leaving(code):
             threading.Event().wait()  # the SIGTERM thread is reporting and ends the process
         heartbeat.note_exit()
-        print(line() if callable(line) else line, file=sys.stderr, flush=True)
+        faults.say(line() if callable(line) else line)
         reporter.reported()
         if wait_for_peers:
+            heartbeat.stop()
             wait_for_all_ranks(rank, world)
         return code
 
@@ -324,6 +340,7 @@ def run() -> int:
         return leave(1, f"hybrid_engine: error: {exc}", wait_for_peers=True)
     except Exception as exc:  # noqa: BLE001 - the driver's job is to turn any failure into one clear line
         if os.environ.get("HYBRID_ENGINE_DEBUG"):
+            heartbeat.stop()
             raise
         # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
         first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
@@ -339,6 +356,8 @@ def run() -> int:
             sys.stdout.flush()
             os._exit(code)
         return code
+    finally:
+        heartbeat.stop()  # a heartbeat thread still inside a store call at interpreter exit aborts the process
 
 
 if __name__ == "__main__":

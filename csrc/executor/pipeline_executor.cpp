@@ -97,6 +97,8 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
     for (size_t i = 0; i < actions_.size(); ++i) {
       const Action& a = actions_[i];
       const bool traced = config_.record_trace && is_compute(a.type);
+      // A traced action starts once its input has arrived: waiting for a peer is bubble, not work.
+      if (traced) await_input(a);
       const double start = traced ? now_us() : 0.0;
       auto start_event = traced && device_trace ? record_event() : nullptr;
       execute(a, inputs, targets, loss_multiplier, losses);
@@ -274,6 +276,19 @@ void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {
   recvs_[key] = PendingRecv{ch.group->recv(tensors, ch.peer_group_rank, /*tag=*/0), buffer};
 }
 
+void PipelineExecutor::await_input(const Action& a) {
+  TensorKind kind = a.type == ActionType::F ? TensorKind::Activation : TensorKind::Gradient;
+  if (a.type == ActionType::W || (kind == TensorKind::Activation && is_first_stage(a.stage)) ||
+      (kind == TensorKind::Gradient && is_last_stage(a.stage))) {
+    return;
+  }
+  auto it = recvs_.find(std::make_tuple(a.stage, a.micro, static_cast<int>(kind)));
+  if (it != recvs_.end() && !it->second.waited) {
+    it->second.work->wait();
+    it->second.waited = true;
+  }
+}
+
 at::Tensor PipelineExecutor::take_recv(const Action& a, TensorKind kind) {
   auto it = recvs_.find(std::make_tuple(a.stage, a.micro, static_cast<int>(kind)));
   if (it == recvs_.end()) {
@@ -282,7 +297,7 @@ at::Tensor PipelineExecutor::take_recv(const Action& a, TensorKind kind) {
   }
   PendingRecv pending = std::move(it->second);
   recvs_.erase(it);
-  pending.work->wait();
+  if (!pending.waited) pending.work->wait();
   return pending.buffer;
 }
 

@@ -92,6 +92,7 @@ class PipelineExecutor {
   struct PendingRecv {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor buffer;
+    bool waited = false;  // gloo's recv work must be waited exactly once (a second wait takes the next message)
   };
   struct PendingSend {
     c10::intrusive_ptr<c10d::Work> work;
@@ -107,6 +108,7 @@ class PipelineExecutor {
   void post_recv(const Action& a, TensorKind kind);
   void post_send(const Action& a, TensorKind kind, const at::Tensor& tensor);
   at::Tensor take_recv(const Action& a, TensorKind kind);
+  void await_input(const Action& a);  // make the compute stream (CPU: the host) wait for a's received input
   void reap_sends(bool wait_all);
   MicroState& state(int stage, int micro);
   const Channel& channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,

@@ -1,0 +1,348 @@
+"""Checkpoints: saved on one grid, loaded on any grid; a crash never leaves a half-written one behind.
+
+Layout of a save directory (it must be visible to every rank: one filesystem, or a shared one across nodes):
+
+    DIR/latest                  the name of the newest complete checkpoint ("step_000010"), replaced atomically
+    DIR/step_000010/
+        manifest.json           format tag, step, grid, schedule, model config, optimizer, every parameter's
+                                full shape and the shard holding it, every shard's size in bytes
+        rank_00000.pt ...       one shard per rank (torch.save, loaded with weights_only=True)
+    DIR/.tmp_step_000012_<id>/  a save in progress (or one a crash interrupted: ignored, removed by the next save)
+
+"step" counts completed optimizer steps: step_000010 resumes at step index 10, and because the batch of a step
+depends only on (seed, step), a resumed run sees exactly the batches the uninterrupted run would have seen.
+
+Grid independence. The model and optimizer state are stored whole, not as this grid's shards: the rank of each
+pipeline stage with dp = 0 and mp = 0 writes that stage's weights and per-parameter optimizer state (momentum,
+Adam's exp_avg / exp_avg_sq / step) gathered over MP, keyed by the dense model's parameter names
+("<module index>.<weight|bias>", Engine.state_for_checkpoint). A run on any other grid reads the tensors of its
+own stages and slices them for its MP rank (Engine.load_checkpoint_state), so dp2 x pp2 x mp2 -> dp1 x pp4 x mp2
+-> one rank continues the same loss curve. Every rank's shard also holds its RNG state (restored only on the
+same grid, where it means the same thing) and the fp16 loss scaler's state (the same on every rank).
+
+Atomic save. Every rank writes its shard into a fresh temporary directory and fsyncs it; the ranks agree that
+all shards are complete (one all_gather); only then rank 0 writes the manifest, renames the directory into
+place, and replaces `latest` (write a temporary file, fsync, os.replace). A crash at any point leaves `latest`
+on the previous complete checkpoint. Then all but the newest `keep` checkpoints and leftovers of interrupted
+saves are removed; the checkpoint just written is never removed.
+
+Agreement. Loading is checked on every rank before any collective (`open_checkpoint`, `check_compatible`:
+manifest, format, shapes, shard sizes; the same files give every rank the same answer), and reading the shards
+ends with one all_gather of the outcome, so a bad checkpoint stops every rank with the same CheckpointError,
+never leaves some ranks waiting in a collective.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .config import ConfigError
+
+FORMAT = "hybrid_engine.checkpoint/1"
+MANIFEST = "manifest.json"
+LATEST = "latest"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ConfigError):
+    """A missing, damaged, foreign or mismatched checkpoint, or a save that failed; the message is one line."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
+
+
+# ------------------------------------------------------------------------------------------------ finding
+@dataclass
+class Checkpoint:
+    path: str
+    manifest: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def _step_dirs(root: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP_DIR.match(name))]
+    return sorted(found)
+
+
+def latest_path(root: str) -> str | None:
+    """The newest complete checkpoint under a --save directory, or None when it holds none."""
+    pointer = os.path.join(root, LATEST)
+    if os.path.isfile(pointer):
+        with open(pointer) as f:
+            name = f.read().strip()
+        path = os.path.join(root, name)
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{pointer} names {name!r}, which does not exist in {root}")
+        return path
+    # No pointer (e.g. a crash between the first rename and the first pointer write): newest with a manifest.
+    for _, name in reversed(_step_dirs(root)):
+        if os.path.isfile(os.path.join(root, name, MANIFEST)):
+            return os.path.join(root, name)
+    return None
+
+
+def open_checkpoint(path: str) -> Checkpoint:
+    """A checkpoint directory (DIR/step_N) or a --save directory (its latest), with its manifest checked:
+    format tag, and every shard present with the size the manifest records (a truncated shard is caught here)."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path} is a file, not a hybrid_engine checkpoint directory "
+                              "(give DIR/step_N or a --save DIR)")
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
+        newest = latest_path(path)
+        if newest is None:
+            raise CheckpointError(f"{path} is not a hybrid_engine checkpoint: it has no {MANIFEST}, "
+                                  f"no '{LATEST}' and no step_N directory")
+        path = newest
+    manifest_file = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_file):
+        raise CheckpointError(f"{path} is not a hybrid_engine checkpoint: it has no {MANIFEST}")
+    try:
+        with open(manifest_file) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{manifest_file} cannot be read as JSON ({exc}): damaged, or not a hybrid_engine "
+                              "checkpoint") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        tag = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CheckpointError(f"{path} is not a hybrid_engine checkpoint: format {tag!r}, expected {FORMAT!r}")
+    for name, size in manifest["files"].items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"checkpoint shard {file} is missing")
+        actual = os.path.getsize(file)
+        if actual != size:
+            raise CheckpointError(f"checkpoint shard {file} is truncated or damaged: {actual} bytes, "
+                                  f"the manifest says {size}")
+    return Checkpoint(path, manifest)
+
+
+def check_compatible(ckpt: Checkpoint, model: dict, shapes: dict[str, tuple[int, ...]], optimizer: str) -> None:
+    """This run's model (config and parameter shapes) and optimizer must be the ones the checkpoint holds."""
+    saved = ckpt.manifest["model"]
+    keys = [k for k in model if k != "seed"]
+    if any(saved.get(k) != model[k] for k in keys):
+        def describe(m: dict) -> str:
+            return ", ".join(f"{k} {m.get(k)}" for k in keys)
+
+        raise CheckpointError(f"checkpoint {ckpt.path} holds a model of {describe(saved)}; this run builds "
+                              f"{describe(model)}: pass the same model flags, or start without a checkpoint")
+    saved_shapes = {k: tuple(v["shape"]) for k, v in ckpt.manifest["params"].items()}
+    if saved_shapes != shapes:
+        odd = sorted(set(saved_shapes) ^ set(shapes)) or [k for k in shapes if saved_shapes[k] != shapes[k]]
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit this model: parameter {odd[0]} is "
+                              f"{saved_shapes.get(odd[0])} there, {shapes.get(odd[0])} here")
+    if ckpt.manifest["optimizer"] != optimizer:
+        raise CheckpointError(f"checkpoint {ckpt.path} was saved with --optimizer {ckpt.manifest['optimizer']}; "
+                              f"this run uses {optimizer}")
+
+
+# ------------------------------------------------------------------------------------------------ collectives
+def _world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather(obj) -> list:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _from_rank0(obj):
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        obj = box[0]
+    return obj
+
+
+def _raise_first(errors: list[str | None]) -> None:
+    for rank, err in enumerate(errors):
+        if err is not None:
+            raise CheckpointError(err if len(errors) == 1 else f"{err} (rank {rank})")
+
+
+def _agree(error: str | None) -> None:
+    """Collective: raise the first failing rank's error on every rank, so all leave together or none does."""
+    _raise_first(_all_gather(error))
+
+
+# ------------------------------------------------------------------------------------------------ saving
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _write_shard(path: str, shard: dict, crash: bool) -> int:
+    with open(path, "wb") as f:
+        if crash:  # test hook: half a shard reaches the disk, then the process dies (see hybrid_engine.faults)
+            import io
+            import signal
+
+            buffer = io.BytesIO()
+            torch.save(shard, buffer)
+            f.write(buffer.getvalue()[: buffer.tell() // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save(shard, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return os.path.getsize(path)
+
+
+def save(engine, root: str, step: int, run_info: dict, keep: int = 3, crash_in_save: bool = False) -> str:
+    """Collective over the world: write the checkpoint of `step` completed steps under `root`, atomically;
+    keep the newest `keep`. run_info: {"model": {...}, "optimizer": name} (recorded in the manifest)."""
+    rank, world = _world()
+    state = engine.state_for_checkpoint()  # MP all-gathers: every rank, same order
+    coords = engine.groups.coords
+    owner = coords.dp == 0 and coords.mp == 0
+    shard = {"format": FORMAT, "step": step, "rank": rank, "rng": _rng_state(engine.device),
+             "scaler": state["scaler"], "weights": state["weights"] if owner else {},
+             "optimizer": state["optimizer"] if owner else {}}
+    tmp_name = _from_rank0(f".tmp_{step_dir_name(step)}_{uuid.uuid4().hex[:8]}")
+    tmp = os.path.join(root, tmp_name)
+    report = {"file": shard_name(rank), "bytes": 0, "params": {}, "error": None}
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        report["bytes"] = _write_shard(os.path.join(tmp, shard_name(rank)), shard, crash_in_save)
+        report["params"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in shard["weights"].items()}
+    except OSError as exc:
+        report["error"] = f"saving checkpoint step {step}: cannot write {os.path.join(tmp, shard_name(rank))}: {exc}"
+    reports = _all_gather(report)  # also the barrier: nothing is published before every shard is on disk
+    _raise_first([r["error"] for r in reports])
+    final = os.path.join(root, step_dir_name(step))
+    error = None
+    if rank == 0:
+        try:
+            _publish(root, tmp, final, step, engine, run_info, reports, world)
+            prune(root, keep, protect=step_dir_name(step))
+        except OSError as exc:
+            error = f"saving checkpoint step {step}: cannot publish {final}: {exc}"
+    error = _from_rank0(error)
+    if error:
+        raise CheckpointError(error)
+    return final
+
+
+def _publish(root, tmp, final, step, engine, run_info, reports, world) -> None:
+    grid = engine.grid
+    params = {}
+    for r in reports:
+        for name, (shape, dtype) in r["params"].items():
+            params[name] = {"shape": shape, "dtype": dtype, "file": r["file"]}
+    manifest = {
+        "format": FORMAT, "step": step, "torch": torch.__version__,
+        "grid": {"dp": grid.dp_size, "pp": grid.pp_size, "mp": grid.mp_size, "order": grid.order,
+                 "world_size": world},
+        "schedule": engine.schedule_name, "virtual_stages": engine.num_stages // engine.pp_size,
+        "model": run_info["model"], "optimizer": run_info["optimizer"],
+        "params": dict(sorted(params.items(), key=lambda kv: _param_order(kv[0]))),
+        "files": {r["file"]: r["bytes"] for r in reports},
+    }
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if os.path.exists(final):  # the same step saved again after a restart: move the old one aside first
+        os.rename(final, os.path.join(root, f".old_{os.path.basename(final)}_{uuid.uuid4().hex[:8]}"))
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    pointer_tmp = os.path.join(root, f".{LATEST}.{uuid.uuid4().hex[:8]}")
+    with open(pointer_tmp, "w") as f:
+        f.write(os.path.basename(final) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer_tmp, os.path.join(root, LATEST))
+    _fsync_dir(root)
+
+
+def _param_order(name: str) -> tuple[int, str]:
+    index, _, leaf = name.partition(".")
+    return (int(index), leaf) if index.isdigit() else (1 << 62, name)
+
+
+def prune(root: str, keep: int, protect: str) -> None:
+    """Remove all but the newest `keep` checkpoints (never `protect`) and leftovers of interrupted saves."""
+    doomed = [name for _, name in _step_dirs(root)[:-keep] if name != protect]
+    doomed += [n for n in os.listdir(root) if n.startswith((".tmp_step_", ".old_step_"))]
+    for name in doomed:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _read(path: str) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable shard is the same user-facing problem
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint shard {path} cannot be read ({first}): truncated, damaged, or not "
+                              "written by hybrid_engine") from None
+
+
+def load(engine, ckpt: Checkpoint) -> int:
+    """Collective over the world: restore `ckpt` into `engine` on whatever grid the engine runs; returns the
+    step to continue from. Raises the same CheckpointError on every rank if any rank cannot read its part."""
+    rank, world = _world()
+    grid, saved_grid = engine.grid, ckpt.manifest["grid"]
+    same_grid = (saved_grid["dp"], saved_grid["pp"], saved_grid["mp"], saved_grid["order"], saved_grid["world_size"]) \
+        == (grid.dp_size, grid.pp_size, grid.mp_size, grid.order, world)
+    error = None
+    try:
+        names = engine.checkpoint_names()
+        files = sorted({ckpt.manifest["params"][n]["file"] for n in names} | {shard_name(0)})
+        shards = {f: _read(os.path.join(ckpt.path, f)) for f in files}
+        for f, shard in shards.items():
+            if shard.get("format") != FORMAT or shard.get("step") != ckpt.step:
+                raise CheckpointError(f"checkpoint shard {os.path.join(ckpt.path, f)} does not belong to this "
+                                      f"manifest (format {shard.get('format')!r}, step {shard.get('step')})")
+        weights, optimizer = {}, {}
+        for n in names:
+            shard = shards[ckpt.manifest["params"][n]["file"]]
+            weights[n], optimizer[n] = shard["weights"][n], shard["optimizer"].get(n, {})
+        engine.load_checkpoint_state(weights, optimizer, shards[shard_name(0)]["scaler"])
+        if same_grid:
+            rng = _read(os.path.join(ckpt.path, shard_name(rank)))["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and engine.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], engine.device)
+    except CheckpointError as exc:
+        error = str(exc)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        error = f"checkpoint {ckpt.path} is inconsistent ({type(exc).__name__}: {exc})"
+    _agree(error)
+    return ckpt.step

@@ -1,0 +1,107 @@
+"""Bad input through the real driver under torchrun (issue #7, part 5): every rank prints one clear line,
+the run exits non-zero, in under 30 s, and our script prints no traceback. Two ranks wherever the mistake
+does not need more (each launch costs seconds on a small CI machine)."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch_utils import DRIVER, REPO, torchrun
+
+SMALL = ("--dim", "32", "--depth", "2", "--batch-size", "8", "--micro-batches", "2", "--optimizer", "adam",
+         "--steps", "4", "--quiet")
+
+
+def fails_on_every_rank(args, expected: str, nproc: int = 2, extra_env: dict | None = None, code: int = 2) -> str:
+    start = time.monotonic()
+    run = torchrun(nproc, *args, timeout=60, extra_env=extra_env)
+    elapsed = time.monotonic() - start
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("hybrid_engine: error:")]
+    assert run.returncode != 0
+    assert elapsed < 30, elapsed
+    assert len(lines) == nproc, run.stderr
+    assert all(expected in ln for ln in lines), lines
+    assert f"exitcode  : {code}" in run.stderr  # torchrun's report of the first rank to leave
+    assert 'hybrid_engine.py", line' not in run.stderr and "checkpoint.py\", line" not in run.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> str:
+    """A checkpoint of the SMALL model written by one rank of the real driver."""
+    root = tmp_path_factory.mktemp("saved") / "ckpt"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(DRIVER), *SMALL, "--steps", "2", "--save", str(root)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return str(root)
+
+
+def test_grid_not_matching_world_size():
+    fails_on_every_rank(("--dp", "2", "--pp", "2"), "grid dp x pp x mp = 2 x 2 x 1 = 4 != world size 2")
+
+
+def test_a_size_below_one():
+    fails_on_every_rank(("--pp", "0"), "--pp must be >= 1, got 0")
+
+
+def test_depth_below_pipeline_stages():
+    fails_on_every_rank(("--pp", "2", "--depth", "1"), "--depth 1 is less than pp x virtual stages = 2 x 1 = 2")
+
+
+def test_batch_not_divisible_by_dp_times_micro_batches():
+    fails_on_every_rank(("--dp", "2", "--batch-size", "6", "--micro-batches", "2"),
+                        "--batch-size 6 is not divisible by dp x micro-batches = 2 x 2 = 4")
+
+
+def test_dim_not_divisible_by_mp():
+    fails_on_every_rank(("--mp", "2", "--dim", "33"), "--dim 33 is not divisible by --mp 2")
+
+
+def test_unknown_schedule():
+    fails_on_every_rank(("--pp", "2", "--schedule", "zigzag"), "argument --schedule: invalid choice: 'zigzag'")
+
+
+def test_interleaved_with_one_virtual_stage():
+    fails_on_every_rank(("--pp", "2", "--schedule", "interleaved"),
+                        "the interleaved schedule needs --virtual-stages >= 2")
+
+
+def test_fp16_without_a_gpu():
+    fails_on_every_rank(("--pp", "2", "--amp", "fp16"), "--amp fp16 needs CUDA GPUs")
+
+
+def test_missing_checkpoint(tmp_path):
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(tmp_path / "nowhere")),
+                        f"no checkpoint at {tmp_path / 'nowhere'}: no such file or directory")
+
+
+def test_truncated_checkpoint(saved, tmp_path):
+    root = shutil.copytree(saved, tmp_path / "ckpt")
+    shard = root / "step_000002" / "rank_00000.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
+                        f"checkpoint shard {shard} is truncated or damaged: 1000 bytes")
+
+
+def test_foreign_checkpoint(tmp_path):
+    import torch
+
+    torch.save({"0.weight": torch.zeros(32, 32)}, tmp_path / "model.pt")
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(tmp_path)),
+                        f"{tmp_path} is not a hybrid_engine checkpoint: it has no manifest.json")
+
+
+def test_checkpoint_of_a_different_model_shape(saved):
+    line = fails_on_every_rank(("--pp", "2", *SMALL, "--dim", "64", "--load", saved),
+                               "holds a model of name large_linear_model, dim 32, depth 2; this run builds "
+                               "name large_linear_model, dim 64, depth 2")
+    assert saved in line
+
+
+def test_nan_loss_stops_every_rank_naming_the_step():
+    fails_on_every_rank(("--pp", "2", *SMALL), "loss is NaN at step 2: training stopped",
+                        extra_env={"HYBRID_ENGINE_TEST_NAN_AT_STEP": "2"}, code=1)
