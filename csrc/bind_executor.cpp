@@ -47,7 +47,8 @@ void bind_executor(py::module_& m) {
                        std::map<std::pair<int, int>, std::pair<GroupPtr, int>> recv_channels,
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
                        const std::string& device, std::shared_ptr<DpGradSync> dp_sync,
-                       std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace) {
+                       std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace,
+                       bool overwrite_weight_grads) {
              ExecutorConfig config;
              config.pp_rank = pp_rank;
              config.pp_size = pp_size;
@@ -55,6 +56,7 @@ void bind_executor(py::module_& m) {
              config.num_micro = num_micro;
              config.merge_weight_grads = merge_weight_grads;
              config.record_trace = record_trace;
+             config.overwrite_weight_grads = overwrite_weight_grads;
              // The executor runs with the GIL released; Python is re-entered only to run a stage or the loss.
              auto stage = [stage_fn](int s, const at::Tensor& x) {
                py::gil_scoped_acquire gil;
@@ -82,10 +84,12 @@ void bind_executor(py::module_& m) {
            py::arg("stage_fn"), py::arg("loss_fn"), py::arg("send_channels"), py::arg("recv_channels"),
            py::arg("input_specs"), py::arg("output_specs"), py::arg("device"), py::arg("dp_sync") = nullptr,
            py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
-           py::arg("record_trace") = false)
+           py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false)
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
            py::call_guard<py::gil_scoped_release>())
       .def("trace", &PipelineExecutor::trace)
+      .def_property_readonly("overwrites_weight_grads",
+                             [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })
       .def_property_readonly("actions", &PipelineExecutor::actions);
 }
 

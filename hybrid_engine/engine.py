@@ -171,6 +171,10 @@ class Engine:
         self._inject_nonfinite = False
         # A closure over the stages, not a bound method: the executor holding it must not keep the Engine alive.
         self._runner = _stage_runner(self.stages, precision, self.device, fuse_stages, recompute)
+        # Merged W over fused chains writes every gradient of the rank exactly once per step: the executor
+        # may then overwrite the gradient buffers, and the step skips zeroing them.
+        self._overwrite_grads = (merge_weight_grads and fuse_stages and not precision.autocast
+                                 and all(_chain_of(self.stages[s]) is not None for s in self.stage_ids))
         self._merge_weight_grads = merge_weight_grads
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
@@ -263,6 +267,7 @@ class Engine:
             stage_buckets=self._stage_buckets,
             merge_weight_grads=self._merge_weight_grads,
             record_trace=self._trace,
+            overwrite_weight_grads=self._overwrite_grads,
         )
 
     # ----------------------------------------------------------------------------------------- the step
@@ -293,7 +298,8 @@ class Engine:
         micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
         if self._executor is None:
             self._executor = self._build_executor(micro_in[0] if micro_in else None)
-        self.zero_grad()
+        if not self._executor.overwrites_weight_grads:
+            self.zero_grad()
         scale = self.scaler.scale if self.scaler is not None else 1.0
         # The loss of each micro-batch is divided by the micro-batch count here, exactly once (and multiplied
         # by the fp16 loss scale); the DP average happens in the gradient all-reduce.

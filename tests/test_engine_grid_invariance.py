@@ -56,3 +56,17 @@ def test_every_grid_and_schedule_matches_single_process(world, reference):
         assert set(state) == set(ref_state), run
         worst = max(_rel(state[k], ref_state[k]) for k in ref_state)
         assert worst < 1e-5, (run, worst)
+
+
+def test_merged_weight_gradients_match_single_process(reference):
+    """zb1 with every stage's W merged into one GEMM per layer (which then overwrites the gradient buffers
+    instead of zeroing and accumulating) trains the same model."""
+    ref_losses, ref_state = reference
+    runs = [(2, 2, 1, "zb1", 1), (1, 4, 1, "zb1", 1), (4, 1, 1, "zb1", 1), (1, 2, 2, "zb1", 1)]
+    results = run_ranks(4, sweep, runs, dict(CFG, merge_weight_grads=True), timeout=300)
+    for index, run in enumerate(runs):
+        state = {}
+        for r in range(4):
+            assert results[r][index]["losses"] == pytest.approx(ref_losses, rel=1e-5), (run, r)
+            state.update({k: torch.from_numpy(v) for k, v in results[r][index]["state"].items()})
+        assert max(_rel(state[k], ref_state[k]) for k in ref_state) < 1e-5, run

@@ -58,6 +58,7 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   }
   // Without W actions, I computes everything (there is nothing to defer to).
   if (!has_w) config_.merge_weight_grads = false;
+  if (!config_.merge_weight_grads) config_.overwrite_weight_grads = false;
 }
 
 PipelineExecutor::MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
@@ -240,7 +241,7 @@ void PipelineExecutor::weight_grads(const Action& a) {
   for (const Action& other : actions_) {
     if (other.type == ActionType::W && other.stage == a.stage) keys.push_back(WgradKey{a.stage, other.micro});
   }
-  WeightGradStore::instance().flush_merged(keys);
+  WeightGradStore::instance().flush_merged(keys, config_.overwrite_weight_grads);
 }
 
 std::shared_ptr<c10::Event> PipelineExecutor::record_event() {

@@ -47,6 +47,9 @@ struct ExecutorConfig {
   // zb1 only: W actions of a stage are gathered into one weight-gradient GEMM per layer at the stage's last
   // W (K = all micro-batches' rows) instead of one small GEMM per micro-batch.
   bool merge_weight_grads = false;
+  // With merged weight gradients covering every parameter of the rank: write them instead of adding, so
+  // the engine need not zero the gradient buffers before the step.
+  bool overwrite_weight_grads = false;
   bool record_trace = false;
 };
 
@@ -81,6 +84,7 @@ class PipelineExecutor {
 
   const std::vector<Action>& actions() const { return actions_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
+  const ExecutorConfig& config() const { return config_; }
 
  private:
   struct MicroState {

@@ -56,4 +56,19 @@ void add_bias_grad_into(at::Tensor& target, const at::Tensor& grad_output_2d) {
   target.add_(at::sum(grad_output_2d, {0}, /*keepdim=*/false, target.scalar_type()));
 }
 
+void mm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Tensor& input_2d) {
+  if (target.scalar_type() == grad_output_2d.scalar_type()) {
+    at::mm_out(target, grad_output_2d.t(), input_2d);
+  } else if (target.is_cuda()) {
+    // beta = 0: the GEMM never reads the old gradient
+    at::addmm_out(target, target, grad_output_2d.t(), input_2d, target.scalar_type(), /*beta=*/0, /*alpha=*/1);
+  } else {
+    at::mm_out(target, grad_output_2d.t().to(target.scalar_type()), input_2d.to(target.scalar_type()));
+  }
+}
+
+void bias_grad_into(at::Tensor& target, const at::Tensor& grad_output_2d) {
+  at::sum_out(target, grad_output_2d, {0}, /*keepdim=*/false, target.scalar_type());
+}
+
 }  // namespace hybrid

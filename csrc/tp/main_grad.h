@@ -20,5 +20,8 @@ void clear_main_grads();
 void addmm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Tensor& input_2d);
 // target += rows of grad_output summed, summed in target's dtype.
 void add_bias_grad_into(at::Tensor& target, const at::Tensor& grad_output_2d);
+// The same two, overwriting target instead of adding to it (no read of its old value, no zeroing needed).
+void mm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Tensor& input_2d);
+void bias_grad_into(at::Tensor& target, const at::Tensor& grad_output_2d);
 
 }  // namespace hybrid

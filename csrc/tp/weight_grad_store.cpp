@@ -85,7 +85,7 @@ std::vector<at::Tensor> WeightGradStore::flush(WgradKey key) {
   return touched.params;
 }
 
-std::vector<at::Tensor> WeightGradStore::flush_merged(const std::vector<WgradKey>& keys) {
+std::vector<at::Tensor> WeightGradStore::flush_merged(const std::vector<WgradKey>& keys, bool overwrite) {
   std::vector<WgradEntry> entries = take(keys);
   // Group by (weight, bias) identity, in first-stashed order.
   struct Group {
@@ -112,7 +112,7 @@ std::vector<at::Tensor> WeightGradStore::flush_merged(const std::vector<WgradKey
     at::Tensor grad_output = g.grad_outputs.size() == 1 ? g.grad_outputs[0] : at::cat(g.grad_outputs, 0);
     g.inputs.clear();
     g.grad_outputs.clear();
-    accumulate_linear_grads(grad_output, input, g.weight, g.bias);
+    accumulate_linear_grads(grad_output, input, g.weight, g.bias, overwrite);
     touched.add(g.weight);
     touched.add(g.bias);
   }
@@ -198,10 +198,12 @@ void assign_grad(at::Tensor& target, const at::Tensor& param, at::Tensor grad) {
 }  // namespace
 
 void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor& input_2d, const at::Tensor& weight,
-                             const at::Tensor& bias) {
+                             const at::Tensor& bias, bool overwrite) {
   if (weight.defined()) {
     at::Tensor& target = grad_target(weight);
-    if (target.defined()) {
+    if (target.defined() && overwrite) {
+      mm_into(target, grad_output_2d, input_2d);
+    } else if (target.defined()) {
       addmm_into(target, grad_output_2d, input_2d);
     } else {
       assign_grad(target, weight, linear_weight_grad(grad_output_2d, input_2d));
@@ -209,7 +211,9 @@ void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor&
   }
   if (bias.defined()) {
     at::Tensor& target = grad_target(bias);
-    if (target.defined()) {
+    if (target.defined() && overwrite) {
+      bias_grad_into(target, grad_output_2d);
+    } else if (target.defined()) {
       add_bias_grad_into(target, grad_output_2d);
     } else {
       assign_grad(target, bias, linear_bias_grad(grad_output_2d, bias));

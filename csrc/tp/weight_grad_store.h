@@ -63,7 +63,9 @@ class WeightGradStore {
   // All stashes of several keys with one GEMM per parameter: rows of input and grad_output concatenated, so the
   // GEMM's reduction dimension is the sum of the micro-batches' rows. Equal to flushing the keys one by one up to
   // floating-point rounding order.
-  std::vector<at::Tensor> flush_merged(const std::vector<WgradKey>& keys);
+  // overwrite: the keys hold every contribution of the step, so each gradient is written, not added to
+  // (the caller skips zeroing the gradients, and the GEMM skips reading them).
+  std::vector<at::Tensor> flush_merged(const std::vector<WgradKey>& keys, bool overwrite = false);
   // Every key, in key order.
   std::vector<at::Tensor> flush_all();
 
@@ -105,6 +107,6 @@ at::Tensor linear_bias_grad(const at::Tensor& grad_output_2d, const at::Tensor& 
 
 // grad_target(weight) += grad_output^T input (in-place GEMM once the gradient exists) and likewise for bias.
 void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor& input_2d, const at::Tensor& weight,
-                             const at::Tensor& bias);
+                             const at::Tensor& bias, bool overwrite = false);
 
 }  // namespace hybrid
