@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         x = y = None
         if engine.holds_first_stage or engine.holds_last_stage:  # only this DP rank's rows, only where needed
             x, y = data.batch(step, args.batch_size, dp_rank * per_dp, (dp_rank + 1) * per_dp)
+            if engine.precision.half_weights:  # half weights take half data: half the memory a batch row costs
+                x, y = x.to(engine.precision.half_dtype), y.to(engine.precision.half_dtype)
         if faults.hook_fires("NAN_AT_STEP", step) and x is not None:
             x = x.clone().fill_(float("nan"))
         result = engine.train_step(x if engine.holds_first_stage else None, y if engine.holds_last_stage else None)

@@ -67,7 +67,7 @@ void bind_executor(py::module_& m) {
                // The course loss without a trip through Python: on the last stage that trip, once per
                // micro-batch, sat on the pipeline's critical path.
                loss = [](const at::Tensor& out, const at::Tensor& target) {
-                 return at::mse_loss(out.to(at::kFloat), target);
+                 return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
                };
              } else {
                loss = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {

@@ -93,7 +93,7 @@ def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device
 
 def _micro_loss(loss_fn: LossFn) -> LossFn:
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return loss_fn(output.float(), target)
+        return loss_fn(output.float(), target.float())
 
     return loss
 
