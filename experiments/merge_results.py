@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Merge bench results files of one card into one, later files winning run by run.
+
+    python experiments/merge_results.py OUT.json FIRST.json LATER.json ...
+
+A later file's successful run replaces the earlier run with the same (system, mode, variant, config, prec,
+dp, pp, mp); skipped or failed runs never replace a measured one. Each run keeps the name of the file it came
+from ("source"), and the target ratios are recomputed from the merged runs; meta (GEMM peak, copy rates) is the
+first file's. bench.py re-times whole groups
+(base, peer and engine of one config and precision, back to back), so every ratio still compares runs of one job.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_analysis import compute_ratios, ok  # noqa: E402
+
+KEY = ("system", "mode", "variant", "config", "prec", "dp", "pp", "mp")
+
+
+def merge(paths: list[Path]) -> dict:
+    merged: dict[tuple, dict] = {}
+    order: list[tuple] = []
+    meta: dict = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        # the first file's meta (its GEMM peak belongs to the runs it measured, X among them) stays
+        meta = meta or dict(data["meta"])
+        for run in data["runs"]:
+            key = tuple(run.get(k, "") for k in KEY)
+            run = {**run, "source": path.name}
+            if key not in merged:
+                order.append(key)
+                merged[key] = run
+            elif ok(run) or not ok(merged[key]):
+                merged[key] = run
+    runs = [merged[k] for k in order]
+    meta["merged_from"] = [p.name for p in paths]
+    ratios, details = compute_ratios(runs, meta)
+    return {"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    out = Path(sys.argv[1])
+    result = merge([Path(p) for p in sys.argv[2:]])
+    out.write_text(json.dumps(result, indent=1))
+    for name, value in result["ratios"].items():
+        print(f"{name:50s} {value}")

@@ -1,0 +1,1 @@
+"""Technical report of hybrid_engine, built from experiments/results/ (see report/README.md)."""
