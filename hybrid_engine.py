@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time every action of the last step; rank 0 writes PATH.json (Chrome trace), PATH.png and "
                         "PATH.simulated.png, and reports the measured bubble")
 
-    c = p.add_argument_group("checkpoints (see hybrid_engine/checkpoint.py and docs/failure_behaviour.md)")
+    c = p.add_argument_group("checkpoints (see hybrid_engine/checkpoint.py and README.md, Failure behaviour)")
     c.add_argument("--save", metavar="DIR", default=None,
                    help="write checkpoints under DIR (DIR/step_N, DIR/latest); must be visible to every rank")
     c.add_argument("--save-every", metavar="N", type=int, default=0,
