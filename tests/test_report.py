@@ -60,7 +60,7 @@ def test_pipeline_table_cells_equal_the_results_file(raw, bench):
     _, base = run_where(raw, system="base", mode="practical10", config="L", prec="fp16", dp=1, pp=2, mp=1)
     _, peer = run_where(raw, system="peer", mode="1f1b", config="L", prec="fp16", dp=1, pp=2, mp=1)
     row = row_of(table, i)
-    assert row["samples/s"] == f"{eng['samples_s']:,.0f}" == "60,416"
+    assert row["samples/s"] == f"{eng['samples_s']:,.0f}"
     assert row["step ms"] == f"{eng['step_ms']:.2f}"
     assert row["x base"] == f"{eng['samples_s'] / base['samples_s']:.2f}x"
     assert row["x peer 1F1B"] == f"{eng['samples_s'] / peer['samples_s']:.2f}x"
