@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import hybrid_engine
 from hybrid_engine import checkpoint, faults
 from hybrid_engine.config import SCHEDULES, ConfigError, LaunchEnv, check_training, resolve_grid
 from hybrid_engine.engine import Engine

@@ -21,7 +21,7 @@ from .grid import ACTIVATION, GridGroups
 from .partition import partition, stages_of_rank
 from .precision import MasterWeights, Precision
 from .schedule import make_schedule
-from .tp_layers import is_mp_split
+from .tp_layers import Linear, gather_full, is_mp_split, parallelize_mlp, take_shard
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -47,17 +47,9 @@ def materialize(module: nn.Module, device: torch.device) -> nn.Module:
     return module.to(device)
 
 
-def _tensor_parallel(stage: nn.Sequential, mp_group: dist.ProcessGroup) -> nn.Sequential:
-    from .tp_layers import parallelize_mlp
-
-    return parallelize_mlp(stage, mp_group)
-
-
 def _chain_of(stage: nn.Sequential) -> tuple[list, list[bool]] | None:
     """(params, relu flags) if the stage is a plain chain of our Linear layers, each optionally followed by a
     ReLU — the shape the C++ linear_chain runs as one autograd node; else None."""
-    from .tp_layers import Linear
-
     params: list = []
     relu: list[bool] = []
     for module in stage:
@@ -151,7 +143,7 @@ class Engine:
         for s in self.stage_ids:
             stage = materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device)
             if tensor_parallel:
-                stage = _tensor_parallel(stage, groups.mp)
+                stage = parallelize_mlp(stage, groups.mp)
             self.stages[s] = stage
         self.precision = precision
         if precision.half_weights:
@@ -354,8 +346,6 @@ class Engine:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's layers as full tensors (gathered over MP) on the CPU, keyed like the whole model's
         state_dict ("<module index>.<name>"), whatever the grid. Every rank must call it (MP all-gathers)."""
-        from .tp_layers import gather_full
-
         weights = dict(zip(map(id, self.parameters), self.optimized))  # fp32 masters when weights are half
         state: dict[str, torch.Tensor] = {}
         for s in self.stage_ids:
@@ -388,8 +378,6 @@ class Engine:
         """This rank's training state in a grid-independent form, on the CPU: "weights" and per-parameter
         "optimizer" state as full tensors (gathered over MP) keyed by global parameter name, and the loss
         scaler's state (None without one). Every rank must call it (MP all-gathers, in the same order)."""
-        from .tp_layers import gather_full
-
         weights, optimizer = {}, {}
         for name, param, stepped in self._checkpoint_tensors():
             weights[name] = gather_full(stepped, self.groups.mp).cpu()
@@ -408,8 +396,6 @@ class Engine:
     def load_checkpoint_state(self, weights: dict, optimizer: dict, scaler: dict | None) -> None:
         """Inverse of state_for_checkpoint, on any grid: every full tensor of this rank's parameters is sliced
         to this rank's MP shard. No collectives. A scaler state is restored only if this run has a scaler."""
-        from .tp_layers import take_shard
-
         for name, param, stepped in self._checkpoint_tensors():
             full = weights[name]
             stepped.copy_(take_shard(full, like=param, mp_group=self.groups.mp))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from . import _C
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLEMENTATIONS = ("autocast", "half-weights")
@@ -66,8 +65,3 @@ class MasterWeights:
         """The one cast per optimizer step: fp32 masters -> half weights."""
         if self.params:
             torch._foreach_copy_(self.params, self.masters)
-
-    @staticmethod
-    def route_grads(params: list[nn.Parameter], buffers: list[torch.Tensor]) -> None:
-        for param, buffer in zip(params, buffers):
-            _C.set_main_grad(param, buffer)
