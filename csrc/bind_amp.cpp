@@ -10,6 +10,7 @@
 
 #include "amp/grad_clip.h"
 #include "amp/loss_scaler.h"
+#include "optim/sgd_cast.h"
 
 namespace py = pybind11;
 
@@ -113,6 +114,11 @@ void bind_amp(py::module_& m) {
       "Global L2 norm of the model's gradient (MP-split grads summed over mp_group, MP-replicated grads counted "
       "once, stages summed over pp_group); clips in place to max_norm when finite and above it (max_norm <= 0: "
       "measure only). Returns the pre-clip norm.");
+
+  m.def("sgd_step_and_cast", &sgd_step_and_cast, py::arg("masters"), py::arg("grads"), py::arg("halves"),
+        py::arg("lr"), py::call_guard<py::gil_scoped_release>(),
+        "Plain SGD on fp32 masters and the cast to the half model weights in one pass: masters[i] -= lr * "
+        "grads[i]; halves[i] = masters[i]. One fused kernel per tensor on CUDA; ATen ops elsewhere.");
 }
 
 }  // namespace hybrid

@@ -83,6 +83,17 @@ def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device
     return run
 
 
+def plain_sgd_lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """The learning rate if `optimizer` is torch.optim.SGD whose every group is a plain `p -= lr * grad`
+    (read at each step, so LR schedulers and edits of param_groups apply); else None."""
+    if type(optimizer) is not torch.optim.SGD:
+        return None
+    groups = optimizer.param_groups
+    plain = all(g["momentum"] == 0 and g["weight_decay"] == 0 and not g["nesterov"] and not g["maximize"]
+                and g["lr"] == groups[0]["lr"] for g in groups)
+    return float(groups[0]["lr"]) if plain else None
+
+
 def _micro_loss(loss_fn: LossFn) -> LossFn:
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return loss_fn(output.float(), target.float())
@@ -309,9 +320,7 @@ class Engine:
         if not skipped and self.clip_grad > 0:
             grad_norm = self._clip()
         if not skipped:
-            self.optimizer.step()
-            if self.masters is not None:
-                self.masters.copy_to_model()
+            self._optimizer_step()
         if self.scaler is not None:
             self.scaler.update(skipped)
             self.overflow_watch.observe(self.scaler)
@@ -320,6 +329,18 @@ class Engine:
             torch.cuda.synchronize(self.device)
         return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
+
+    def _optimizer_step(self) -> None:
+        """The optimizer's step, then (half weights) the one cast of the masters to the model. Plain SGD on
+        fp32 masters runs both as one fused pass (csrc/optim/sgd_cast.h); any other optimizer, or SGD with
+        momentum, weight decay, nesterov or maximize, takes torch's step and a separate copy."""
+        lr = plain_sgd_lr(self.optimizer) if self.masters is not None else None
+        if lr is not None:
+            self.masters.sgd_step_and_cast(lr)
+            return
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.copy_to_model()
 
     def _clip(self) -> float:
         split = [o.grad for p, o in zip(self.parameters, self.optimized) if is_mp_split(p)]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from . import _C
+
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLEMENTATIONS = ("autocast", "half-weights")
@@ -65,3 +67,13 @@ class MasterWeights:
         """The one cast per optimizer step: fp32 masters -> half weights."""
         if self.params:
             torch._foreach_copy_(self.params, self.masters)
+
+    @torch.no_grad()
+    def sgd_step_and_cast(self, lr: float) -> None:
+        """Plain SGD on the masters (master -= lr * master.grad) fused with the cast to the model weights:
+        one pass that reads each master once (csrc/optim/sgd_cast.h). Masters without a gradient keep
+        their value, as with torch.optim.SGD."""
+        stepped = [(m, m.grad, p) for m, p in zip(self.masters, self.params) if m.grad is not None]
+        if stepped:
+            masters, grads, params = map(list, zip(*stepped))
+            _C.sgd_step_and_cast(masters, grads, params, lr)

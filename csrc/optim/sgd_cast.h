@@ -1,0 +1,22 @@
+// Plain SGD on fp32 master weights and the cast back to the half-precision model weights, in one pass.
+//
+// With half weights, an optimizer step used to be two passes over every parameter: torch's foreach SGD
+// (read master and grad, write master: 12 bytes per parameter) and the master -> half copy (read master
+// again, write half: 6 bytes). Fused, the master is read once: 14 bytes per parameter instead of 18. At
+// config L (537M parameters per stage) that is 2.1 GB less traffic per step, ~0.5 ms of an H200's HBM time.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace hybrid {
+
+// For each i: masters[i] -= lr * grads[i]; halves[i] = masters[i] cast to halves[i]'s dtype.
+// masters and grads fp32, halves fp16/bf16 (or fp32), all on one device, shapes equal per i.
+// The update is exactly torch.optim.SGD's without momentum, weight decay or nesterov:
+// master + (-lr) * grad, computed in fp32.
+void sgd_step_and_cast(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& halves, double lr);
+
+}  // namespace hybrid
