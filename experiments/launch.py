@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,10 +22,20 @@ CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "
 CPU_ENV = {"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
 
+_GIVEN_PORTS: set[int] = set()
+_PORT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, never one this process handed out before (trials may start side by side)."""
+    with _PORT_LOCK:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                return port
 
 
 def torchrun(nproc: int, port: int | None = None) -> list[str]:
@@ -97,6 +108,19 @@ OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cud
 
 def is_oom(stderr: str) -> bool:
     return bool(OOM.search(stderr))
+
+
+# The launcher, not the program, failed: the rendezvous port was taken between choosing and binding it (another
+# run, TIME_WAIT), the rendezvous broke, or the GPU refused a second process (exclusive compute mode). Running the
+# same command again on a new port is the fix; it says nothing about the program or its memory.
+TRANSIENT = re.compile(r"EADDRINUSE|address already in use|failed to listen on any local network address|"
+                       r"RendezvousError|RendezvousConnectionError|RendezvousTimeoutError|"
+                       r"busy or unavailable|cudaErrorDevicesUnavailable", re.I)
+GPU_BUSY = re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable", re.I)
+
+
+def is_transient(stderr: str) -> bool:
+    return bool(TRANSIENT.search(stderr)) and not is_oom(stderr)
 
 
 def driver_flags(driver: Path = DRIVER) -> set[str]:

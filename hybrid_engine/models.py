@@ -75,23 +75,48 @@ class SyntheticRegression:
     # whole batch, whatever the grid.
     ROW_BLOCK = 256
 
-    def inputs(self, step: int, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) of step `step`'s global batch."""
-        parts = []
+    def _blocks(self, step: int, start: int, stop: int):
+        """(rows [start, stop) of each block, as a fresh fp32 tensor, offset of those rows in the range)."""
         for block in range(start // self.ROW_BLOCK, (stop - 1) // self.ROW_BLOCK + 1):
             gen = _generator(self.device, stream_seed(self.seed, _STREAM_BATCH, step * 1_000_003 + block))
             rows = torch.randn(self.ROW_BLOCK, self.dim, device=self.device, generator=gen)
             lo = max(start - block * self.ROW_BLOCK, 0)
             hi = min(stop - block * self.ROW_BLOCK, self.ROW_BLOCK)
-            parts.append(rows[lo:hi])
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            yield rows[lo:hi], block * self.ROW_BLOCK + lo - start
+
+    def draw(self, step: int, start: int, stop: int, *, inputs: bool = True, targets: bool = True,
+             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(inputs, targets) of rows [start, stop) of step `step`'s global batch, each only if asked for (else
+        None), in `dtype`. Memory-lean: each output is allocated once at its final size and dtype and filled
+        block by block (a block is drawn, and its targets computed, in fp32, then cast into place), so no
+        full-size fp32 copy ever exists and targets never need the full inputs. The values equal
+        `batch(step, ...)`'s fp32 tensors cast with `.to(dtype)`, bit for bit."""
+        if stop <= start:
+            raise ValueError(f"empty row range [{start}, {stop})")
+        x = torch.empty(stop - start, self.dim, device=self.device, dtype=dtype) if inputs else None
+        y = torch.empty(stop - start, self.dim, device=self.device, dtype=dtype) if targets else None
+        for rows, at in self._blocks(step, start, stop):
+            if x is not None:
+                x[at : at + len(rows)].copy_(rows)
+            if y is not None:
+                y[at : at + len(rows)].copy_(self.targets(rows))
+        return x, y
+
+    def inputs(self, step: int, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows [start, stop) of step `step`'s global batch."""
+        return self.draw(step, start, stop, targets=False, dtype=dtype)[0]
+
+    def targets_of(self, step: int, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The targets of rows [start, stop) of step `step`'s global batch, without keeping the inputs (a last
+        pipeline stage needs only these)."""
+        return self.draw(step, start, stop, inputs=False, dtype=dtype)[1]
 
     def targets(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.relu(inputs * self.scale + self.shift)
 
-    def batch(self, step: int, batch_size: int, start: int = 0, stop: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of rows [start, stop) (default: all) of a global batch of `batch_size` rows."""
+    def batch(self, step: int, batch_size: int, start: int = 0, stop: int | None = None,
+              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of rows [start, stop) (default: all) of a global batch of `batch_size` rows.
+        The targets come from the fp32 inputs; with another `dtype` both are then cast (see `draw`)."""
         stop = batch_size if stop is None else stop
-        x = self.inputs(step, start, stop)
-        return x, self.targets(x)
+        return self.draw(step, start, stop, dtype=dtype)

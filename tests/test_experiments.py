@@ -3,6 +3,7 @@ shared keys and trains the engine's model (the first loss, taken before any upda
 first batch); bench.py's derived numbers and max_batch.py's search are checked on synthetic inputs."""
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -211,9 +212,9 @@ def test_max_batch_search_stops_at_the_cap_on_errors_and_when_the_budget_is_spen
                                         start=1024, cap=2**20)
     assert not broken.converged and broken.max_batch is None and "boom" in broken.reason
 
-    cut = max_batch.search_max_batch(lambda b: max_batch.Trial(b, "ok" if b < 4096 else "budget"), quantum=8,
-                                     start=1024, cap=2**20)
-    assert (cut.max_batch, cut.first_failure, cut.reason) == (2048, None, "time budget spent")
+    cut = max_batch.search_max_batch(lambda b: max_batch.Trial(b, "ok" if b <= 4096 else "budget"), quantum=8,
+                                     start=1024, cap=2**20)  # no capacity known: x4 growth, 1024 -> 4096 -> 16384
+    assert (cut.max_batch, cut.first_failure, cut.reason) == (4096, None, "time budget spent")
 
     clock = iter(range(0, 10**6, 100))  # every look at the clock: 100 s later
     slow, calls = fake_trials(10**6, seconds=100.0)
@@ -244,3 +245,160 @@ def test_max_batch_runs_a_real_driver_trial_on_cpu(tmp_path):
 def test_max_batch_skips_a_mode_whose_flag_the_driver_lacks():
     assert launch.missing_flags(["hybrid_engine.py", "--amp", "fp16", "--recompute"], {"--amp"}) == ["--recompute"]
     assert launch.missing_flags(["hybrid_engine.py", "--amp", "fp16"], {"--amp"}) == []
+
+
+# ---- max_batch.py: the search on a linear memory model (no GPU), the memory model, the launcher's failures
+
+def linear_memory(a: float, b: float, capacity: float, *, frag: float = 0.0, noise: float = 0.003, seed: int = 0,
+                  transient: tuple[int, ...] = ()):
+    """A fake trial runner: peak = a + b * batch (+ Gaussian noise on the reported peak, rounded like the driver's
+    records); out of memory where the true peak passes (1 - frag) x capacity (fragmentation, context); the
+    calls numbered in `transient` (1-based) fail like a port clash instead."""
+    rng = random.Random(seed)
+    calls = []
+
+    def trial(batch):
+        calls.append(batch)
+        if len(calls) in transient:
+            return max_batch.Trial(batch, "transient", seconds=4.6, message="exit 1: DistNetworkError: EADDRINUSE")
+        peak = a + b * batch
+        if peak > capacity * (1 - frag):
+            return max_batch.Trial(batch, "oom", seconds=20.0)
+        return max_batch.Trial(batch, "ok", peak_gib=round(peak + rng.gauss(0, noise), 3), seconds=20.0)
+
+    def limit(quantum=8):  # the true largest passing batch
+        return int((capacity * (1 - frag) - a) / b) // quantum * quantum
+    return trial, calls, limit()
+
+
+KB = 1e3 / 2**30  # GiB per KB
+SETTINGS = [  # (a GiB, b GiB per row, capacity GiB): 8 GiB caps at the shapes of the GPU run, 80 and 140 GiB cards
+    (2.06, 55.3 * KB, 8.0), (1.8, 27.6 * KB, 8.0), (1.8, 26.6 * KB, 8.0), (2.0, 0.00025, 80.0),
+    (20.0, 1e-4, 139.8), (0.5, 2e-6, 8.0), (3.0, 300 * KB, 8.0)]
+
+
+@pytest.mark.parametrize("a,b,capacity", SETTINGS)
+@pytest.mark.parametrize("frag", [0.0, 0.02])
+@pytest.mark.parametrize("hint_error", [0.5, 1.0, 2.0])  # the memory model's slope, off by this factor
+def test_max_batch_search_converges_within_3_percent_in_at_most_6_trials(a, b, capacity, frag, hint_error):
+    for seed in range(3):
+        trial, calls, limit = linear_memory(a, b, capacity, frag=frag, seed=seed)
+        found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**22, tolerance=0.03,
+                                           capacity_gib=capacity, row_gib_hint=b * hint_error,
+                                           fixed_gib_hint=0.8 * a)
+        assert found.converged and found.max_batch <= limit < found.first_failure, (calls, limit)
+        assert found.first_failure - found.max_batch <= max(8, 0.03 * found.max_batch)
+        assert len(calls) <= 6, (calls, limit)
+        assert all(x % 8 == 0 for x in calls) and len(set(calls)) == len(calls)
+        # the result carries the fitted line and its prediction
+        assert found.fit["b_gib_per_row"] == pytest.approx(b, rel=0.03) and found.fit["points"] >= 2
+        assert found.fit["a_gib"] == pytest.approx(a, abs=0.05)
+        assert found.predicted_max == pytest.approx((capacity - a) / b, rel=0.03)
+
+
+def test_max_batch_search_without_the_model_still_converges_and_the_old_run_would_have():
+    # the 2026-11-26 run: 8 GiB cap, fp32 a ~ 2.06 GiB; without any hint, and with the capacity the GPU's size
+    # (the old bug: 139.8 GiB instead of the cap) the search still brackets the limit, only later
+    for capacity_seen in (8.0, None):
+        trial, calls, limit = linear_memory(2.06, 55.3 * KB, 8.0)
+        found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**22, tolerance=0.03,
+                                           capacity_gib=capacity_seen)
+        assert found.converged and found.max_batch <= limit < found.first_failure
+        assert len(calls) <= (7 if capacity_seen else 16), calls
+
+
+@pytest.mark.parametrize("a,b,capacity", SETTINGS[:4])
+def test_max_batch_search_two_per_round_needs_at_most_3_rounds(a, b, capacity, monkeypatch):
+    rounds = []
+    plan_round = max_batch.plan_round
+    monkeypatch.setattr(max_batch, "plan_round", lambda *x, **k: rounds.append(plan_round(*x, **k)) or rounds[-1])
+    for hint_error in (0.5, 1.0, 2.0):
+        rounds.clear()
+        trial, calls, limit = linear_memory(a, b, capacity, frag=0.01)
+        found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**22, capacity_gib=capacity,
+                                           row_gib_hint=b * hint_error, fixed_gib_hint=0.8 * a, width=2)
+        assert found.converged and found.max_batch <= limit < found.first_failure
+        ran = [r for r in rounds if r]
+        assert len(ran) <= 3 and all(len(r) <= 2 for r in ran), ran
+        assert sorted(calls) == sorted(x for r in ran for x in r)
+
+
+def test_max_batch_search_retries_a_transient_launcher_failure_once_on_the_same_batch():
+    trial, calls, limit = linear_memory(2.06, 55.3 * KB, 8.0, transient=(2,))
+    found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**22, capacity_gib=8.0,
+                                       row_gib_hint=55.3 * KB)
+    assert found.converged and found.max_batch <= limit < found.first_failure
+    assert calls[1] == calls[2]  # the port clash, then the same batch again
+    assert [t.status for t in found.trials].count("transient") == 1 and len(calls) <= 7
+
+    trial, calls, _ = linear_memory(2.06, 55.3 * KB, 8.0, transient=(2, 3))  # twice in a row: a real error
+    found = max_batch.search_max_batch(trial, quantum=8, start=1024, cap=2**22, capacity_gib=8.0)
+    assert not found.converged and "launcher failed twice" in found.reason and len(calls) == 3
+    assert found.max_batch == 1024
+
+
+def test_memory_model_of_the_gpu_run_shape():
+    def row_d(schedule, half, recompute):
+        m = max_batch.memory_model(dim=4096, depth=16, pp=2, micro_batches=8, schedule=schedule, half=half,
+                                   recompute=recompute)
+        return m["row_bytes"] / 4096, m["bound_by_stage"]
+    # 1F1B: stage 0 holds 2 micro-batches, the last stage 1; bytes per row in units of dim
+    assert row_d("1f1b", False, False) == (13.5, 0)
+    assert row_d("1f1b", True, False) == (6.75, 0)
+    assert row_d("1f1b", True, True) == (6.5, 1)
+    assert row_d("gpipe", False, False) == (42.0, 1)
+    assert row_d("gpipe", True, False) == (29.25, 1)
+    assert row_d("gpipe", True, True) == (15.25, 1)
+    args = max_batch.parse_args(["--dim", "4096"])
+    assert "x fp32 2.08" in max_batch.model_table(args)  # the slopes' ratio fp16-recompute / fp32 under 1F1B
+
+
+def test_launcher_failures_are_transient_and_the_memory_cap_is_the_capacity():
+    clash = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+             "address. port: 42551, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert launch.is_transient(clash) and not launch.is_oom(clash)
+    assert not launch.is_transient("hybrid_engine: rank 0: OutOfMemoryError: CUDA out of memory")
+    assert not launch.is_transient("hybrid_engine: error: --dim must be >= 1")
+    assert len({launch.free_port() for _ in range(20)}) == 20
+    assert max_batch.memory_cap("--memory-cap-gib 8") == 8.0 and max_batch.memory_cap("--foo --memory-cap-gib=7.5") == 7.5
+    assert max_batch.memory_cap("") is None
+
+
+FAKE_DRIVER = '''
+import json, os, sys
+if "--help" in sys.argv:
+    print("--pp --schedule --dim --depth --batch-size --micro-batches --steps --warmup --comm-timeout --quiet "
+          "--metrics --amp --device --memory-cap-gib")
+    sys.exit(0)
+arg = lambda name: sys.argv[sys.argv.index(name) + 1]
+batch, marker = int(arg("--batch-size")), os.environ["FAKE_MARKER"]
+if os.environ.get("RANK") == "0":
+    if not os.path.exists(marker):  # the first launch of all: the launcher's port clash
+        open(marker, "w").close()
+        sys.exit("torch.distributed.DistNetworkError: failed to listen: EADDRINUSE, message: address already in use")
+    if batch > 40:
+        sys.exit("hybrid_engine: rank 0: OutOfMemoryError: CUDA out of memory")
+    with open(arg("--metrics"), "w") as f:
+        for step in range(int(arg("--steps"))):
+            f.write(json.dumps({"step": step, "loss": 1.0, "peak_mem_gib": [1.0 + batch / 100, 0.5]}) + "\\n")
+'''
+
+
+def test_max_batch_main_retries_a_port_clash_and_runs_modes_together(tmp_path, monkeypatch):
+    driver = tmp_path / "fake_driver.py"
+    driver.write_text(FAKE_DRIVER)
+    monkeypatch.setenv("FAKE_MARKER", str(tmp_path / "clashed"))
+    assert max_batch.main(["--device", "cpu", "--driver", str(driver), "--modes", "fp32,bf16", "--parallel", "4",
+                           "--micro-batches", "4", "--start", "16", "--cap", "64", "--capacity-gib", "1.4",
+                           "--tolerance", "0.1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-maxbatch.jsonl")
+    recs = [json.loads(ln) for ln in path.read_text().splitlines()]
+    trials = [r for r in recs if r["kind"] == "trial"]
+    assert [t["status"] for t in trials].count("transient") == 1  # retried, not the end of the mode
+    results = {r["mode"]: r for r in recs if r["kind"] == "result"}
+    for mode in ("fp32", "bf16"):  # the fake fits 40 rows: 1.4 GiB at 1 + batch / 100
+        r = results[mode]
+        assert (r["max_batch"], r["first_failure"], r["converged"]) == (40, 44, True), r
+        assert r["fit"]["b_gib_per_row"] == pytest.approx(0.01) and r["predicted_max"] == 40
+        assert r["capacity_gib"] == 1.4 and r["trials"] <= 8
+    assert recs[-1]["kind"] == "ratios"
