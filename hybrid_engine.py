@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s = p.add_argument_group("pipeline schedule")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     s.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved only)")
+    s.add_argument("--lookahead", type=int, default=0,
+                   help="1f1b/zb1: forwards every rank but the last runs beyond the 1F1B warm-up; hides the "
+                        "gradient's round trip at the cost of one more micro-batch of activations per step")
     s.add_argument("--no-fuse", action="store_true",
                    help="run stages module by module instead of as one C++ Linear(+ReLU) chain (for comparison)")
     s.add_argument("--recompute", action="store_true",
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     device = pick_device(args.device, env.local_rank)
     check_training(grid, schedule=args.schedule, virtual_stages=args.virtual_stages, depth=args.depth,
                    dim=args.dim, batch_size=args.batch_size, micro_batches=args.micro_batches,
-                   amp=args.amp, device_type=device.type)
+                   amp=args.amp, device_type=device.type, lookahead=args.lookahead)
     if args.loss_scale is not None and args.amp != "fp16":
         raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {args.amp}")
     start_from = checkpoint_to_start_from(args)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
                     merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
                     loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
                     clip_grad=args.clip_grad, fuse_stages=not args.no_fuse, recompute=args.recompute,
-                    trace=args.trace is not None)
+                    trace=args.trace is not None, lookahead=args.lookahead)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         c = groups.coords
         rows = gather_pipeline_rows(spans_of(engine.trace), c.pp, grid.pp_size, c.dp == 0 and c.mp == 0)
         if env.rank == 0:
-            summary = write_trace(args.trace, rows, args.schedule, args.micro_batches, args.virtual_stages)
+            summary = write_trace(args.trace, rows, args.schedule, args.micro_batches, args.virtual_stages,
+                                  args.lookahead)
             print(f"trace: {args.trace}.json, measured bubble {summary['measured_bubble']:.3f}, "
                   f"simulated {summary['simulated_bubble']:.3f}", flush=True)
             if metrics:

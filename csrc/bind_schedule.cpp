@@ -102,11 +102,11 @@ void bind_schedule(py::module_& root) {
 
   m.def("schedule_names", &schedule_names);
   m.def("check_schedule_request", &check_schedule_request, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
-        py::arg("virtual_stages") = 1);
+        py::arg("virtual_stages") = 1, py::arg("lookahead") = 0);
   m.def("make_compute_schedule", &make_compute_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
-        py::arg("virtual_stages") = 1, "Compute-only program (F, B, I, W) of every rank.");
+        py::arg("virtual_stages") = 1, py::arg("lookahead") = 0, "Compute-only program (F, B, I, W) of every rank.");
   m.def("make_schedule", &make_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
-        py::arg("virtual_stages") = 1, "Program of every rank, with sends and receives.");
+        py::arg("virtual_stages") = 1, py::arg("lookahead") = 0, "Program of every rank, with sends and receives.");
   m.def("add_communication", &add_communication, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"));
   m.def("validate", &validate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("micro_batches"));
   m.def("simulate", &simulate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"),

@@ -66,6 +66,7 @@ def check_training(
     micro_batches: int,
     amp: str = "off",
     device_type: str = "cpu",
+    lookahead: int = 0,
 ) -> None:
     """Everything about model, batch and schedule that can be wrong before training starts."""
     if schedule not in SCHEDULES:
@@ -76,6 +77,10 @@ def check_training(
         raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
     if schedule != "interleaved" and virtual_stages != 1:
         raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
+    if lookahead < 0:
+        raise ConfigError(f"--lookahead must be >= 0, got {lookahead}")
+    if lookahead > 0 and schedule not in ("1f1b", "zb1"):
+        raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
     if dim < 1 or depth < 1:
         raise ConfigError(f"--dim and --depth must be >= 1, got dim {dim}, depth {depth}")
     stages = grid.pp_size * virtual_stages

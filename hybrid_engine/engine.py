@@ -111,6 +111,8 @@ class Engine:
         with mp=1 they become our deferrable-weight-gradient Linear, which zb1 needs to split I from W.
     fuse_stages: run a stage that is a plain Linear(+ReLU) chain as one C++ autograd node.
     recompute: activation recomputation; keep only stage inputs between a micro-batch's forward and backward.
+    lookahead: 1f1b/zb1 only: forwards every rank but the last runs ahead of the 1F1B warm-up, so that the
+        gradient's round trip through the later stages overlaps work (one more live micro-batch each).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Engine:
         clip_grad: float = 0.0,
         fuse_stages: bool = True,
         recompute: bool = False,
+        lookahead: int = 0,
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -165,7 +168,8 @@ class Engine:
         self.masters = MasterWeights(self.parameters) if precision.half_weights else None
         self.optimized = self.masters.masters if self.masters else self.parameters
 
-        self.actions = make_schedule(schedule, self.pp_size, micro_batches, virtual_stages)[self.pp_rank]
+        self.lookahead = lookahead
+        self.actions = make_schedule(schedule, self.pp_size, micro_batches, virtual_stages, lookahead)[self.pp_rank]
         self._buckets, self._stage_buckets = self._make_grad_buckets()
         self.optimizer = self._make_optimizer(optimizer, lr)
         self.scaler = make_loss_scaler(precision.amp, loss_scale, scale_window, hysteresis)

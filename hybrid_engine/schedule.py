@@ -39,14 +39,17 @@ __all__ = [
 ]
 
 
-def make_schedule(name: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> Schedule:
-    """The program each rank executes (compute and communication). Raises ValueError for a bad request."""
-    return _core.make_schedule(name, pp, micro_batches, virtual_stages)
+def make_schedule(name: str, pp: int, micro_batches: int, virtual_stages: int = 1, lookahead: int = 0) -> Schedule:
+    """The program each rank executes (compute and communication). Raises ValueError for a bad request.
+    lookahead (1f1b, zb1): forwards every rank but the last runs beyond the 1F1B warm-up, to cover the
+    gradient's round trip (csrc/schedule/generators.cpp)."""
+    return _core.make_schedule(name, pp, micro_batches, virtual_stages, lookahead)
 
 
-def compute_schedule(name: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> Schedule:
+def compute_schedule(name: str, pp: int, micro_batches: int, virtual_stages: int = 1, lookahead: int = 0
+                     ) -> Schedule:
     """The compute-only program (F, B, I, W) of each rank, before add_communication."""
-    return _core.make_compute_schedule(name, pp, micro_batches, virtual_stages)
+    return _core.make_compute_schedule(name, pp, micro_batches, virtual_stages, lookahead)
 
 
 def num_stages_of(schedule: Sequence[Sequence[Action]]) -> int:
@@ -151,6 +154,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     parser.add_argument("--micro-batches", type=int, required=True)
     parser.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
+    parser.add_argument("--lookahead", type=int, default=0,
+                        help="1f1b/zb1: extra warm-up forwards on every rank but the last (default 0)")
     parser.add_argument("--costs", type=_parse_costs, default=Costs(),
                         help="F,B,I,W time of one micro-batch through all of a rank's layers; with v chunks "
                              "each chunk costs 1/v of it (default 1,2,1,1)")
@@ -164,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank_costs: Costs = args.costs
     v = args.virtual_stages
     try:
-        schedule = make_schedule(args.schedule, args.pp, args.micro_batches, v)
+        schedule = make_schedule(args.schedule, args.pp, args.micro_batches, v, args.lookahead)
         # Same model, same work per rank: a chunk holds 1/v of the rank's layers, so makespans compare across v.
         costs = Costs(F=rank_costs.F / v, B=rank_costs.B / v, I=rank_costs.I / v, W=rank_costs.W / v,
                       latency=args.latency)

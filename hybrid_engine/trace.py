@@ -47,14 +47,15 @@ def gather_pipeline_rows(spans: list[Span], pp_rank: int, pp_size: int, in_first
     return rows
 
 
-def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches: int, virtual_stages: int) -> dict:
+def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches: int, virtual_stages: int,
+                lookahead: int = 0) -> dict:
     events = [
         {"name": f"{stage}{kind}{micro}", "cat": kind, "ph": "X", "ts": start, "dur": end - start, "pid": 0,
          "tid": rank, "args": {"stage": stage, "micro": micro}}
         for rank, row in enumerate(rows) for kind, stage, micro, start, end in row
     ]
     measured = measured_bubble(rows)
-    sim = simulate(make_schedule(schedule, len(rows), micro_batches, virtual_stages))
+    sim = simulate(make_schedule(schedule, len(rows), micro_batches, virtual_stages, lookahead))
     summary = {"schedule": schedule, "pp": len(rows), "micro_batches": micro_batches,
                "measured_bubble": measured, "simulated_bubble": sim.bubble}
     with open(f"{path}.json", "w") as f:

@@ -19,7 +19,7 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
     model = large_linear_model(cfg["dim"], cfg["depth"], cfg.get("seed", 0))
     engine = Engine(model, F.mse_loss, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
                     virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"], device="cpu",
-                    merge_weight_grads=cfg.get("merge_weight_grads", False))
+                    merge_weight_grads=cfg.get("merge_weight_grads", False), lookahead=cfg.get("lookahead", 0))
     data = SyntheticRegression(cfg["dim"], cfg.get("seed", 0), "cpu")
     per_dp = cfg["batch_size"] // dp
     d = groups.coords.dp

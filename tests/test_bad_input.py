@@ -70,6 +70,11 @@ def test_interleaved_with_one_virtual_stage():
                         "the interleaved schedule needs --virtual-stages >= 2")
 
 
+def test_lookahead_with_a_schedule_that_has_none():
+    fails_on_every_rank(("--pp", "2", "--schedule", "gpipe", "--lookahead", "1"),
+                        "--lookahead applies to --schedule 1f1b and zb1 only (got gpipe)")
+
+
 def test_fp16_without_a_gpu():
     fails_on_every_rank(("--pp", "2", "--amp", "fp16"), "--amp fp16 needs CUDA GPUs")
 

@@ -71,11 +71,19 @@ std::vector<Action> one_stage_sequence(int rank, int micro_batches, ActionType t
 // zero_bubble gives ZB-H1: I in place of B, so gradients travel back sooner, and W deferred by r on rank r
 // (torch's ScheduleInterleavedZeroBubble with one chunk). Rank r then holds at most
 // (pp - r - 1) + r + 1 = pp activations until their W: 1F1B's bound, reached on every rank.
-Schedule one_stage_1f1b(int pp, int micro_batches, bool zero_bubble) {
+//
+// lookahead: every rank but the last starts that many more forwards. With unit costs this changes nothing,
+// but a real gradient takes a round trip (send, the later stages' forward and backward, send back, and the
+// host time to launch each) that plain 1F1B leaves no work to cover: after sending forward k, rank r has only
+// one backward and one forward to run before it needs backward k. Each lookahead forward adds a forward and
+// a backward of cover, for one more micro-batch of live activations on the rank. The last rank computes the
+// loss itself, so it gains nothing and keeps its warm-up of 0.
+Schedule one_stage_1f1b(int pp, int micro_batches, bool zero_bubble, int lookahead) {
   Schedule schedule(pp);
   for (int r = 0; r < pp; ++r) {
+    const int warmup = pp - r - 1 + (r < pp - 1 ? lookahead : 0);
     schedule[r] = one_f_one_b_rank(one_stage_sequence(r, micro_batches, ActionType::F),
-                                   one_stage_sequence(r, micro_batches, ActionType::B), pp - r - 1, zero_bubble,
+                                   one_stage_sequence(r, micro_batches, ActionType::B), warmup, zero_bubble,
                                    zero_bubble ? r : 0);
   }
   return schedule;
@@ -88,7 +96,7 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
-void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages) {
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b, interleaved or zb1)");
@@ -102,6 +110,10 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
   }
   if (static_cast<long long>(pp) * virtual_stages * micro_batches > kMaxComputeActions) {
     throw std::invalid_argument("schedule too large: " + sizes_text(pp, micro_batches, virtual_stages));
+  }
+  if (lookahead < 0) throw std::invalid_argument("lookahead must be >= 0 (got " + std::to_string(lookahead) + ")");
+  if (lookahead > 0 && name != "1f1b" && name != "zb1") {
+    throw std::invalid_argument("lookahead applies to 1f1b and zb1 only (got schedule '" + name + "')");
   }
   if (name == "interleaved") {
     if (virtual_stages < 2) {
@@ -147,8 +159,8 @@ Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages) {
   return schedule;
 }
 
-Schedule one_f_one_b_compute(int pp, int micro_batches) {
-  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/false);
+Schedule one_f_one_b_compute(int pp, int micro_batches, int lookahead) {
+  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/false, lookahead);
 }
 
 Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages) {
@@ -173,21 +185,22 @@ Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages) {
   return schedule;
 }
 
-Schedule zb1_compute(int pp, int micro_batches) {
-  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/true);
+Schedule zb1_compute(int pp, int micro_batches, int lookahead) {
+  return one_stage_1f1b(pp, micro_batches, /*zero_bubble=*/true, lookahead);
 }
 
-Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages) {
-  check_schedule_request(name, pp, micro_batches, virtual_stages);
+Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages,
+                               int lookahead) {
+  check_schedule_request(name, pp, micro_batches, virtual_stages, lookahead);
   if (name == "naive") return naive_compute(pp, micro_batches);
   if (name == "gpipe") return gpipe_compute(pp, micro_batches, virtual_stages);
-  if (name == "1f1b") return one_f_one_b_compute(pp, micro_batches);
+  if (name == "1f1b") return one_f_one_b_compute(pp, micro_batches, lookahead);
   if (name == "interleaved") return interleaved_compute(pp, micro_batches, virtual_stages);
-  return zb1_compute(pp, micro_batches);
+  return zb1_compute(pp, micro_batches, lookahead);
 }
 
-Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages) {
-  return add_communication(make_compute_schedule(name, pp, micro_batches, virtual_stages), pp,
+Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+  return add_communication(make_compute_schedule(name, pp, micro_batches, virtual_stages, lookahead), pp,
                            pp * virtual_stages);
 }
 

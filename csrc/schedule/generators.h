@@ -26,19 +26,23 @@ const std::vector<std::string>& schedule_names();
 
 // Throws std::invalid_argument with one clear sentence if (name, pp, micro_batches, virtual_stages) is not a
 // schedule we can build: sizes < 1, an unknown name, v > 1 for a one-chunk schedule, interleaved with v < 2,
-// pp < 2 or micro_batches not a multiple of pp.
-void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages);
+// pp < 2 or micro_batches not a multiple of pp, a negative lookahead or one for a schedule other than 1f1b/zb1.
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages,
+                            int lookahead = 0);
 
 Schedule naive_compute(int pp, int micro_batches);
 Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages = 1);
-Schedule one_f_one_b_compute(int pp, int micro_batches);
+// lookahead: forwards each rank but the last runs beyond 1F1B's warm-up (generators.cpp says why).
+Schedule one_f_one_b_compute(int pp, int micro_batches, int lookahead = 0);
 Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages);
-Schedule zb1_compute(int pp, int micro_batches);
+Schedule zb1_compute(int pp, int micro_batches, int lookahead = 0);
 
 // Compute-only program of a named schedule, after check_schedule_request.
-Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
+Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1,
+                               int lookahead = 0);
 
 // The program each rank executes: make_compute_schedule lowered by add_communication.
-Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
+Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1,
+                       int lookahead = 0);
 
 }  // namespace hybrid
