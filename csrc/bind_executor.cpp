@@ -28,11 +28,26 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
 
 void bind_executor(py::module_& m) {
   py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
-                                                      "Averages flat gradient buckets over the DP group.")
+                                                      "Sums flat gradient buckets over the DP group.")
       .def(py::init<std::vector<at::Tensor>, GroupPtr>(), py::arg("buckets"), py::arg("dp_group"))
-      .def("launch", &DpGradSync::launch, py::arg("bucket"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "launch", [](DpGradSync& sync, int bucket) { sync.launch(bucket); }, py::arg("bucket"),
+          py::call_guard<py::gil_scoped_release>())
       .def("finish", &DpGradSync::finish, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("num_buckets", &DpGradSync::num_buckets);
+      .def_property_readonly("num_buckets", &DpGradSync::num_buckets)
+      .def(
+          "last_step_launches",
+          [](const DpGradSync& sync) {
+            // (bucket, cause) in launch order; cause: "notified" (as its last gradient became final, during
+            // the backward), "action_end" (after the stage's last gradient action) or "finish".
+            static const char* const causes[] = {"notified", "action_end", "finish"};
+            std::vector<std::pair<int, std::string>> out;
+            for (const BucketLaunch& l : sync.last_step_launches()) {
+              out.emplace_back(l.bucket, causes[static_cast<int>(l.cause)]);
+            }
+            return out;
+          },
+          "The bucket all-reduces of the last finished step, in launch order, with why each started.");
 
   py::class_<TraceEvent>(m, "TraceEvent")
       .def_readonly("action", &TraceEvent::action)
@@ -90,7 +105,8 @@ void bind_executor(py::module_& m) {
       .def("trace", &PipelineExecutor::trace)
       .def_property_readonly("overwrites_weight_grads",
                              [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })
-      .def_property_readonly("actions", &PipelineExecutor::actions);
+      .def_property_readonly("actions", &PipelineExecutor::actions)
+      .def_property_readonly("dp_sync", &PipelineExecutor::dp_sync, "The DP gradient sync (None without one).");
 }
 
 }  // namespace hybrid

@@ -138,6 +138,7 @@ class Engine:
         fuse_stages: bool = True,
         recompute: bool = False,
         lookahead: int = 0,
+        dp_bucket_mb: float = 256.0,  # DP all-reduce bucket cap (MiB of gradient): see _make_grad_buckets
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -170,7 +171,9 @@ class Engine:
 
         self.lookahead = lookahead
         self.actions = make_schedule(schedule, self.pp_size, micro_batches, virtual_stages, lookahead)[self.pp_rank]
-        self._buckets, self._stage_buckets = self._make_grad_buckets()
+        if not dp_bucket_mb > 0:
+            raise ValueError(f"dp_bucket_mb must be positive, got {dp_bucket_mb}")
+        self._buckets, self._stage_buckets = self._make_grad_buckets(int(dp_bucket_mb * 2**20))
         self.optimizer = self._make_optimizer(optimizer, lr)
         self.scaler = make_loss_scaler(precision.amp, loss_scale, scale_window, hysteresis)
         self.overflow_watch = OverflowWatch(rank=groups.rank)
@@ -187,30 +190,66 @@ class Engine:
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
 
     # ----------------------------------------------------------------------------------------------- setup
-    def _make_grad_buckets(self) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
-        """One flat fp32 gradient buffer per (stage, dtype of the optimized tensor); each optimized tensor's
-        .grad is a view into it, so backward accumulates straight into what the DP all-reduce sends. With
-        half weights the views are also registered as the half parameters' fp32 main grads."""
+    def _make_grad_buckets(self, cap_bytes: int) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
+        """Flat gradient buffers ("buckets"), each optimized tensor's .grad a view into one of them, so backward
+        accumulates straight into what the DP all-reduce sends. With half weights the views are also registered
+        as the half parameters' fp32 main grads. Returns the buckets (every gradient in exactly one) and, per
+        stage, its bucket ids.
+
+        A bucket holds one stage's gradients of one dtype, whole layers (a module's own parameters), at most
+        `cap_bytes` of them (a bigger layer gets a bucket of its own). Layers are packed in reverse order, the
+        order backward finishes them: the executor launches a bucket's all-reduce as soon as its gradients are
+        final, while the backward of the earlier layers goes on (csrc/executor/dp_grad_sync.h)."""
         owner = dict(zip(map(id, self.parameters), self.optimized))
+
+        def layers_last_first(stage: nn.Module) -> list[list[nn.Parameter]]:
+            # Each module's own trainable parameters (a layer's weight and bias: final at the same moment of
+            # the backward, so never split apart), modules last to first; a shared parameter once.
+            seen: set[int] = set()
+            layers = []
+            for module in reversed(list(stage.modules())):
+                own = [p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen]
+                seen.update(map(id, own))
+                if own:
+                    layers.append(own)
+            return layers
+
+        def split(layers: list[list[nn.Parameter]], cap_elements: int) -> list[list[nn.Parameter]]:
+            # Consecutive layers while they fit the cap; a layer bigger than the cap is a bucket alone.
+            runs: list[list[nn.Parameter]] = []
+            size = cap_elements + 1
+            for layer in layers:
+                numel = sum(p.numel() for p in layer)
+                if size + numel > cap_elements:
+                    runs.append([])
+                    size = 0
+                runs[-1] += layer
+                size += numel
+            return runs
+
+        def flat_grads(params: list[nn.Parameter], dtype: torch.dtype) -> torch.Tensor:
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
+            offset = 0
+            for p in params:
+                view = flat[offset : offset + p.numel()].view_as(p)
+                owner[id(p)].grad = view
+                if self.masters is not None:
+                    _C.set_main_grad(p, view)
+                offset += p.numel()
+            return flat
+
         buckets: list[torch.Tensor] = []
         stage_buckets: dict[int, list[int]] = {}
         for s in self.stage_ids:
-            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-            for p in self.stages[s].parameters():
-                if p.requires_grad:
-                    by_dtype.setdefault(owner[id(p)].dtype, []).append(p)
+            by_dtype: dict[torch.dtype, list[list[nn.Parameter]]] = {}
+            for layer in layers_last_first(self.stages[s]):
+                for dtype in dict.fromkeys(owner[id(p)].dtype for p in layer):
+                    by_dtype.setdefault(dtype, []).append([p for p in layer if owner[id(p)].dtype == dtype])
             stage_buckets[s] = []
-            for dtype, params in by_dtype.items():
-                flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
-                offset = 0
-                for p in params:
-                    view = flat[offset : offset + p.numel()].view_as(p)
-                    owner[id(p)].grad = view
-                    if self.masters is not None:
-                        _C.set_main_grad(p, view)
-                    offset += p.numel()
-                stage_buckets[s].append(len(buckets))
-                buckets.append(flat)
+            for dtype, layers in by_dtype.items():
+                for run in split(layers, cap_bytes // dtype.itemsize):
+                    stage_buckets[s].append(len(buckets))
+                    buckets.append(flat_grads(run, dtype))
         return buckets, stage_buckets
 
     def _make_optimizer(self, name: str, lr: float) -> torch.optim.Optimizer:
@@ -308,9 +347,10 @@ class Engine:
         if not self._executor.overwrites_weight_grads:
             self.zero_grad()
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        # The loss of each micro-batch is divided by the micro-batch count here, exactly once (and multiplied
-        # by the fp16 loss scale); the DP average happens in the gradient all-reduce.
-        losses = self._executor.run(micro_in, micro_tgt, scale / self.micro_batches)
+        # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once
+        # (and multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass
+        # over the gradients. The executor returns the losses before this multiplier.
+        losses = self._executor.run(micro_in, micro_tgt, scale / (self.micro_batches * self.dp_size))
         if self._inject_nonfinite and self._buckets:
             self._buckets[0].view(-1)[0] = float("inf")
         self._inject_nonfinite = False

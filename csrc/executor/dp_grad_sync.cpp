@@ -1,37 +1,132 @@
 #include "executor/dp_grad_sync.h"
 
+#include <c10/util/Exception.h>
+
+#include <iterator>
 #include <stdexcept>
 
 namespace hybrid {
 
-DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group)
-    : buckets_(std::move(buckets)), dp_group_(std::move(dp_group)), launched_(buckets_.size(), false) {}
+namespace {
 
-void DpGradSync::launch(int bucket) {
+uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
+
+}  // namespace
+
+DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group)
+    : buckets_(std::move(buckets)),
+      dp_group_(std::move(dp_group)),
+      launched_(buckets_.size(), false),
+      armed_(buckets_.size(), false),
+      announced_(buckets_.size()),
+      unannounced_bytes_(buckets_.size(), 0) {
+  for (int b = 0; b < num_buckets(); ++b) {
+    // Byte ranges locate an announced gradient in its bucket: the bucket must be one dense block.
+    TORCH_CHECK(buckets_[b].is_contiguous(), "DP gradient bucket ", b, " is not contiguous");
+    if (buckets_[b].nbytes() > 0) by_address_[address(buckets_[b])] = b;
+  }
+  clear_step_locked();
+}
+
+void DpGradSync::launch(int bucket, LaunchCause cause) {
   if (bucket < 0 || bucket >= num_buckets()) {
     throw std::out_of_range("DP gradient bucket " + std::to_string(bucket) + " does not exist");
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  launch_locked(bucket, cause);
+}
+
+void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   if (launched_[bucket]) return;
   launched_[bucket] = true;
+  launches_.push_back({bucket, cause});
+  // On CUDA, c10d's NCCL all-reduce makes its stream wait on the caller's current stream at launch; called
+  // from a backward right after the GEMM that wrote the last gradient (same thread, same stream), it is
+  // ordered after that write without any synchronisation here.
   auto work = all_reduce_sum_async(buckets_[bucket], dp_group_);
   if (work) pending_.push_back(std::move(work));
 }
 
-void DpGradSync::finish() {
-  for (int b = 0; b < num_buckets(); ++b) launch(b);
-  for (auto& work : pending_) work->wait();
-  pending_.clear();
-  if (!is_trivial(dp_group_)) {
-    const double inv = 1.0 / dp_group_->getSize();
-    for (auto& bucket : buckets_) bucket.mul_(inv);
+void DpGradSync::arm(const std::vector<int>& buckets) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int b : buckets) {
+    if (b < 0 || b >= num_buckets()) {
+      throw std::out_of_range("DP gradient bucket " + std::to_string(b) + " does not exist");
+    }
+    armed_[b] = true;
   }
-  std::fill(launched_.begin(), launched_.end(), false);
+}
+
+void DpGradSync::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fill(armed_.begin(), armed_.end(), false);
+}
+
+int DpGradSync::bucket_of(uintptr_t begin, uintptr_t end) const {
+  auto it = by_address_.upper_bound(begin);
+  if (it == by_address_.begin()) return -1;
+  const int b = std::prev(it)->second;
+  return end <= address(buckets_[b]) + buckets_[b].nbytes() ? b : -1;
+}
+
+bool DpGradSync::notify(const at::Tensor& grad) {
+  if (!grad.defined() || grad.nbytes() == 0 || !grad.is_contiguous()) return false;
+  const uintptr_t begin = address(grad);
+  const uintptr_t end = begin + grad.nbytes();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int b = bucket_of(begin, end);
+  if (b < 0 || !armed_[b] || launched_[b]) return false;
+  // Count only ranges disjoint from everything announced before: a gradient announced twice (or overlapping
+  // one that was) counts once, so reaching zero means every byte of the bucket was announced final.
+  auto& ranges = announced_[b];
+  auto next = ranges.lower_bound(begin);
+  if (next != ranges.end() && next->first < end) return false;
+  if (next != ranges.begin() && std::prev(next)->second > begin) return false;
+  ranges.emplace_hint(next, begin, end);
+  unannounced_bytes_[b] -= static_cast<int64_t>(end - begin);
+  if (unannounced_bytes_[b] > 0) return false;
+  // Launch order follows the backward's announcement order, the same program on every DP rank.
+  launch_locked(b, LaunchCause::Notified);
+  return true;
+}
+
+void DpGradSync::finish() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int b = 0; b < num_buckets(); ++b) launch_locked(b, LaunchCause::Finish);
+    pending.swap(pending_);
+  }
+  for (auto& work : pending) work->wait();
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_launches_ = std::move(launches_);
+  clear_step_locked();
 }
 
 void DpGradSync::reset() {
-  for (auto& work : pending_) work->wait();
-  pending_.clear();
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& work : pending) work->wait();
+  std::lock_guard<std::mutex> lock(mutex_);
+  clear_step_locked();
+}
+
+void DpGradSync::clear_step_locked() {
   std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(armed_.begin(), armed_.end(), false);
+  launches_.clear();
+  for (int b = 0; b < num_buckets(); ++b) {
+    announced_[b].clear();
+    unannounced_bytes_[b] = static_cast<int64_t>(buckets_[b].nbytes());
+  }
+}
+
+std::vector<BucketLaunch> DpGradSync::last_step_launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_launches_;
 }
 
 }  // namespace hybrid

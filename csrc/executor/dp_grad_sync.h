@@ -1,18 +1,38 @@
-// Data-parallel gradient averaging in flat buckets, launched asynchronously as soon as a bucket's
+// Data-parallel gradient summation in flat buckets, launched asynchronously as soon as a bucket's
 // gradients are final, waited for once at the end of the step.
 //
 // The engine lays each bucket's parameter gradients out as views into one flat tensor, so autograd (and
 // the deferred weight-gradient store) accumulate straight into the buffer that gets all-reduced: no copy in,
-// no copy out.
+// no copy out. The all-reduce sums; the engine has already folded 1/dp into the loss multiplier, so the sum
+// is the DP mean without another pass over the gradients.
+//
+// Early launch (overlap with the backward): the executor arms the buckets of a stage just before that stage's
+// last gradient action; during it, the C++ backward paths that write gradients themselves (fused chains, W
+// flushes) announce each gradient after its last write (notify). A bucket whose every element has been
+// announced is launched at once, while the backward of earlier layers goes on. Whatever was not announced
+// (ordinary autograd modules) is launched by the executor after the action, and finish() launches the rest:
+// correctness never depends on the announcements, only the overlap does.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "comm/collectives.h"
 
 namespace hybrid {
+
+// Why a bucket's all-reduce started: announced complete, by the executor after the stage's last gradient
+// action, or by finish().
+enum class LaunchCause { Notified = 0, ActionEnd = 1, Finish = 2 };
+
+struct BucketLaunch {
+  int bucket = 0;
+  LaunchCause cause = LaunchCause::ActionEnd;
+};
 
 class DpGradSync {
  public:
@@ -21,17 +41,43 @@ class DpGradSync {
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
-  void launch(int bucket);
-  // Launch whatever has not been launched, wait for all, and divide by the DP size (sum -> mean).
+  void launch(int bucket, LaunchCause cause = LaunchCause::ActionEnd);
+
+  // From arm until disarm, notify may launch these buckets (and no other).
+  void arm(const std::vector<int>& buckets);
+  void disarm();
+  // `grad` (contiguous, a view into an armed bucket) has had its last write of the step. Returns whether this
+  // completed its bucket and launched it. Anything else (another bucket's tensor, a tensor outside every
+  // bucket, a repeat or partial overlap of an earlier announcement) is ignored.
+  bool notify(const at::Tensor& grad);
+
+  // Launch whatever has not been launched (bucket order), wait for all. The buckets then hold the DP sum.
   void finish();
   // Forget launches of an aborted step.
   void reset();
 
+  // The launches of the last finished step, in launch order.
+  std::vector<BucketLaunch> last_step_launches() const;
+
  private:
+  void launch_locked(int bucket, LaunchCause cause);
+  int bucket_of(uintptr_t begin, uintptr_t end) const;  // -1: not inside one bucket
+  void clear_step_locked();
+
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
+  std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
+
+  // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.
+  mutable std::mutex mutex_;
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_;
   std::vector<bool> launched_;
+  std::vector<bool> armed_;
+  // Per bucket, this step: the byte ranges announced final (start -> end, disjoint) and the bytes still not.
+  std::vector<std::map<uintptr_t, uintptr_t>> announced_;
+  std::vector<int64_t> unannounced_bytes_;
+  std::vector<BucketLaunch> launches_;  // this step's, so far
+  std::vector<BucketLaunch> last_launches_;
 };
 
 }  // namespace hybrid

@@ -19,6 +19,26 @@ std::string where(int pp_rank, const Action& a) {
 
 bool is_backward_type(ActionType t) { return t == ActionType::B || t == ActionType::I || t == ActionType::W; }
 
+// Scope of a stage's last gradient action: every gradient write in it is the step's last for that parameter,
+// so the C++ paths that announce final gradients (weight_grad_store.h) feed the DP sync, which launches a
+// bucket's all-reduce as soon as all of it is announced. Disarmed on exit, also when the action throws.
+class ArmedGradSync {
+ public:
+  ArmedGradSync(std::shared_ptr<DpGradSync> sync, const std::vector<int>& buckets) : sync_(std::move(sync)) {
+    sync_->arm(buckets);
+    set_grad_final_listener([sync = sync_](const at::Tensor& grad) { sync->notify(grad); });
+  }
+  ~ArmedGradSync() {
+    set_grad_final_listener({});
+    sync_->disarm();
+  }
+  ArmedGradSync(const ArmedGradSync&) = delete;
+  ArmedGradSync& operator=(const ArmedGradSync&) = delete;
+
+ private:
+  std::shared_ptr<DpGradSync> sync_;
+};
+
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn,
@@ -63,6 +83,14 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
 
 PipelineExecutor::MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
 
+const std::vector<int>* PipelineExecutor::final_grad_buckets(int stage, size_t index) const {
+  if (!dp_sync_) return nullptr;
+  auto last = last_grad_action_.find(stage);
+  if (last == last_grad_action_.end() || last->second != index) return nullptr;
+  auto buckets = stage_buckets_.find(stage);
+  return buckets == stage_buckets_.end() ? nullptr : &buckets->second;
+}
+
 const Channel& PipelineExecutor::channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,
                                          const Action& a) const {
   auto it = channels.find({peer, static_cast<int>(kind)});
@@ -102,18 +130,20 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
       if (traced) await_input(a);
       const double start = traced ? now_us() : 0.0;
       auto start_event = traced && device_trace ? record_event() : nullptr;
-      execute(a, inputs, targets, loss_multiplier, losses);
+      const std::vector<int>* grads_final = final_grad_buckets(a.stage, i);
+      {
+        std::optional<ArmedGradSync> armed;
+        if (grads_final) armed.emplace(dp_sync_, *grads_final);
+        execute(a, inputs, targets, loss_multiplier, losses);
+      }
       if (traced && device_trace) {
         device_spans_.push_back({a, start_event, record_event()});
       } else if (traced) {
         trace_.push_back({a, start, now_us()});
       }
-      auto last = last_grad_action_.find(a.stage);
-      if (dp_sync_ && last != last_grad_action_.end() && last->second == i) {
-        auto buckets = stage_buckets_.find(a.stage);
-        if (buckets != stage_buckets_.end()) {
-          for (int b : buckets->second) dp_sync_->launch(b);
-        }
+      // Buckets not launched early (gradients that autograd, not our C++, wrote) start now, in bucket order.
+      if (grads_final) {
+        for (int b : *grads_final) dp_sync_->launch(b, LaunchCause::ActionEnd);
       }
       reap_sends(false);
     }

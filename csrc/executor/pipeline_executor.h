@@ -78,13 +78,14 @@ class PipelineExecutor {
   // One step. `inputs` has num_micro tensors on a rank holding stage 0 (else empty); `targets` likewise on
   // the rank holding the last stage. Returns the per-micro-batch losses (unmultiplied, detached) on the
   // rank holding the last stage, else an empty list. Gradients are accumulated into the parameters'
-  // .grad and averaged over DP before this returns.
+  // .grad and summed over DP before this returns (the caller folds 1/dp into loss_multiplier for the mean).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
                               double loss_multiplier);
 
   const std::vector<Action>& actions() const { return actions_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const ExecutorConfig& config() const { return config_; }
+  const std::shared_ptr<DpGradSync>& dp_sync() const { return dp_sync_; }
 
  private:
   struct MicroState {
@@ -115,6 +116,9 @@ class PipelineExecutor {
   void await_input(const Action& a);  // make the compute stream (CPU: the host) wait for a's received input
   void reap_sends(bool wait_all);
   MicroState& state(int stage, int micro);
+  // The DP buckets of `stage` when actions_[index] is its last gradient action (they become final during it),
+  // else null.
+  const std::vector<int>* final_grad_buckets(int stage, size_t index) const;
   const Channel& channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,
                          const Action& a) const;
   bool is_first_stage(int stage) const { return stage == 0; }

@@ -3,6 +3,8 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <unordered_map>
+
 #include "tp/main_grad.h"
 #include "tp/weight_grad_store.h"
 
@@ -21,6 +23,24 @@ at::Tensor layer_forward(const at::Tensor& h, const at::Tensor& w, const at::Ten
   }
   at::Tensor out = h.mm(w.t());
   return relu ? out.relu_() : out;
+}
+
+// Whether each gradient the layer owes already has a tensor to add into (the engine's DP bucket views do).
+// Then the backward adds into it in place, as AccumulateGrad would, so the gradient is final when this layer
+// is done rather than when the whole chain node returns (like the W flush, this skips gradient hooks).
+bool grads_exist(const at::Tensor& w, const at::Tensor& b) {
+  return (!w.defined() || grad_target(w).defined()) && (!b.defined() || grad_target(b).defined());
+}
+
+// The lowest layer each parameter appears in: walking back, its gradient is final only after that layer (a
+// parameter shared by two layers of the chain is written twice).
+// params: weight_0, bias_0, weight_1, ...
+std::unordered_map<const void*, size_t> first_layer_of(at::ArrayRef<at::Tensor> params) {
+  std::unordered_map<const void*, size_t> first;
+  for (size_t i = params.size(); i-- > 0;) {
+    if (params[i].defined()) first[params[i].unsafeGetTensorImpl()] = i / 2;
+  }
+  return first;
 }
 
 struct LinearChainFunction : public torch::autograd::Function<LinearChainFunction> {
@@ -77,7 +97,12 @@ struct LinearChainFunction : public torch::autograd::Function<LinearChainFunctio
     at::Tensor g = grads[0];
     if (!g.defined()) return out;
     WeightGradStore& store = WeightGradStore::instance();
-    const bool defer = deferrable && store.defer() && !at::GradMode::is_enabled();
+    const bool first_order = !at::GradMode::is_enabled();
+    const bool defer = deferrable && store.defer() && first_order;
+    const auto first_layer = first_layer_of(at::ArrayRef<at::Tensor>(saved).slice(n + 1));
+    auto announce = [&](const at::Tensor& p, size_t k) {
+      if (p.defined() && first_layer.at(p.unsafeGetTensorImpl()) == k) grad_final(p);
+    };
     for (size_t k = n; k-- > 0;) {
       if (relu.get(k)) g = at::threshold_backward(g, activation(k + 1), 0);
       const at::Tensor& w = weight(k);
@@ -89,8 +114,11 @@ struct LinearChainFunction : public torch::autograd::Function<LinearChainFunctio
         at::Tensor bt = want_b ? b : at::Tensor();
         if (defer) {
           store.stash({activation(k).detach(), g.detach(), wt, bt});
-        } else if (deferrable && find_main_grad(w) != nullptr) {
+        } else if (deferrable && (find_main_grad(w) != nullptr || (first_order && grads_exist(wt, bt)))) {
           accumulate_linear_grads(g, activation(k), wt, bt);
+          // Written where it lives: if this is the step's last write, the DP all-reduce may start now.
+          announce(wt, k);
+          announce(bt, k);
         } else {
           if (want_w) out[1 + 2 * k] = linear_weight_grad(g, activation(k));
           if (want_b) out[2 + 2 * k] = linear_bias_grad(g, b);

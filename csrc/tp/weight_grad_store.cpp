@@ -6,6 +6,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <unordered_map>
 
 namespace hybrid {
@@ -62,6 +63,18 @@ std::vector<WgradEntry> WeightGradStore::take(const std::vector<WgradKey>& keys)
 
 namespace {
 
+// Position of each parameter's last write in a sequence of writes: its gradient is announced final only
+// after that one (a parameter shared by two layers gets two writes).
+struct LastWrites {
+  std::unordered_map<const void*, size_t> last;
+  void see(const at::Tensor& p, size_t position) {
+    if (p.defined()) last[p.unsafeGetTensorImpl()] = position;
+  }
+  void announce_if_last(const at::Tensor& p, size_t position) const {
+    if (p.defined() && last.at(p.unsafeGetTensorImpl()) == position) grad_final(p);
+  }
+};
+
 // Records each parameter once, in first-seen order.
 struct TouchedParams {
   std::vector<at::Tensor> params;
@@ -75,10 +88,18 @@ struct TouchedParams {
 
 std::vector<at::Tensor> WeightGradStore::flush(WgradKey key) {
   std::vector<WgradEntry> entries = take({key});
+  LastWrites last;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    last.see(entries[i].weight, i);
+    last.see(entries[i].bias, i);
+  }
   TouchedParams touched;
   at::NoGradGuard no_grad;
-  for (const WgradEntry& e : entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const WgradEntry& e = entries[i];
     accumulate_linear_grads(e.grad_output, e.input, e.weight, e.bias);
+    last.announce_if_last(e.weight, i);
+    last.announce_if_last(e.bias, i);
     touched.add(e.weight);
     touched.add(e.bias);
   }
@@ -105,14 +126,22 @@ std::vector<at::Tensor> WeightGradStore::flush_merged(const std::vector<WgradKey
   }
   entries.clear();
 
+  LastWrites last;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    last.see(groups[i].weight, i);
+    last.see(groups[i].bias, i);
+  }
   TouchedParams touched;
   at::NoGradGuard no_grad;
-  for (Group& g : groups) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    Group& g = groups[i];
     at::Tensor input = g.inputs.size() == 1 ? g.inputs[0] : at::cat(g.inputs, 0);
     at::Tensor grad_output = g.grad_outputs.size() == 1 ? g.grad_outputs[0] : at::cat(g.grad_outputs, 0);
     g.inputs.clear();
     g.grad_outputs.clear();
     accumulate_linear_grads(grad_output, input, g.weight, g.bias, overwrite);
+    last.announce_if_last(g.weight, i);
+    last.announce_if_last(g.bias, i);
     touched.add(g.weight);
     touched.add(g.bias);
   }
@@ -168,6 +197,37 @@ DeferWeightGrads::~DeferWeightGrads() {
   } else {
     store.end();
   }
+}
+
+namespace {
+
+struct Listener {
+  std::mutex mutex;
+  GradFinalListener fn;
+  std::atomic<bool> installed{false};  // lets grad_final skip the lock when nobody listens (most actions)
+};
+
+Listener& listener() {
+  static Listener l;
+  return l;
+}
+
+}  // namespace
+
+void set_grad_final_listener(GradFinalListener fn) {
+  Listener& l = listener();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  l.installed.store(static_cast<bool>(fn));
+  l.fn = std::move(fn);
+}
+
+void grad_final(const at::Tensor& param) {
+  Listener& l = listener();
+  if (!param.defined() || !l.installed.load()) return;
+  std::lock_guard<std::mutex> lock(l.mutex);
+  if (!l.fn) return;
+  const at::Tensor& grad = grad_target(param);
+  if (grad.defined()) l.fn(grad);
 }
 
 at::Tensor& grad_target(const at::Tensor& param) {

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -99,6 +100,16 @@ class DeferWeightGrads {
 // The tensor a parameter's gradient accumulates into: param.grad today. The one place to redirect to a separate
 // fp32 accumulation buffer for half-precision weights.
 at::Tensor& grad_target(const at::Tensor& param);
+
+// Announcing final gradients. A C++ backward path that writes a parameter's gradient itself (a fused chain, a W
+// flush) calls grad_final(param) right after the parameter's last write within that call; the listener (the
+// executor's DP gradient sync, installed only while a stage's last gradient action runs, so that such a write is
+// the step's last) receives grad_target(param) and may start reducing it while the backward goes on.
+// Process-wide behind a mutex, like the store: on CUDA the backward runs on autograd's device thread.
+using GradFinalListener = std::function<void(const at::Tensor& grad)>;
+// An empty listener removes it. The listener runs under the registry's lock: it must not set a listener.
+void set_grad_final_listener(GradFinalListener listener);
+void grad_final(const at::Tensor& param);
 
 // dW = grad_output^T input for [rows, out] and [rows, in]; the same GEMM autograd's addmm/mm backward runs.
 at::Tensor linear_weight_grad(const at::Tensor& grad_output_2d, const at::Tensor& input_2d);
