@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
+    needs_data = engine.holds_first_stage or engine.holds_last_stage  # a middle stage draws nothing
+    data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
     first_step = checkpoint.load(engine, start_from) if start_from else 0
     if start_from and env.rank == 0:
         print(f"resumed from {start_from.path} at step {first_step}", flush=True)
@@ -250,14 +252,16 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     for step in range(first_step, args.steps):
         if faults.hook_fires("KILL_AT_STEP", step, env.rank):
             faults.kill_self()
-        x = y = None
-        if engine.holds_first_stage or engine.holds_last_stage:  # only this DP rank's rows, only where needed
-            x, y = data.batch(step, args.batch_size, dp_rank * per_dp, (dp_rank + 1) * per_dp)
-            if engine.precision.half_weights:  # half weights take half data: half the memory a batch row costs
-                x, y = x.to(engine.precision.half_dtype), y.to(engine.precision.half_dtype)
+        # Only this DP rank's rows, and only what this rank consumes: inputs on the first stage, targets on the
+        # last (drawn block by block: no full-size inputs kept for them), straight in the dtype the engine
+        # takes (half weights take half data), so no full-size fp32 copy ever exists. Data, not the engine,
+        # would otherwise set the largest batch (experiments/max_batch.py).
+        x, y = data.draw(step, dp_rank * per_dp, (dp_rank + 1) * per_dp, inputs=engine.holds_first_stage,
+                         targets=engine.holds_last_stage, dtype=data_dtype) if needs_data else (None, None)
         if faults.hook_fires("NAN_AT_STEP", step) and x is not None:
-            x = x.clone().fill_(float("nan"))
-        result = engine.train_step(x if engine.holds_first_stage else None, y if engine.holds_last_stage else None)
+            x.fill_(float("nan"))  # this step's own tensor: no copy
+        result = engine.train_step(x, y)
+        x = y = None  # the step's data dies here, before anything else (a checkpoint, the next step's draw)
         if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together
             raise TrainingStopped(f"loss is {'NaN' if math.isnan(result.loss) else result.loss} at step {step}: "
                                   "training stopped (lower --lr; with --save, --resume continues from the last "
