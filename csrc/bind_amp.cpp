@@ -115,8 +115,17 @@ void bind_amp(py::module_& m) {
       "once, stages summed over pp_group); clips in place to max_norm when finite and above it (max_norm <= 0: "
       "measure only). Returns the pre-clip norm.");
 
-  m.def("sgd_step_and_cast", &sgd_step_and_cast, py::arg("masters"), py::arg("grads"), py::arg("halves"),
-        py::arg("lr"), py::call_guard<py::gil_scoped_release>(),
+  m.def(
+      "sgd_step_and_cast",
+      [](const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& halves, double lr) {
+        // Bad arguments are reported while the GIL is held: on the GPU machine (torch 2.11, Python 3.12) an
+        // exception thrown inside the GIL-released region crashed the interpreter instead of raising.
+        check_sgd_step_and_cast(masters, grads, halves);
+        py::gil_scoped_release no_gil;
+        sgd_step_and_cast(masters, grads, halves, lr);
+      },
+      py::arg("masters"), py::arg("grads"), py::arg("halves"), py::arg("lr"),
         "Plain SGD on fp32 masters and the cast to the half model weights in one pass: masters[i] -= lr * "
         "grads[i]; halves[i] = masters[i]. One fused kernel per tensor on CUDA; ATen ops elsewhere.");
 }

@@ -69,11 +69,11 @@ def test_master_weights_step_skips_parameters_without_gradient():
 
 
 def test_shape_and_dtype_errors_are_clear():
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(ValueError, match="float32"):
         _C.sgd_step_and_cast([torch.zeros(3, dtype=torch.float64)], [torch.zeros(3)], [torch.zeros(3)], 0.1)
-    with pytest.raises(RuntimeError, match="mismatched shapes"):
+    with pytest.raises(ValueError, match="mismatched shapes"):
         _C.sgd_step_and_cast([torch.zeros(3)], [torch.zeros(4)], [torch.zeros(3)], 0.1)
-    with pytest.raises(RuntimeError, match="1 masters, 0 grads"):
+    with pytest.raises(ValueError, match="1 masters, 0 grads"):
         _C.sgd_step_and_cast([torch.zeros(3)], [], [torch.zeros(3)], 0.1)
 
 

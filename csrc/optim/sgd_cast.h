@@ -19,4 +19,9 @@ namespace hybrid {
 void sgd_step_and_cast(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
                        const std::vector<at::Tensor>& halves, double lr);
 
+// The checks sgd_step_and_cast starts with; std::invalid_argument naming the tensor. The binding runs them
+// with the GIL held, before it releases the GIL for the update.
+void check_sgd_step_and_cast(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
+                             const std::vector<at::Tensor>& halves);
+
 }  // namespace hybrid
