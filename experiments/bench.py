@@ -53,6 +53,8 @@ class Config:
 CONFIGS = {
     "C": Config(8192, 8, 64, 4, steps=6, warmup=2),
     "L": Config(8192, 16, 1024, 8, steps=6, warmup=2),
+    # L with twice the global batch: each of 2 DP replicas then runs exactly L's micro-batches (weak scaling)
+    "Lw": Config(8192, 16, 2048, 8, steps=6, warmup=2),
     "X": Config(8192, 16, 16384, 8, steps=4, warmup=1),
 }
 TINY = Config(32, 4, 16, 4, steps=3, warmup=1)  # --tiny: every config at toy size (CPU tests)
@@ -66,7 +68,8 @@ ENGINE_SCHEDULE = {
     "gpipe": ("--schedule", "gpipe"),
     "1f1b": ("--schedule", "1f1b"),
     "interleaved": ("--schedule", "interleaved", "--virtual-stages", "2"),
-    "zb1": ("--schedule", "zb1", "--merge-wgrad"),
+    # the engine's fastest pipeline: zb1 with W merged into one GEMM per layer and one lookahead forward
+    "zb1": ("--schedule", "zb1", "--merge-wgrad", "--lookahead", "1"),
     "single": (), "dp": (), "tp": (),  # pp = 1: no schedule
 }
 ENGINE_VARIANT = {
@@ -123,6 +126,7 @@ DEFAULT_GROUPS = [
     ("C", "fp16", PP_TRIO),
     ("X", "fp16", [P("1f1b"), E("1f1b"), E("zb1"), P("single"), E("single")]),
     ("L", "fp16", [P("single"), E("single"), E("dp", dp=2)]),
+    ("Lw", "fp16", [E("dp", dp=2)]),
     ("L", "fp16", [P("tp"), E("tp")]),
     ("L", "fp16", [P("gpipe"), P("interleaved"), E("gpipe"), E("interleaved"), E("1f1b", variant="autocast"),
                    E("1f1b", variant="recompute")]),

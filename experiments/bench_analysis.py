@@ -26,6 +26,8 @@ DEFINITIONS = {
                      "step, 1 - mean busy time inside compute actions / the step's span (hybrid_engine/trace.py); "
                      "the timelines (json, png) are kept in <results>-traces/",
     "scaling_efficiency": "samples_s(dp=2) / (2 * samples_s(1 GPU)), same system, config and precision",
+    "weak_scaling_efficiency": "samples_s(dp=2, config Lw: L's batch doubled, so each replica runs L's "
+                               "micro-batches) / (2 * samples_s(1 GPU, config L)), same system and precision",
     "engine_best": "for 'engine vs X' ratios: the fastest engine schedule at that config, precision and grid "
                    "(default --amp-impl); ratio_details names it",
 }
@@ -126,9 +128,10 @@ def _bubble_ratio(config: str, prec: str, measured: str = "bubble_measured"):
     return compute
 
 
-def _scaling(config: str, prec: str):
+def _scaling(config: str, prec: str, dp2_config: Optional[str] = None):
+    """dp=2 over 1 GPU; dp2_config names the dp=2 run's config when it differs (weak scaling)."""
     def compute(runs, meta):
-        two = find(runs, system="engine", config=config, prec=prec, dp=2, pp=1, mp=1)
+        two = find(runs, system="engine", config=dp2_config or config, prec=prec, dp=2, pp=1, mp=1)
         one = find(runs, system="engine", mode="single", config=config, prec=prec)
         detail = {"dp2": _label(two), "one_gpu": _label(one)}
         if not two or not one:
@@ -167,6 +170,7 @@ TARGETS: list[Target] = [
     Target("L_mp2_fp16_vs_peer_tp", ">=", 3.0, _speedup("L", "fp16", PEER_TP, {"pp": 1, "mp": 2})),
     Target("L_mp2_bf16_vs_peer_tp", ">=", 3.0, _speedup("L", "bf16", PEER_TP, {"pp": 1, "mp": 2})),
     Target("L_dp2_fp16_scaling_efficiency", ">=", 0.9, _scaling("L", "fp16")),
+    Target("L_dp2_fp16_weak_scaling_efficiency", ">=", 0.9, _scaling("L", "fp16", dp2_config="Lw")),
 ]
 
 

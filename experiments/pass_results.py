@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Turn the logs of experiments/tune_pass.sh into a bench-format results file (same records, same ratios).
+
+    python experiments/pass_results.py LOG_DIR OUT.json [--meta-from RESULTS.json]
+
+tune_pass.sh runs base, peer and engine of configs L and C side by side in one job, like bench.py, but names
+its runs itself; RUNS says which run each log is. Engine records come from the driver's --metrics file, base
+and peer records from the JSON line their programs print. The card's probe (GEMM peak, copy rates) is not
+re-measured by the pass: --meta-from copies it from an earlier results file of the same card type.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench import CONFIGS, Config, Spec, program_record  # noqa: E402
+from bench_analysis import annotate, compute_ratios  # noqa: E402
+from common import record  # noqa: E402
+
+# The pass's shapes: the bench configs with its own step counts (tune_pass.sh: L 8 steps / 3 warm-up, C 10 / 3).
+PASS_CONFIGS = {"L": Config(8192, 16, 1024, 8, steps=8, warmup=3), "C": Config(8192, 8, 64, 4, steps=10, warmup=3),
+                "Lw": Config(8192, 16, 2048, 8, steps=8, warmup=3)}
+assert all(PASS_CONFIGS[c].batch == CONFIGS[c].batch and PASS_CONFIGS[c].micro == CONFIGS[c].micro
+           for c in PASS_CONFIGS)
+
+# log name -> (spec fields, the command the pass ran, without torchrun's own flags)
+PIPE = "--pp 2"
+RUNS: dict[str, tuple[dict, str]] = {
+    "L_fp16_zb1m_ahead0": (dict(system="engine", mode="zb1", variant="ahead0", config="L", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $L --amp fp16 --schedule zb1 --merge-wgrad --lookahead 0"),
+    "L_fp16_zb1m_ahead1": (dict(system="engine", mode="zb1", config="L", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $L --amp fp16 --schedule zb1 --merge-wgrad --lookahead 1"),
+    "L_fp16_zb1m_ahead2": (dict(system="engine", mode="zb1", variant="ahead2", config="L", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $L --amp fp16 --schedule zb1 --merge-wgrad --lookahead 2"),
+    "L_fp16_1f1b_ahead1": (dict(system="engine", mode="1f1b", variant="ahead1", config="L", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $L --amp fp16 --schedule 1f1b --lookahead 1"),
+    "L_fp16_peer": (dict(system="peer", mode="1f1b", config="L", prec="fp16", pp=2),
+                    "experiments/peer_torch_pipelining.py --mode 1f1b $L --amp fp16"),
+    "L_fp16_base": (dict(system="base", mode="practical10", config="L", prec="fp16", pp=2),
+                    "experiments/baseline_practical10.py $L --amp fp16"),
+    "C_fp16_zb1m_ahead0": (dict(system="engine", mode="zb1", variant="ahead0", config="C", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $C --amp fp16 --schedule zb1 --merge-wgrad --lookahead 0"),
+    "C_fp16_zb1m_ahead1": (dict(system="engine", mode="zb1", config="C", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $C --amp fp16 --schedule zb1 --merge-wgrad --lookahead 1"),
+    "C_fp16_zb1m_ahead2": (dict(system="engine", mode="zb1", variant="ahead2", config="C", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $C --amp fp16 --schedule zb1 --merge-wgrad --lookahead 2"),
+    "C_fp16_zb1m_ahead3": (dict(system="engine", mode="zb1", variant="ahead3", config="C", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $C --amp fp16 --schedule zb1 --merge-wgrad --lookahead 3"),
+    "C_fp16_peer": (dict(system="peer", mode="1f1b", config="C", prec="fp16", pp=2),
+                    "experiments/peer_torch_pipelining.py --mode 1f1b $C --amp fp16"),
+    "C_fp16_base": (dict(system="base", mode="practical10", config="C", prec="fp16", pp=2),
+                    "experiments/baseline_practical10.py $C --amp fp16"),
+    "L_fp16_single": (dict(system="engine", mode="single", config="L", prec="fp16"),
+                      "hybrid_engine.py $L --amp fp16"),
+    # dp=2 at L's global batch with L's 8 micro-batches per replica: 64-row micro-batches (bench.py instead
+    # halves the micro-batch count to keep 128 rows: a different run, so a different variant name)
+    "L_fp16_dp2": (dict(system="engine", mode="dp", variant="m8", config="L", prec="fp16", dp=2),
+                   "hybrid_engine.py --dp 2 $L --amp fp16"),
+    "Lw_fp16_dp2": (dict(system="engine", mode="dp", config="Lw", prec="fp16", dp=2),
+                    "hybrid_engine.py --dp 2 $Lw --amp fp16"),
+}
+
+
+def run_record(log_dir: Path, name: str, fields: dict, cmd: str) -> dict:
+    spec = Spec(**fields)
+    cfg = PASS_CONFIGS[spec.config]
+    out = {**fields, "variant": spec.variant, "dp": spec.dp, "pp": spec.pp, "mp": spec.mp, "gpus": spec.gpus,
+           "cmd": f"torchrun --nproc_per_node={spec.nproc} {cmd}"}
+    try:
+        if spec.system == "engine":
+            lines = [json.loads(ln) for ln in (log_dir / f"{name}.jsonl").read_text().splitlines() if ln.strip()]
+            steps = [r for r in lines if "step" in r]
+            timed = [s["step_time_s"] for s in steps if s["step"] >= cfg.warmup]
+            rec = record(system="engine", mode=spec.mode, prec=spec.prec, gpus=spec.gpus, dp=spec.dp, pp=spec.pp,
+                         mp=spec.mp, dim=cfg.dim, depth=cfg.depth, batch=cfg.batch, micro=cfg.micro, times=timed,
+                         losses=[s["loss"] for s in steps], peaks=steps[-1]["peak_mem_gib"])
+        else:
+            rec = program_record((log_dir / f"{name}.log").read_text())
+        out.update({k: v for k, v in rec.items() if k not in fields})
+    except (OSError, ValueError, KeyError) as exc:
+        out["error"] = f"{name}: {exc}"
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("log_dir", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--meta-from", type=Path, help="results file whose card probe (meta) to copy")
+    a = p.parse_args(argv)
+    meta = json.loads(a.meta_from.read_text())["meta"] if a.meta_from else {}
+    meta = {**meta, "argv": ["bash experiments/tune_pass.sh"], "probe_from": a.meta_from.name if a.meta_from else None,
+            "configs": {c: vars(cfg) if not hasattr(cfg, "__dataclass_fields__") else
+                        {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} for c, cfg in PASS_CONFIGS.items()}}
+    runs = [run_record(a.log_dir, name, fields, cmd) for name, (fields, cmd) in RUNS.items()]
+    annotate(runs, meta.get("gemm_peak_tflops", {}))
+    ratios, details = compute_ratios(runs, meta)
+    a.out.write_text(json.dumps({"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}, indent=1))
+    for name, value in ratios.items():
+        if value is not None:
+            print(f"{name:50s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
