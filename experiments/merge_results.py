@@ -5,9 +5,11 @@
 
 A later file's successful run replaces the earlier run with the same (system, mode, variant, config, prec,
 dp, pp, mp); skipped or failed runs never replace a measured one. Each run keeps the name of the file it came
-from ("source"), and the target ratios are recomputed from the merged runs; meta (GEMM peak, copy rates) is the
-first file's. bench.py re-times whole groups
-(base, peer and engine of one config and precision, back to back), so every ratio still compares runs of one job.
+from ("source"); meta (GEMM peak, copy rates) is the first file's.
+
+Every target ratio compares runs of one job: it is computed within each file, and the merged file takes it from
+the newest file that measured it (ratio_details names that file). Mixing runs of different jobs (a later pass
+that re-timed the 1-GPU run but not the dp=2 run, say) would compare machines, not systems.
 """
 from __future__ import annotations
 
@@ -39,8 +41,21 @@ def merge(paths: list[Path]) -> dict:
                 merged[key] = run
     runs = [merged[k] for k in order]
     meta["merged_from"] = [p.name for p in paths]
-    ratios, details = compute_ratios(runs, meta)
+    ratios, details = newest_same_job_ratios(paths, meta)
     return {"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}
+
+
+def newest_same_job_ratios(paths: list[Path], meta: dict) -> tuple[dict, dict]:
+    """Each target's ratio from the newest file whose own runs give it (None where no file does)."""
+    ratios: dict = {}
+    details: dict = {}
+    for path in paths:
+        file_ratios, file_details = compute_ratios(json.loads(path.read_text())["runs"], meta)
+        for name, value in file_ratios.items():
+            if value is not None or name not in ratios:
+                ratios[name] = value
+                details[name] = {**file_details[name], "source": path.name} if value is not None else file_details[name]
+    return ratios, details
 
 
 if __name__ == "__main__":

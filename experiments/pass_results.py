@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Turn the logs of experiments/tune_pass.sh into a bench-format results file (same records, same ratios).
+"""Turn the logs of a short device pass into a bench-format results file (same records, same ratios).
 
-    python experiments/pass_results.py LOG_DIR OUT.json [--meta-from RESULTS.json]
+    python experiments/pass_results.py {tune,final} LOG_DIR OUT.json [--meta-from RESULTS.json]
 
-tune_pass.sh runs base, peer and engine of configs L and C side by side in one job, like bench.py, but names
-its runs itself; RUNS says which run each log is. Engine records come from the driver's --metrics file, base
+tune: experiments/tune_pass.sh runs base, peer and engine of configs L and C side by side in one job, like
+bench.py, but names its runs itself; final: experiments/final_pass.sh's config-L bf16 runs (its max-batch
+search writes its own file). PASSES says which run each log is. Engine records come from the driver's --metrics file, base
 and peer records from the JSON line their programs print. The card's probe (GEMM peak, copy rates) is not
 re-measured by the pass: --meta-from copies it from an earlier results file of the same card type.
 """
@@ -63,6 +64,24 @@ RUNS: dict[str, tuple[dict, str]] = {
     "Lw_fp16_dp2": (dict(system="engine", mode="dp", config="Lw", prec="fp16", dp=2),
                     "hybrid_engine.py --dp 2 $Lw --amp fp16"),
 }
+# final_pass.sh: L in bf16, the two half-precision implementations under one schedule, and the fastest setting
+FINAL_RUNS: dict[str, tuple[dict, str]] = {
+    "L_bf16_autocast_1f1b": (dict(system="engine", mode="1f1b", variant="autocast", config="L", prec="bf16", pp=2),
+                             "hybrid_engine.py $L --amp-impl autocast --schedule 1f1b"),
+    "L_bf16_halfweights_1f1b": (dict(system="engine", mode="1f1b", config="L", prec="bf16", pp=2),
+                                "hybrid_engine.py $L --schedule 1f1b"),
+    "L_bf16_halfweights_zb1m_ahead1": (dict(system="engine", mode="zb1", config="L", prec="bf16", pp=2),
+                                       "hybrid_engine.py $L --schedule zb1 --merge-wgrad --lookahead 1"),
+}
+PASSES = {"tune": RUNS, "final": FINAL_RUNS}
+# what $L, $C, $Lw stand for in each pass's commands (copied from the scripts)
+CMD_VARS = {
+    "tune": {"L": "--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
+             "C": "--dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --steps 10 --warmup 3 --seed 0",
+             "Lw": "--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0"},
+    "final": {"L": "--pp 2 --dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0 "
+                   "--amp bf16"},
+}
 
 
 def run_record(log_dir: Path, name: str, fields: dict, cmd: str) -> dict:
@@ -88,15 +107,16 @@ def run_record(log_dir: Path, name: str, fields: dict, cmd: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("which", choices=sorted(PASSES))
     p.add_argument("log_dir", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--meta-from", type=Path, help="results file whose card probe (meta) to copy")
     a = p.parse_args(argv)
     meta = json.loads(a.meta_from.read_text())["meta"] if a.meta_from else {}
-    meta = {**meta, "argv": ["bash experiments/tune_pass.sh"], "probe_from": a.meta_from.name if a.meta_from else None,
+    meta = {**meta, "argv": [f"bash experiments/{a.which}_pass.sh"], "cmd_vars": CMD_VARS[a.which], "probe_from": a.meta_from.name if a.meta_from else None,
             "configs": {c: vars(cfg) if not hasattr(cfg, "__dataclass_fields__") else
                         {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} for c, cfg in PASS_CONFIGS.items()}}
-    runs = [run_record(a.log_dir, name, fields, cmd) for name, (fields, cmd) in RUNS.items()]
+    runs = [run_record(a.log_dir, name, fields, cmd) for name, (fields, cmd) in PASSES[a.which].items()]
     annotate(runs, meta.get("gemm_peak_tflops", {}))
     ratios, details = compute_ratios(runs, meta)
     a.out.write_text(json.dumps({"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}, indent=1))

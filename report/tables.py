@@ -96,7 +96,17 @@ def _speedup(run: dict, ref: Optional[dict]) -> str:
         return "1.00x"
     if not ok(ref):
         return f"ref {status(ref)}"
+    if not same_source(run, ref):
+        return OTHER_JOB
     return times(run["samples_s"] / ref["samples_s"])
+
+
+# A merged results file names each run's source file; runs of different jobs are never divided by each other.
+OTHER_JOB = "other job"
+
+
+def same_source(a: dict, b: dict) -> bool:
+    return a.get("source") == b.get("source")
 
 
 def pipeline_table(bench: Bench, root: Path) -> Table:
@@ -184,7 +194,9 @@ def scaling_table(bench: Bench, root: Path) -> Table:
                grid_text(run), str(bench.index(one))]
         row.append(rate(one["samples_s"]) if ok(one) else status(one))
         row.append(rate(run["samples_s"]) if ok(run) else status(run))
-        if ok(run) and ok(one):
+        if ok(run) and ok(one) and not same_source(run, one):
+            row += [OTHER_JOB] * 2
+        elif ok(run) and ok(one):
             s = run["samples_s"] / one["samples_s"]
             row += [times(s), pct(s / 2)]
         else:
@@ -213,7 +225,8 @@ def tp_table(bench: Bench, root: Path) -> Table:
             cells += [str(bench.index(run)) if run else DASH,
                       rate(run["samples_s"]) if run and ok(run) else (status(run) if run else DASH)]
         both = peer is not None and eng is not None and ok(peer) and ok(eng)
-        cells.append(times(eng["samples_s"] / peer["samples_s"]) if both else NOT_RUN)
+        cells.append((times(eng["samples_s"] / peer["samples_s"]) if same_source(eng, peer) else OTHER_JOB)
+                     if both else NOT_RUN)
         cells += [gib(max(r["peak_gib"])) if r and ok(r) else DASH for r in (peer, eng)]
         t.rows.append(cells)
         t.shade.append(not both)

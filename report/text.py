@@ -22,6 +22,17 @@ def cite(bench: Bench, r: dict) -> str:
     return f"#{bench.index(r)}"
 
 
+def same_job(*runs: dict) -> bool:
+    """Whether runs were measured in one job (a merged results file names each run's source file): only
+    those are compared, since a ratio across jobs compares machines as much as systems."""
+    return len({r.get("source") for r in runs}) <= 1
+
+
+def times(a: dict, b: dict) -> str:
+    """'1.23x' for a over b when measured in one job, else a note that they are not compared."""
+    return f"{a['samples_s'] / b['samples_s']:.2f}x" if same_job(a, b) else "different jobs, not compared"
+
+
 def trace_of(bench: Bench, config: str, prec: str) -> Optional[Trace]:
     return next((t for t in bench.traces if trace_parts(t).get("config") == config
                  and trace_parts(t).get("prec") == prec), None)
@@ -61,8 +72,17 @@ def overlap(bench: Optional[Bench], bubbles2: dict[str, float], bubbles4: dict[s
               "I, which is on the critical path and is sent upstream at once, and W, which has no consumer and "
               "is deferred into the idle slots; with --merge-wgrad all deferred W of a stage run as one "
               "weight-gradient GEMM per layer over every micro-batch's rows."),
-        ("b", "Data-parallel gradients live in one flat fp32 buffer per stage; its all-reduce is launched "
-              "asynchronously as soon as the stage's gradients are final and waited for once at the end of the step."),
+        ("b", "--lookahead K lets every rank but the last run K forwards beyond 1F1B's warm-up. A gradient's round "
+              "trip (send, the later stages' forward and backward, send back, the host's launches) otherwise "
+              "leaves rank 0 waiting once per micro-batch; each extra forward covers a forward and a backward of "
+              "that trip for one more micro-batch of activations (the simulator shows no change without latency "
+              "and a shorter step with it)."),
+        ("b", "Data-parallel gradients live in flat fp32 buckets of whole layers, last layer first; the fused chain "
+              "and the merged weight-gradient flush announce each gradient's last write, and a bucket's all-reduce "
+              "starts as soon as all of it is final, waited for once at the end of the step. 1/dp is folded into "
+              "the loss, so the summed all-reduce is already the mean."),
+        ("b", "With half weights and plain SGD, one CUDA kernel steps each fp32 master and writes its half copy in "
+              "the same pass (14 bytes per parameter instead of 18 for torch's SGD followed by a copy)."),
         ("h", "Simulated bubbles (computed at build time)"),
         ("p", f"pp=2, m=8: {b2}. pp=4, m=8: {b4}."),
     ]
@@ -75,8 +95,8 @@ def overlap(bench: Optional[Bench], bubbles2: dict[str, float], bubbles4: dict[s
         blocks += [("h", f"Measured ({bench.card}, config L, fp16)"),
                    ("p", f"The peer's 1F1B (torch.distributed.pipelining) reaches {peer['samples_s']:,.0f} samples/s "
                          f"({cite(bench, peer)}), the engine's 1F1B {eng['samples_s']:,.0f} "
-                         f"({eng['samples_s'] / peer['samples_s']:.2f}x, {cite(bench, eng)}) and its zb1 with merged "
-                         f"weight gradients {zb1['samples_s']:,.0f} ({zb1['samples_s'] / peer['samples_s']:.2f}x, "
+                         f"({times(eng, peer)}, {cite(bench, eng)}) and its zb1 with merged "
+                         f"weight gradients {zb1['samples_s']:,.0f} ({times(zb1, peer)}, "
                          f"{cite(bench, zb1)}). The traced bubble of the engine's 1F1B step is "
                          f"{eng.get('bubble_traced', float('nan')):.3f} against a simulated "
                          f"{eng['bubble_simulated']:.3f} (section 6.1 says why the traced value is a lower bound).")]
@@ -127,7 +147,7 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"(estimate: {params / 1e6:,.0f} M parameters x 8 bytes = {gbytes:.1f} GB at the measured "
                          f"HBM copy rate of {hbm:,.0f} GB/s = {gbytes / hbm * 1e3:.2f} ms). zb1 with merged weight "
                          f"gradients does that accumulation once per step: {ez['samples_s']:,.0f} vs "
-                         f"{e1['samples_s']:,.0f} samples/s ({ez['samples_s'] / e1['samples_s']:.2f}x, "
+                         f"{e1['samples_s']:,.0f} samples/s ({times(ez, e1)}, "
                          f"{cite(bench, ez)} vs {cite(bench, e1)})."))
         span = max(b[4] for row in tr.rows for b in row) - min(b[3] for row in tr.rows for b in row)
         out.append(("p", f"Outside the compute actions: the median step of {cite(bench, e1)} is {e1['step_ms']:.2f} ms "
@@ -147,7 +167,7 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"forward: point-to-point traffic is hidden and not a bottleneck at this size."))
     dp2 = run(bench, system="engine", mode="dp", config="L", prec="fp16", dp=2, pp=1, mp=1)
     one = run(bench, system="engine", mode="single", config="L", prec="fp16")
-    if dp2 and one and p2p and "L" in cfg:
+    if dp2 and one and p2p and "L" in cfg and same_job(dp2, one):
         c = cfg["L"]
         gb = c["depth"] * (c["dim"] ** 2 + c["dim"]) * 4 / 1e9
         lost = dp2["step_ms"] - one["step_ms"] / 2
@@ -160,7 +180,9 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"against {one['step_ms'] / 2:.2f} ms for half the 1-GPU step, {lost:.1f} ms lost. The "
                          f"all-reduce of the {gb:.1f} GB fp32 gradient sends {gb:.1f} GB per GPU on a 2-rank ring, "
                          f"at least {gb / p2p * 1e3:.1f} ms at {p2p:,.0f} GB/s, and with one stage per rank its bucket "
-                         f"is final only after the last backward, so it cannot overlap compute." + small))
+                         f"is final only after the last backward, so it could not overlap compute (this run predates "
+                         f"per-layer buckets; on 2 H200s early-launched per-layer buckets later timed the same as one "
+                         f"bucket, so the all-reduce still does not hide behind the backward)." + small))
     if not (tr and p2p) and not (dp2 and one):
         out.append(("p", f"Communication costs: {NOT_MEASURED}."))
 
@@ -174,13 +196,13 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          "step to fixed per-action costs (memory traffic, launches); large ones are GEMM-bound."))
     e32 = run(bench, system="engine", mode="zb1", config="L", prec="fp32", dp=1, pp=2, mp=1)
     p32 = run(bench, system="peer", mode="1f1b", config="L", prec="fp32", dp=1, pp=2, mp=1)
-    if e32 and p32 and ez:
+    if e32 and p32 and ez and same_job(e32, p32):
         out.append(("p", f"fp32 is compute-bound: the engine's zb1 runs at {e32['mfu']:.1%} MFU of the fp32 GEMM peak "
                          f"({cite(bench, e32)}), so scheduling gains only {e32['samples_s'] / p32['samples_s']:.2f}x "
-                         f"over the peer's 1F1B; fp16 gives the engine {ez['samples_s'] / e32['samples_s']:.2f}x the "
+                         f"over the peer's 1F1B; fp16 gives the engine {times(ez, e32)} the "
                          f"fp32 throughput at the same config."))
     tp, ptp = (run(bench, system=s, mode="tp", config="L", prec="fp16") for s in ("engine", "peer"))
-    if tp and ptp:
+    if tp and ptp and same_job(tp, ptp):
         out.append(("p", f"Tensor parallel (mp=2): the engine's TP layers run {tp['samples_s'] / ptp['samples_s']:.2f}x "
                          f"the samples/s of torch DTensor ({cite(bench, tp)} vs {cite(bench, ptp)})."))
 

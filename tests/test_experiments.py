@@ -402,3 +402,26 @@ def test_max_batch_main_retries_a_port_clash_and_runs_modes_together(tmp_path, m
         assert r["fit"]["b_gib_per_row"] == pytest.approx(0.01) and r["predicted_max"] == 40
         assert r["capacity_gib"] == 1.4 and r["trials"] <= 8
     assert recs[-1]["kind"] == "ratios"
+
+
+def test_merged_ratios_never_compare_runs_of_different_jobs(tmp_path):
+    """A later job that re-times only the 1-GPU run must not pair it with an earlier job's dp=2 run; each ratio
+    comes whole from the newest job that measured both of its sides."""
+    import merge_results
+
+    first = [synthetic_run("engine", "single", "L", "fp16", 3600), synthetic_run("engine", "dp", "L", "fp16", 6840, dp=2)]
+    later = [synthetic_run("engine", "single", "L", "fp16", 4000),
+             synthetic_run("engine", "dp", "Lw", "fp16", 7200, dp=2),  # weak scaling: both sides in this job
+             synthetic_run("base", "practical10", "L", "fp16", 1000, pp=2),
+             synthetic_run("engine", "zb1", "L", "fp16", 6000, pp=2)]
+    paths = []
+    for name, runs in (("job1.json", first), ("job2.json", later)):
+        (tmp_path / name).write_text(json.dumps({"meta": {"gemm_peak_tflops": {}}, "runs": runs}))
+        paths.append(tmp_path / name)
+    merged = merge_results.merge(paths)
+    assert merged["ratios"]["L_dp2_fp16_scaling_efficiency"] == pytest.approx(6840 / 7200)  # job 1's pair
+    assert merged["ratio_details"]["L_dp2_fp16_scaling_efficiency"]["source"] == "job1.json"
+    assert merged["ratios"]["L_dp2_fp16_weak_scaling_efficiency"] == pytest.approx(0.9)  # job 2's pair
+    assert merged["ratios"]["L_pp2_fp16_vs_base"] == pytest.approx(6.0)
+    single = [r for r in merged["runs"] if r["mode"] == "single"]
+    assert len(single) == 1 and single[0]["samples_s"] == 4000 and single[0]["source"] == "job2.json"
