@@ -1,4 +1,5 @@
 // Python face of the pipeline executor and the DP gradient sync.
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "executor/dp_grad_sync.h"
@@ -81,8 +82,36 @@ void bind_executor(py::module_& m) {
              if (py::isinstance<py::str>(loss_fn) && loss_fn.cast<std::string>() == "mse") {
                // The course loss without a trip through Python: on the last stage that trip, once per
                // micro-batch, sat on the pipeline's critical path.
-               loss = [](const at::Tensor& out, const at::Tensor& target) {
-                 return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
+               //
+               // Computed in fp32 like mse_loss(out.float(), target.float()), bit for bit, but without its
+               // per-row memory (experiments/memory_per_row.py): that form keeps fp32 copies of output and
+               // target from the forward to the backward (half weights) and returns a 0-dim loss whose storage
+               // is the whole micro-batch's fp32 unreduced loss, which the executor's per-micro-batch loss
+               // (loss.detach()) kept alive to the end of the step: m of them, 4 * dim bytes per batch row.
+               // Here only out and target (alive anyway) are saved, one fp32 temporary of their size exists
+               // at a time, and the loss is a fresh scalar.
+               loss = [](const at::Tensor& out, const at::Tensor& target) -> at::Tensor {
+                 if (out.sizes() != target.sizes()) {  // broadcasting (with its warning): the plain form
+                   return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
+                 }
+                 struct Mse : public torch::autograd::Function<Mse> {
+                   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out,
+                                             const at::Tensor& target) {
+                     ctx->save_for_backward({out, target});
+                     at::Tensor d = out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).sub_(target);
+                     return d.mul_(d).mean();  // mse_loss: mean of (a - b)^2
+                   }
+                   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                                  torch::autograd::variable_list grads) {
+                     const auto saved = ctx->get_saved_variables();
+                     const at::Tensor& out = saved[0];
+                     // mse_loss_backward: (2 / numel) * (a - b) * grad, in fp32, then the cast to out's dtype
+                     at::Tensor d = out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).sub_(saved[1]);
+                     d.mul_(2.0 / static_cast<double>(out.numel())).mul_(grads[0]);
+                     return {d.to(out.scalar_type()), at::Tensor()};
+                   }
+                 };
+                 return Mse::apply(out, target);
                };
              } else {
                loss = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {

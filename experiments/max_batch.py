@@ -50,15 +50,16 @@ stage of pp=2; GPipe: 1, every micro-batch):
   rebuilt    L/m*e*D         --recompute only: one micro-batch's whole chain exists during its forward (until
                              the chain returns) and again in its backward (rebuilt)
   backward   3/m*e*D         incoming gradient, ReLU-masked gradient, gradient for the layer below
-  loss       phi*8*D + 4*D/m last stage: mse on fp32 copies of output and target (saved; none in fp32), fp32 grad
+  loss       (4+e)*D/m       last stage: the C++ MSE's one fp32 difference of a micro-batch and the loss gradient
+                             in the output's dtype (before 2026-11-26's fix: fp32 copies of output and target
+                             saved, and every micro-batch's fp32 unreduced loss kept to the end of the step)
 Per row at D=4096 (1F1B, pp=2, m=8, L=8), the largest stage: fp32 55.3 KB (stage 0, 13.5 D), fp16 27.6 KB
-(stage 0, 6.75 D), fp16 + recompute 26.6 KB (last stage, 6.5 D): predicted max-batch ratios ~2.0x and ~2.1x
-(times (C - a_half) / (C - a_fp32) for the fixed memory a). Under GPipe: 42 D, 29.25 D, 15.25 D: 1.44x and
-2.75x. What bounds the ratios: the whole batch's data stays resident (e*D per row: 13.5 D / (2 * 1 D) = 6.75x
-at most, even with nothing else), one micro-batch's rebuilt chain (L/m), and the fp32 loss copies on the last
-stage; under 1F1B at pp=2 only 2 micro-batches are in flight on stage 0 (1 on the last), so recompute saves
+(stage 0, 6.75 D), fp16 + recompute 23.6 KB (last stage, 5.75 D): predicted max-batch ratios ~2.0x and ~2.3x
+(times (C - a_half) / (C - a_fp32) for the fixed memory a). Under GPipe: 42.5 D, 21.5 D, 7.5 D: 1.98x and
+5.67x. What bounds the ratios: the whole batch's data stays resident (e*D per row: 13.5 D / (2 * 1 D) = 6.75x
+at most, even with nothing else) and one micro-batch's rebuilt chain (L/m); under 1F1B at pp=2 only 2 micro-batches are in flight on stage 0 (1 on the last), so recompute saves
 at most (2 - 1) * L/m * e * D per row there and nothing on the last stage. Reaching 8x would need data drawn
-per micro-batch, more micro-batches and a half-precision loss.
+per micro-batch and more micro-batches.
 
 Writes JSON lines to <out>/<date>-<gpus>x<card>-maxbatch.jsonl (appending, so modes run in separate commands
 accumulate): {"kind": "trial", ...} per trial, {"kind": "result", ...} per mode (with the fitted line
@@ -164,7 +165,8 @@ def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int],
             "stored": phi * ((0 if first else 1) + ((0 if last else 1) if recompute else layers)) * e * dim,
             "rebuilt": (layers * per_micro * e * dim) if recompute else 0.0,
             "backward": 3 * per_micro * e * dim,
-            "loss": (phi * 8 * dim * (e == 2) + 4 * dim * per_micro) if last else 0.0,
+            # the C++ MSE: one fp32 difference of one micro-batch, then its gradient cast to the output's dtype
+            "loss": ((4 + e) * dim * per_micro) if last else 0.0,
         }
         stages.append({"stage": s, "row_bytes": sum(terms.values()), "terms": terms})
     params = layers * (dim * dim + dim)
