@@ -425,3 +425,19 @@ def test_merged_ratios_never_compare_runs_of_different_jobs(tmp_path):
     assert merged["ratios"]["L_pp2_fp16_vs_base"] == pytest.approx(6.0)
     single = [r for r in merged["runs"] if r["mode"] == "single"]
     assert len(single) == 1 and single[0]["samples_s"] == 4000 and single[0]["source"] == "job2.json"
+
+
+def test_the_cpp_mse_keeps_no_per_row_memory_on_the_last_stage(tmp_path):
+    """experiments/memory_per_row.py on two gloo ranks (bf16 half weights, pp=2): the last stage's bytes per batch
+    row with the C++ MSE are 4 D below those of mse_loss(out.float(), target.float()), whose every micro-batch
+    kept its whole fp32 unreduced loss (a 0-dim mean shares that storage) to the end of the step."""
+    slopes = {}
+    for loss in ("mse", "python"):
+        out = tmp_path / f"{loss}.json"
+        run = subprocess.run([sys.executable, str(EXPERIMENTS / "memory_per_row.py"), "--modes", "bf16",
+                              "--loss", loss, "--json", str(out)], capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-2000:]
+        ranks = json.loads(out.read_text())["modes"]["bf16"]
+        slopes[loss] = {int(r): v["slope_d"] for r, v in ranks.items()}
+    assert slopes["mse"][0] == pytest.approx(slopes["python"][0])  # the first stage has no loss
+    assert slopes["python"][1] - slopes["mse"][1] >= 3.5, slopes
