@@ -439,5 +439,5 @@ def test_the_cpp_mse_keeps_no_per_row_memory_on_the_last_stage(tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
         ranks = json.loads(out.read_text())["modes"]["bf16"]
         slopes[loss] = {int(r): v["slope_d"] for r, v in ranks.items()}
-    assert slopes["mse"][0] == pytest.approx(slopes["python"][0])  # the first stage has no loss
+    assert slopes["mse"][0] == pytest.approx(slopes["python"][0], abs=0.05)  # the first stage has no loss
     assert slopes["python"][1] - slopes["mse"][1] >= 3.5, slopes
