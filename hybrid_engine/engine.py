@@ -113,6 +113,8 @@ class Engine:
     recompute: activation recomputation; keep only stage inputs between a micro-batch's forward and backward.
     lookahead: 1f1b/zb1 only: forwards every rank but the last runs ahead of the 1F1B warm-up, so that the
         gradient's round trip through the later stages overlaps work (one more live micro-batch each).
+    dp_bucket_mb: size cap (MiB of gradient) of a DP all-reduce bucket; buckets hold whole layers, last layer
+        first, and each is launched as soon as its gradients are final in the step's last backward.
     """
 
     def __init__(
@@ -138,7 +140,7 @@ class Engine:
         fuse_stages: bool = True,
         recompute: bool = False,
         lookahead: int = 0,
-        dp_bucket_mb: float = 256.0,  # DP all-reduce bucket cap (MiB of gradient): see _make_grad_buckets
+        dp_bucket_mb: float = 256.0,
     ):
         self.groups = groups
         self.grid = groups.grid
