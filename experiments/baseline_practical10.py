@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common import (AMP_TO_PREC, add_common_args, autocast_dtype, build_layers, check_common_args, emit,
-                    exact_fp32_matmuls, fail, gather_peaks, init_distributed, make_optimizer, record, reset_peaks,
+                    exact_fp32_matmuls, exit_without_teardown, fail, gather_peaks, init_distributed, make_optimizer, record, reset_peaks,
                     time_steps, use_cuda)
 from hybrid_engine.models import SyntheticRegression
 
@@ -110,4 +110,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

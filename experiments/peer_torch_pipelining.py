@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
-import sys
 import warnings
 
 import common  # noqa: F401  (puts the repository on sys.path)
@@ -36,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (AMP_TO_PREC, add_common_args, autocast_dtype, build_layers, check_common_args, emit,
-                    exact_fp32_matmuls, fail, gather_peaks, init_distributed, make_optimizer, record, reset_peaks,
+                    exact_fp32_matmuls, exit_without_teardown, fail, gather_peaks, init_distributed, make_optimizer, record, reset_peaks,
                     time_steps, use_cuda)
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 from hybrid_engine.partition import partition
@@ -190,10 +188,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # The record is out and the process group is gone. Skip interpreter teardown: torch's DTensor/pipelining
-    # objects destroyed there abort now and then ("terminate called without an active exception", seen
-    # once in CI in the tp mode), turning a finished measurement into a failed run.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())
