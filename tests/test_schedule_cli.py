@@ -44,6 +44,7 @@ def test_cli_bad_input_is_one_line_and_exit_2():
     (["--schedule", "1f1b", "--pp", "2", "--micro-batches", "4", "--latency", "-1"], "--latency must be >= 0"),
     (["--schedule", "1f1b", "--pp", "two", "--micro-batches", "4"], "invalid int value: 'two'"),
     (["--pp", "2", "--micro-batches", "4"], "the following arguments are required: --schedule"),
+    (["--schedule", "gpipe", "--pp", "2", "--micro-batches", "4", "--lookahead", "1"], "applies to 1f1b and zb1 only"),
 ])
 def test_cli_rejects_bad_arguments_in_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -90,3 +91,14 @@ def test_draw_timeline_takes_measured_rows(tmp_path):
     path = tmp_path / "measured.svg"
     draw_timeline(rows, str(path), title="measured", time_label="time (ms)")
     assert "measured" in path.read_text()
+
+
+def test_cli_lookahead_runs_forwards_ahead_and_hides_latency(capsys):
+    args = ["--schedule", "1f1b", "--pp", "2", "--micro-batches", "4", "--latency", "0.5"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--lookahead", "1"]) == 0
+    ahead = capsys.readouterr().out
+    assert "rank 0 | 0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3" in ahead
+    assert "makespan 16," in ahead and "makespan 16," not in plain  # the plain schedule waits on each round trip
+    assert ahead.splitlines()[-2].split()[-1] == "3"  # rank 0 holds one more micro-batch
