@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from hybrid_engine.models import large_linear_model  # noqa: E402
+from hybrid_engine.models import large_linear_model, materialize  # noqa: E402
 
 AMP_TO_PREC = {"off": "fp32", "fp16": "fp16", "bf16": "bf16"}
 LOSSES_REPORTED = 5
@@ -91,11 +91,7 @@ def build_layers(dim: int, depth: int, seed: int, modules: Sequence[int], device
     """The course model's modules with these indices (of its nn.Sequential), materialized on `device` with
     the same per-layer seeded initial weights the engine draws (hybrid_engine.models)."""
     whole = large_linear_model(dim, depth, seed)  # meta: costs nothing
-    part = nn.Sequential(*[whole[i] for i in modules]).to_empty(device=device)
-    for sub in part.modules():
-        if hasattr(sub, "init_seed"):
-            sub.reset_parameters()
-    return part
+    return materialize(nn.Sequential(*[whole[i] for i in modules]), device)
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:

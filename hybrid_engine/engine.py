@@ -18,6 +18,7 @@ import torch.utils.checkpoint
 from . import _C
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
 from .grid import ACTIVATION, GridGroups
+from .models import materialize
 from .partition import partition, stages_of_rank
 from .precision import MasterWeights, Precision
 from .schedule import make_schedule
@@ -33,18 +34,6 @@ class StepResult:
     skipped: bool = False
     loss_scale: float | None = None
     grad_norm: float | None = None
-
-
-def materialize(module: nn.Module, device: torch.device) -> nn.Module:
-    """Move a stage to its device. Modules built on the meta device are allocated there and initialised
-    by their own reset_parameters(), so only this rank's layers ever exist in memory."""
-    if any(p.is_meta for p in module.parameters()):
-        module = module.to_empty(device=device)
-        for sub in module.modules():
-            if hasattr(sub, "reset_parameters"):
-                sub.reset_parameters()
-        return module
-    return module.to(device)
 
 
 def _chain_of(stage: nn.Sequential) -> tuple[list, list[bool]] | None:

@@ -48,11 +48,23 @@ class SeededLinear(nn.Linear):
 
 def large_linear_model(dim: int, depth: int, seed: int, device: torch.device | str = "meta") -> nn.Sequential:
     """The course MLP: `depth` x (Linear(dim, dim) + ReLU). Default on the meta device: the engine
-    materializes only the layers of its own pipeline stage (see engine.materialize)."""
+    materializes only the layers of its own pipeline stage (see materialize)."""
     layers: list[nn.Module] = []
     for i in range(depth):
         layers += [SeededLinear(dim, dim, seed, i, device=device), nn.ReLU()]
     return nn.Sequential(*layers)
+
+
+def materialize(module: nn.Module, device: torch.device | str) -> nn.Module:
+    """Move a stage to its device. Modules built on the meta device are allocated there and initialised
+    by their own reset_parameters(), so only this rank's layers ever exist in memory."""
+    if any(p.is_meta for p in module.parameters()):
+        module = module.to_empty(device=device)
+        for sub in module.modules():
+            if hasattr(sub, "reset_parameters"):
+                sub.reset_parameters()
+        return module
+    return module.to(device)
 
 
 class SyntheticRegression:

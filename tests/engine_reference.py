@@ -8,6 +8,14 @@ import torch.nn.functional as F
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 
+def first_loss(dim: int, depth: int, batch_size: int, seed: int = 0) -> float:
+    """The course model's loss on step 0's whole batch, before any update: what every system reports first."""
+    model = large_linear_model(dim, depth, seed, device="cpu")
+    x, y = SyntheticRegression(dim, seed, "cpu").batch(0, batch_size)
+    with torch.no_grad():
+        return float(F.mse_loss(model(x), y))
+
+
 def reference_run(dim: int, depth: int, batch_size: int, micro_batches: int, steps: int, lr: float,
                   optimizer: str = "sgd", seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.manual_seed(1234)  # must not matter: every draw has its own generator

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -20,7 +18,7 @@ import bench  # noqa: E402
 import bench_analysis  # noqa: E402
 import launch  # noqa: E402
 import max_batch  # noqa: E402
-from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
+from engine_reference import first_loss  # noqa: E402
 
 TINY = ["--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "4", "--steps", "3", "--warmup", "1",
         "--device", "cpu"]
@@ -28,15 +26,9 @@ RECORD_KEYS = {"system", "mode", "prec", "gpus", "dp", "pp", "mp", "dim", "depth
                "samples_s", "tflops_per_gpu", "peak_gib", "losses"}
 
 
-def first_loss() -> float:
-    """The course model's loss on step 0's batch, before any update: what every system must report first."""
-    model = large_linear_model(32, 4, 0).to_empty(device="cpu")
-    for m in model.modules():
-        if hasattr(m, "init_seed"):
-            m.reset_parameters()
-    x, y = SyntheticRegression(32, 0, "cpu").batch(0, 16)
-    with torch.no_grad():
-        return float(F.mse_loss(model(x), y))
+def tiny_first_loss() -> float:
+    """Step 0's loss at TINY's shape, before any update: what every system must report first."""
+    return first_loss(32, 4, 16)
 
 
 def run_program(script: str, nproc: int, *args: str) -> dict:
@@ -54,7 +46,7 @@ def check_record(rec: dict, *, system: str, mode: str, prec: str, gpus: int, tol
     assert (rec["system"], rec["mode"], rec["prec"], rec["gpus"]) == (system, mode, prec, gpus)
     assert rec["timed_steps"] == 2 and rec["step_ms"] > 0 and len(rec["losses"]) == 3
     assert len(rec["peak_gib"]) >= 1 and all(math.isfinite(x) for x in rec["losses"])
-    assert rec["losses"][0] == pytest.approx(first_loss(), rel=tol)
+    assert rec["losses"][0] == pytest.approx(tiny_first_loss(), rel=tol)
 
 
 def test_base_code_runs_dp_over_two_cpu_ranks_with_fp16_autocast_and_grad_scaler():
@@ -86,7 +78,7 @@ def test_bench_runs_the_engine_through_the_driver_and_writes_the_results_file(tm
     (run,) = data["runs"]
     assert "error" not in run, run
     assert RECORD_KEYS <= run.keys() and (run["system"], run["mode"], run["pp"]) == ("engine", "1f1b", 2)
-    assert run["losses"][0] == pytest.approx(first_loss(), rel=1e-6)
+    assert run["losses"][0] == pytest.approx(tiny_first_loss(), rel=1e-6)
     assert run["bubble_simulated"] == pytest.approx(1 / 5)  # 1f1b, pp 2, 4 micro-batches: (p-1)/(m+p-1)
     assert 0 <= run["bubble_traced"] < 1 and "--trace" in run["cmd"]  # the driver's own timeline, kept:
     assert (tmp_path / f"{path.stem}-traces" / "L_fp32_1f1b_pp2.json").exists()
