@@ -24,37 +24,37 @@ KEY = ("system", "mode", "variant", "config", "prec", "dp", "pp", "mp")
 
 
 def merge(paths: list[Path]) -> dict:
+    files = {path.name: json.loads(path.read_text()) for path in paths}
     merged: dict[tuple, dict] = {}
     order: list[tuple] = []
     meta: dict = {}
-    for path in paths:
-        data = json.loads(path.read_text())
+    for name, data in files.items():
         # the first file's meta (its GEMM peak belongs to the runs it measured, X among them) stays
         meta = meta or dict(data["meta"])
         for run in data["runs"]:
             key = tuple(run.get(k, "") for k in KEY)
-            run = {**run, "source": path.name}
+            run = {**run, "source": name}
             if key not in merged:
                 order.append(key)
                 merged[key] = run
             elif ok(run) or not ok(merged[key]):
                 merged[key] = run
     runs = [merged[k] for k in order]
-    meta["merged_from"] = [p.name for p in paths]
-    ratios, details = newest_same_job_ratios(paths, meta)
+    meta["merged_from"] = list(files)
+    ratios, details = newest_same_job_ratios({name: data["runs"] for name, data in files.items()}, meta)
     return {"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}
 
 
-def newest_same_job_ratios(paths: list[Path], meta: dict) -> tuple[dict, dict]:
-    """Each target's ratio from the newest file whose own runs give it (None where no file does)."""
+def newest_same_job_ratios(runs_by_file: dict[str, list[dict]], meta: dict) -> tuple[dict, dict]:
+    """Each target's ratio from the newest file (last in order) whose own runs give it (None where none does)."""
     ratios: dict = {}
     details: dict = {}
-    for path in paths:
-        file_ratios, file_details = compute_ratios(json.loads(path.read_text())["runs"], meta)
-        for name, value in file_ratios.items():
-            if value is not None or name not in ratios:
-                ratios[name] = value
-                details[name] = {**file_details[name], "source": path.name} if value is not None else file_details[name]
+    for name, file_runs in runs_by_file.items():
+        file_ratios, file_details = compute_ratios(file_runs, meta)
+        for target, value in file_ratios.items():
+            if value is not None or target not in ratios:
+                ratios[target] = value
+                details[target] = {**file_details[target], "source": name} if value is not None else file_details[target]
     return ratios, details
 
 

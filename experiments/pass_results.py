@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import CONFIGS, Config, Spec, program_record  # noqa: E402
-from bench_analysis import annotate, compute_ratios  # noqa: E402
-from common import record  # noqa: E402
+from bench import CONFIGS, Config, Spec, engine_record, program_record, write_results  # noqa: E402
 
 # The pass's shapes: the bench configs with its own step counts (tune_pass.sh: L 8 steps / 3 warm-up, C 10 / 3).
 PASS_CONFIGS = {"L": Config(8192, 16, 1024, 8, steps=8, warmup=3), "C": Config(8192, 8, 64, 4, steps=10, warmup=3),
@@ -91,12 +91,7 @@ def run_record(log_dir: Path, name: str, fields: dict, cmd: str) -> dict:
            "cmd": f"torchrun --nproc_per_node={spec.nproc} {cmd}"}
     try:
         if spec.system == "engine":
-            lines = [json.loads(ln) for ln in (log_dir / f"{name}.jsonl").read_text().splitlines() if ln.strip()]
-            steps = [r for r in lines if "step" in r]
-            timed = [s["step_time_s"] for s in steps if s["step"] >= cfg.warmup]
-            rec = record(system="engine", mode=spec.mode, prec=spec.prec, gpus=spec.gpus, dp=spec.dp, pp=spec.pp,
-                         mp=spec.mp, dim=cfg.dim, depth=cfg.depth, batch=cfg.batch, micro=cfg.micro, times=timed,
-                         losses=[s["loss"] for s in steps], peaks=steps[-1]["peak_mem_gib"])
+            rec = engine_record(spec, cfg, str(log_dir / f"{name}.jsonl"))
         else:
             rec = program_record((log_dir / f"{name}.log").read_text())
         out.update({k: v for k, v in rec.items() if k not in fields})
@@ -113,13 +108,11 @@ def main(argv=None) -> int:
     p.add_argument("--meta-from", type=Path, help="results file whose card probe (meta) to copy")
     a = p.parse_args(argv)
     meta = json.loads(a.meta_from.read_text())["meta"] if a.meta_from else {}
-    meta = {**meta, "argv": [f"bash experiments/{a.which}_pass.sh"], "cmd_vars": CMD_VARS[a.which], "probe_from": a.meta_from.name if a.meta_from else None,
-            "configs": {c: vars(cfg) if not hasattr(cfg, "__dataclass_fields__") else
-                        {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} for c, cfg in PASS_CONFIGS.items()}}
+    meta = {**meta, "argv": [f"bash experiments/{a.which}_pass.sh"], "cmd_vars": CMD_VARS[a.which],
+            "probe_from": a.meta_from.name if a.meta_from else None,
+            "configs": {c: asdict(cfg) for c, cfg in PASS_CONFIGS.items()}}
     runs = [run_record(a.log_dir, name, fields, cmd) for name, (fields, cmd) in PASSES[a.which].items()]
-    annotate(runs, meta.get("gemm_peak_tflops", {}))
-    ratios, details = compute_ratios(runs, meta)
-    a.out.write_text(json.dumps({"meta": meta, "runs": runs, "ratios": ratios, "ratio_details": details}, indent=1))
+    ratios, _ = write_results(a.out, meta, runs, time.monotonic())
     for name, value in ratios.items():
         if value is not None:
             print(f"{name:50s} {value}")
