@@ -8,7 +8,7 @@ from typing import Optional
 from .data import NOT_MEASURED, Bench, Convergence, MaxBatch, Results, Trace, finite, ok
 from .figures import trace_parts
 from .render import Block
-from .tables import rel
+from .tables import rel, same_source, times
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -22,15 +22,9 @@ def cite(bench: Bench, r: dict) -> str:
     return f"#{bench.index(r)}"
 
 
-def same_job(*runs: dict) -> bool:
-    """Whether runs were measured in one job (a merged results file names each run's source file): only
-    those are compared, since a ratio across jobs compares machines as much as systems."""
-    return len({r.get("source") for r in runs}) <= 1
-
-
-def times(a: dict, b: dict) -> str:
+def speedup(a: dict, b: dict) -> str:
     """'1.23x' for a over b when measured in one job, else a note that they are not compared."""
-    return f"{a['samples_s'] / b['samples_s']:.2f}x" if same_job(a, b) else "different jobs, not compared"
+    return times(a["samples_s"] / b["samples_s"]) if same_source(a, b) else "different jobs, not compared"
 
 
 def trace_of(bench: Bench, config: str, prec: str) -> Optional[Trace]:
@@ -95,8 +89,8 @@ def overlap(bench: Optional[Bench], bubbles2: dict[str, float], bubbles4: dict[s
         blocks += [("h", f"Measured ({bench.card}, config L, fp16)"),
                    ("p", f"The peer's 1F1B (torch.distributed.pipelining) reaches {peer['samples_s']:,.0f} samples/s "
                          f"({cite(bench, peer)}), the engine's 1F1B {eng['samples_s']:,.0f} "
-                         f"({times(eng, peer)}, {cite(bench, eng)}) and its zb1 with merged "
-                         f"weight gradients {zb1['samples_s']:,.0f} ({times(zb1, peer)}, "
+                         f"({speedup(eng, peer)}, {cite(bench, eng)}) and its zb1 with merged "
+                         f"weight gradients {zb1['samples_s']:,.0f} ({speedup(zb1, peer)}, "
                          f"{cite(bench, zb1)}). The traced bubble of the engine's 1F1B step is "
                          f"{eng.get('bubble_traced', float('nan')):.3f} against a simulated "
                          f"{eng['bubble_simulated']:.3f} (section 6.1 says why the traced value is a lower bound).")]
@@ -147,7 +141,7 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"(estimate: {params / 1e6:,.0f} M parameters x 8 bytes = {gbytes:.1f} GB at the measured "
                          f"HBM copy rate of {hbm:,.0f} GB/s = {gbytes / hbm * 1e3:.2f} ms). zb1 with merged weight "
                          f"gradients does that accumulation once per step: {ez['samples_s']:,.0f} vs "
-                         f"{e1['samples_s']:,.0f} samples/s ({times(ez, e1)}, "
+                         f"{e1['samples_s']:,.0f} samples/s ({speedup(ez, e1)}, "
                          f"{cite(bench, ez)} vs {cite(bench, e1)})."))
         span = max(b[4] for row in tr.rows for b in row) - min(b[3] for row in tr.rows for b in row)
         out.append(("p", f"Outside the compute actions: the median step of {cite(bench, e1)} is {e1['step_ms']:.2f} ms "
@@ -167,7 +161,7 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"forward: point-to-point traffic is hidden and not a bottleneck at this size."))
     dp2 = run(bench, system="engine", mode="dp", config="L", prec="fp16", dp=2, pp=1, mp=1)
     one = run(bench, system="engine", mode="single", config="L", prec="fp16")
-    if dp2 and one and p2p and "L" in cfg and same_job(dp2, one):
+    if dp2 and one and p2p and "L" in cfg and same_source(dp2, one):
         c = cfg["L"]
         gb = c["depth"] * (c["dim"] ** 2 + c["dim"]) * 4 / 1e9
         lost = dp2["step_ms"] - one["step_ms"] / 2
@@ -196,13 +190,13 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          "step to fixed per-action costs (memory traffic, launches); large ones are GEMM-bound."))
     e32 = run(bench, system="engine", mode="zb1", config="L", prec="fp32", dp=1, pp=2, mp=1)
     p32 = run(bench, system="peer", mode="1f1b", config="L", prec="fp32", dp=1, pp=2, mp=1)
-    if e32 and p32 and ez and same_job(e32, p32):
+    if e32 and p32 and ez and same_source(e32, p32):
         out.append(("p", f"fp32 is compute-bound: the engine's zb1 runs at {e32['mfu']:.1%} MFU of the fp32 GEMM peak "
                          f"({cite(bench, e32)}), so scheduling gains only {e32['samples_s'] / p32['samples_s']:.2f}x "
-                         f"over the peer's 1F1B; fp16 gives the engine {times(ez, e32)} the "
+                         f"over the peer's 1F1B; fp16 gives the engine {speedup(ez, e32)} the "
                          f"fp32 throughput at the same config."))
     tp, ptp = (run(bench, system=s, mode="tp", config="L", prec="fp16") for s in ("engine", "peer"))
-    if tp and ptp and same_job(tp, ptp):
+    if tp and ptp and same_source(tp, ptp):
         out.append(("p", f"Tensor parallel (mp=2): the engine's TP layers run {tp['samples_s'] / ptp['samples_s']:.2f}x "
                          f"the samples/s of torch DTensor ({cite(bench, tp)} vs {cite(bench, ptp)})."))
 
