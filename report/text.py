@@ -175,8 +175,9 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"all-reduce of the {gb:.1f} GB fp32 gradient sends {gb:.1f} GB per GPU on a 2-rank ring, "
                          f"at least {gb / p2p * 1e3:.1f} ms at {p2p:,.0f} GB/s, and with one stage per rank its bucket "
                          f"is final only after the last backward, so it could not overlap compute (this run predates "
-                         f"per-layer buckets; on 2 H200s early-launched per-layer buckets later timed the same as one "
-                         f"bucket, so the all-reduce still does not hide behind the backward)." + small))
+                         f"per-layer buckets; an ad-hoc A/B on 2 H200s, not kept in the repository, later timed early-launched "
+                         f"per-layer buckets the same as one bucket: an unverified lead that the all-reduce still "
+                         f"does not hide behind the backward)." + small))
     if not (tr and p2p) and not (dp2 and one):
         out.append(("p", f"Communication costs: {NOT_MEASURED}."))
 
