@@ -1,8 +1,11 @@
 // Python face of the pipeline executor and the DP gradient sync.
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+#include <tuple>
+
 #include "executor/dp_grad_sync.h"
+#include "executor/mse_loss.h"
 #include "executor/pipeline_executor.h"
 
 namespace py = pybind11;
@@ -23,6 +26,20 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
   std::map<PipelineExecutor::ChannelKey, Channel> channels;
   for (const auto& [key, value] : entries) channels[key] = Channel{value.first, value.second};
   return channels;
+}
+
+// A native stage as Python passes it: (params with None for a missing bias, relu flags, recompute).
+using NativeStageArgs = std::tuple<std::vector<std::optional<at::Tensor>>, std::vector<bool>, bool>;
+
+std::map<int, NativeStage> to_native_stages(const std::map<int, NativeStageArgs>& args) {
+  std::map<int, NativeStage> stages;
+  for (const auto& [stage, entry] : args) {
+    NativeStage& native = stages[stage];
+    for (const auto& p : std::get<0>(entry)) native.params.push_back(p.value_or(at::Tensor()));
+    native.relu = std::get<1>(entry);
+    native.recompute = std::get<2>(entry);
+  }
+  return stages;
 }
 
 }  // namespace
@@ -64,7 +81,7 @@ void bind_executor(py::module_& m) {
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
                        const std::string& device, std::shared_ptr<DpGradSync> dp_sync,
                        std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace,
-                       bool overwrite_weight_grads) {
+                       bool overwrite_weight_grads, const std::map<int, NativeStageArgs>& native_stages) {
              ExecutorConfig config;
              config.pp_rank = pp_rank;
              config.pp_size = pp_size;
@@ -82,36 +99,12 @@ void bind_executor(py::module_& m) {
              if (py::isinstance<py::str>(loss_fn) && loss_fn.cast<std::string>() == "mse") {
                // The course loss without a trip through Python: on the last stage that trip, once per
                // micro-batch, sat on the pipeline's critical path.
-               //
-               // Computed in fp32 like mse_loss(out.float(), target.float()), bit for bit, but without its
-               // per-row memory (experiments/memory_per_row.py): that form keeps fp32 copies of output and
-               // target from the forward to the backward (half weights) and returns a 0-dim loss whose storage
-               // is the whole micro-batch's fp32 unreduced loss, which the executor's per-micro-batch loss
-               // (loss.detach()) kept alive to the end of the step: m of them, 4 * dim bytes per batch row.
-               // Here only out and target (alive anyway) are saved, one fp32 temporary of their size exists
-               // at a time, and the loss is a fresh scalar.
+               config.native_mse = true;
                loss = [](const at::Tensor& out, const at::Tensor& target) -> at::Tensor {
                  if (out.sizes() != target.sizes()) {  // broadcasting (with its warning): the plain form
                    return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
                  }
-                 struct Mse : public torch::autograd::Function<Mse> {
-                   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out,
-                                             const at::Tensor& target) {
-                     ctx->save_for_backward({out, target});
-                     at::Tensor d = out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).sub_(target);
-                     return d.mul_(d).mean();  // mse_loss: mean of (a - b)^2
-                   }
-                   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                                  torch::autograd::variable_list grads) {
-                     const auto saved = ctx->get_saved_variables();
-                     const at::Tensor& out = saved[0];
-                     // mse_loss_backward: (2 / numel) * (a - b) * grad, in fp32, then the cast to out's dtype
-                     at::Tensor d = out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).sub_(saved[1]);
-                     d.mul_(2.0 / static_cast<double>(out.numel())).mul_(grads[0]);
-                     return {d.to(out.scalar_type()), at::Tensor()};
-                   }
-                 };
-                 return Mse::apply(out, target);
+                 return mse_loss_autograd(out, target);
                };
              } else {
                loss = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {
@@ -122,19 +115,24 @@ void bind_executor(py::module_& m) {
              return std::make_unique<PipelineExecutor>(
                  std::move(actions), config, stage, loss, to_channels(send_channels), to_channels(recv_channels),
                  to_specs(input_specs), to_specs(output_specs), at::Device(device), std::move(dp_sync),
-                 std::move(stage_buckets));
+                 std::move(stage_buckets), to_native_stages(native_stages));
            }),
            py::arg("actions"), py::arg("pp_rank"), py::arg("pp_size"), py::arg("num_stages"), py::arg("num_micro"),
            py::arg("stage_fn"), py::arg("loss_fn"), py::arg("send_channels"), py::arg("recv_channels"),
            py::arg("input_specs"), py::arg("output_specs"), py::arg("device"), py::arg("dp_sync") = nullptr,
            py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
-           py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false)
+           py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false,
+           py::arg("native_stages") = std::map<int, NativeStageArgs>{},
+           "native_stages: {stage: ([w0, b0 or None, w1, ...], [relu after layer i], recompute)}, the Linear(+ReLU) "
+           "chains the executor runs without autograd (csrc/executor/pipeline_executor.h, NativeStage).")
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
            py::call_guard<py::gil_scoped_release>())
       .def("trace", &PipelineExecutor::trace)
       .def_property_readonly("overwrites_weight_grads",
                              [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })
       .def_property_readonly("actions", &PipelineExecutor::actions)
+      .def_property_readonly("native_stage_ids", &PipelineExecutor::native_stage_ids,
+                             "The stages this executor runs without autograd.")
       .def_property_readonly("dp_sync", &PipelineExecutor::dp_sync, "The DP gradient sync (None without one).");
 }
 

@@ -104,6 +104,9 @@ class Engine:
         gradient's round trip through the later stages overlaps work (one more live micro-batch each).
     dp_bucket_mb: size cap (MiB of gradient) of a DP all-reduce bucket; buckets hold whole layers, last layer
         first, and each is launched as soon as its gradients are final in the step's last backward.
+    native_stages: with fuse_stages, the executor runs each fused chain itself, without autograd (no graph, the
+        backward on the executor's thread, and with F.mse_loss the loss's gradient computed with the loss);
+        False keeps them as autograd nodes called through Python (the A/B baseline).
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class Engine:
         recompute: bool = False,
         lookahead: int = 0,
         dp_bucket_mb: float = 256.0,
+        native_stages: bool = True,
     ):
         self.groups = groups
         self.grid = groups.grid
@@ -177,6 +181,10 @@ class Engine:
         self._overwrite_grads = (merge_weight_grads and fuse_stages and not precision.autocast
                                  and all(_chain_of(self.stages[s]) is not None for s in self.stage_ids))
         self._merge_weight_grads = merge_weight_grads
+        # Fused chains the executor may run without autograd: {stage: (params, relu flags)}.
+        self._native_chains = ({s: _chain_of(self.stages[s]) for s in self.stage_ids}
+                               if native_stages and fuse_stages and not precision.autocast else {})
+        self._recompute = recompute
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
 
@@ -286,6 +294,9 @@ class Engine:
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
         dp_sync = _C.DpGradSync(self._buckets, self.groups.dp)
+        # The chains the runner would run as linear_chain (2-D input) go to the executor instead.
+        native = {s: (params, relu, self._recompute) for s, chain in self._native_chains.items()
+                  if chain is not None and inputs[s].dim() == 2 for params, relu in [chain]}
         return _C.PipelineExecutor(
             actions=self.actions,
             pp_rank=self.pp_rank,
@@ -305,6 +316,7 @@ class Engine:
             merge_weight_grads=self._merge_weight_grads,
             record_trace=self._trace,
             overwrite_weight_grads=self._overwrite_grads,
+            native_stages=native,
         )
 
     # ----------------------------------------------------------------------------------------- the step

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "executor/mse_loss.h"
+#include "tp/linear_chain.h"
 #include "tp/weight_grad_store.h"
 
 namespace hybrid {
@@ -46,7 +48,8 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
                                    std::map<ChannelKey, Channel> recv_channels,
                                    std::vector<TensorSpec> stage_input_specs,
                                    std::vector<TensorSpec> stage_output_specs, at::Device device,
-                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets)
+                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets,
+                                   std::map<int, NativeStage> native_stages)
     : actions_(std::move(actions)),
       config_(config),
       stage_fn_(std::move(stage_fn)),
@@ -57,7 +60,8 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
       output_specs_(std::move(stage_output_specs)),
       device_(device),
       dp_sync_(std::move(dp_sync)),
-      stage_buckets_(std::move(stage_buckets)) {
+      stage_buckets_(std::move(stage_buckets)),
+      native_stages_(std::move(native_stages)) {
   if (static_cast<int>(input_specs_.size()) != config_.num_stages ||
       static_cast<int>(output_specs_.size()) != config_.num_stages) {
     throw std::invalid_argument("executor needs one input and one output spec per stage (" +
@@ -76,12 +80,29 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
       last_w_micro_[a.stage] = a.micro;
     }
   }
+  for (const auto& [stage, native] : native_stages_) {
+    if (stage < 0 || stage >= config_.num_stages || stage_owner(stage, config_.pp_size) != config_.pp_rank) {
+      throw std::invalid_argument("native stage " + std::to_string(stage) + " is not a stage of pipeline rank " +
+                                  std::to_string(config_.pp_rank));
+    }
+    if (native.relu.empty() || native.params.size() != 2 * native.relu.size()) {
+      throw std::invalid_argument("native stage " + std::to_string(stage) + ": " +
+                                  std::to_string(native.relu.size()) + " layers need " +
+                                  std::to_string(2 * native.relu.size()) + " params, got " +
+                                  std::to_string(native.params.size()));
+    }
+  }
   // Without W actions, I computes everything (there is nothing to defer to).
   if (!has_w) config_.merge_weight_grads = false;
   if (!config_.merge_weight_grads) config_.overwrite_weight_grads = false;
 }
 
 PipelineExecutor::MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
+
+const NativeStage* PipelineExecutor::native_stage(int stage) const {
+  auto it = native_stages_.find(stage);
+  return it == native_stages_.end() ? nullptr : &it->second;
+}
 
 const std::vector<int>* PipelineExecutor::final_grad_buckets(int stage, size_t index) const {
   if (!dp_sync_) return nullptr;
@@ -210,6 +231,10 @@ void PipelineExecutor::execute(const Action& a, const std::vector<at::Tensor>& i
 void PipelineExecutor::forward(const Action& a, const std::vector<at::Tensor>& inputs,
                                const std::vector<at::Tensor>& targets, double loss_multiplier,
                                std::vector<at::Tensor>& losses) {
+  if (const NativeStage* native = native_stage(a.stage)) {
+    native_forward(a, *native, inputs, targets, loss_multiplier, losses);
+    return;
+  }
   MicroState& s = state(a.stage, a.micro);
   if (is_first_stage(a.stage)) {
     s.input = inputs.at(a.micro);
@@ -231,6 +256,10 @@ void PipelineExecutor::forward(const Action& a, const std::vector<at::Tensor>& i
 }
 
 void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
+  if (const NativeStage* native = native_stage(a.stage)) {
+    native_backward(a, *native, defer_weight_grads);
+    return;
+  }
   MicroState& s = state(a.stage, a.micro);
   at::Tensor root;
   at::Tensor root_grad;
@@ -258,6 +287,58 @@ void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   s.input.reset();
   s.output.reset();
   s.loss.reset();
+}
+
+void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage,
+                                      const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+                                      double loss_multiplier, std::vector<at::Tensor>& losses) {
+  MicroState& s = state(a.stage, a.micro);
+  at::NoGradGuard no_grad;
+  const at::Tensor input =
+      is_first_stage(a.stage) ? inputs.at(a.micro) : take_recv(a, TensorKind::Activation);
+  at::Tensor output = chain_forward(input, stage.params, stage.relu, stage.recompute, s.saved);
+  if (!is_last_stage(a.stage)) {
+    s.output = output;
+    return;
+  }
+  const at::Tensor& target = targets.at(a.micro);
+  if (config_.native_mse && output.sizes() == target.sizes()) {
+    LossAndGrad loss = mse_loss_and_grad(output, target, loss_multiplier);
+    losses.at(a.micro) = loss.loss;
+    s.output_grad = std::move(loss.grad);
+    return;
+  }
+  // Any other loss runs through autograd, from the stage output (a fresh leaf) to the loss only.
+  at::AutoGradMode grad_mode(true);
+  s.output = output.requires_grad_(true);
+  at::Tensor loss = loss_fn_(s.output, target);
+  if (loss.numel() != 1) throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
+  losses.at(a.micro) = loss.detach();
+  s.loss = loss * loss_multiplier;
+}
+
+void PipelineExecutor::native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads) {
+  MicroState& s = state(a.stage, a.micro);
+  if (s.saved.empty()) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
+  at::Tensor grad;
+  if (!is_last_stage(a.stage)) {
+    grad = take_recv(a, TensorKind::Gradient);
+  } else if (s.output_grad.defined()) {
+    grad = std::move(s.output_grad);
+  } else {
+    if (s.loss.requires_grad()) torch::autograd::backward({s.loss});
+    grad = s.output.grad();
+    if (!grad.defined()) grad = at::zeros_like(s.output);  // a loss that ignores the output
+  }
+  std::optional<DeferWeightGrads> defer;
+  if (defer_weight_grads) defer.emplace(WgradKey{a.stage, a.micro});
+  at::Tensor input_grad = chain_backward(grad, std::move(s.saved), stage.params, stage.relu, stage.recompute,
+                                         /*want_input_grad=*/!is_first_stage(a.stage));
+  if (!is_first_stage(a.stage)) s.input_grad = std::move(input_grad);
+  s.saved.clear();
+  s.output.reset();
+  s.loss.reset();
+  s.output_grad.reset();
 }
 
 void PipelineExecutor::weight_grads(const Action& a) {

@@ -39,6 +39,16 @@ struct TensorSpec {
   at::ScalarType dtype = at::kFloat;
 };
 
+// A stage the executor runs itself, without autograd: a chain of Linear (+ ReLU) layers (tp/linear_chain.h).
+// Its forward builds no graph and its backward runs on the executor's thread; on CUDA that saves the autograd
+// engine's hand-off to its device thread (and back) on every backward action, which sat on the pipeline's
+// critical path at small micro-batches.
+struct NativeStage {
+  std::vector<at::Tensor> params;  // weight_0, bias_0 (undefined: none), weight_1, ...
+  std::vector<bool> relu;          // ReLU after layer i
+  bool recompute = false;          // keep only the stage input until the backward
+};
+
 struct ExecutorConfig {
   int pp_rank = 0;
   int pp_size = 1;
@@ -51,6 +61,9 @@ struct ExecutorConfig {
   // the engine need not zero the gradient buffers before the step.
   bool overwrite_weight_grads = false;
   bool record_trace = false;
+  // The loss is the C++ mean squared error (executor/mse_loss.h): a native last stage then computes the loss
+  // and its gradient together, without autograd.
+  bool native_mse = false;
 };
 
 // One executed compute action, in microseconds from the step's start: device time (CUDA events on the
@@ -73,7 +86,7 @@ class PipelineExecutor {
                    std::map<ChannelKey, Channel> send_channels, std::map<ChannelKey, Channel> recv_channels,
                    std::vector<TensorSpec> stage_input_specs, std::vector<TensorSpec> stage_output_specs,
                    at::Device device, std::shared_ptr<DpGradSync> dp_sync,
-                   std::map<int, std::vector<int>> stage_buckets);
+                   std::map<int, std::vector<int>> stage_buckets, std::map<int, NativeStage> native_stages = {});
 
   // One step. `inputs` has num_micro tensors on a rank holding stage 0 (else empty); `targets` likewise on
   // the rank holding the last stage. Returns the per-micro-batch losses (unmultiplied, detached) on the
@@ -86,13 +99,22 @@ class PipelineExecutor {
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const ExecutorConfig& config() const { return config_; }
   const std::shared_ptr<DpGradSync>& dp_sync() const { return dp_sync_; }
+  std::vector<int> native_stage_ids() const {
+    std::vector<int> ids;
+    for (const auto& entry : native_stages_) ids.push_back(entry.first);
+    return ids;
+  }
 
  private:
   struct MicroState {
-    at::Tensor input;       // stage input (requires grad on all but the first stage)
+    at::Tensor input;       // stage input (requires grad on all but the first stage, unless native)
     at::Tensor output;      // stage output, root of this micro-batch's backward
     at::Tensor loss;        // last stage: multiplied loss, root of the backward
     at::Tensor input_grad;  // gradient to send upstream
+    // Native stages: what chain_backward needs, and on the last stage the gradient of the output (when the
+    // loss was computed natively; else `output` is a leaf that the loss's autograd backward fills).
+    std::vector<at::Tensor> saved;
+    at::Tensor output_grad;
   };
   struct PendingRecv {
     c10::intrusive_ptr<c10d::Work> work;
@@ -109,6 +131,10 @@ class PipelineExecutor {
   void forward(const Action& a, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
                double loss_multiplier, std::vector<at::Tensor>& losses);
   void backward(const Action& a, bool defer_weight_grads);
+  void native_forward(const Action& a, const NativeStage& stage, const std::vector<at::Tensor>& inputs,
+                      const std::vector<at::Tensor>& targets, double loss_multiplier, std::vector<at::Tensor>& losses);
+  void native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads);
+  const NativeStage* native_stage(int stage) const;
   void weight_grads(const Action& a);
   void post_recv(const Action& a, TensorKind kind);
   void post_send(const Action& a, TensorKind kind, const at::Tensor& tensor);
@@ -135,6 +161,7 @@ class PipelineExecutor {
   at::Device device_;
   std::shared_ptr<DpGradSync> dp_sync_;
   std::map<int, std::vector<int>> stage_buckets_;
+  std::map<int, NativeStage> native_stages_;
   // Index in actions_ of each stage's last backward-type action (B, I without W, or W): after it the
   // stage's gradients are final for the step and its DP buckets can be reduced.
   std::map<int, size_t> last_grad_action_;
