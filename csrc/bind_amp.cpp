@@ -1,5 +1,6 @@
-// Python face of the fp16 loss scaler and global-norm clipping (hybrid_engine._C.DynamicLossScaler,
-// hybrid_engine._C.clip_grad_norm). Gradient lists may hold None; groups may be None (size 1).
+// Python face of the fp16 loss scaler, global-norm clipping and the fused SGD step
+// (hybrid_engine._C.DynamicLossScaler, clip_grad_norm, nonfinite_flag, sgd_step_and_cast). Gradient lists
+// may hold None; groups may be None (size 1).
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -10,6 +11,7 @@
 
 #include "amp/grad_clip.h"
 #include "amp/loss_scaler.h"
+#include "amp/nonfinite.h"
 #include "optim/sgd_cast.h"
 
 namespace py = pybind11;
@@ -87,6 +89,19 @@ void bind_amp(py::module_& m) {
           py::call_guard<py::gil_scoped_release>(),
           "Unscales `grads` in place (None entries skipped), MAX-reduces the inf/NaN flag over `group`; "
           "True means every rank of the group skips this step. Call update() after.")
+      .def(
+          "find_nonfinite",
+          [](DynamicLossScaler& self, const MaybeTensors& grads, const MaybeGroup& group,
+             std::optional<at::Device> device) {
+            return self.find_nonfinite(defined_or_empty(grads), group_or_null(group), device);
+          },
+          py::arg("grads"), py::arg("group") = py::none(), py::arg("device") = py::none(),
+          py::call_guard<py::gil_scoped_release>(),
+          "Only reads `grads` (None entries skipped): a float32 [1] tensor, 1.0 when any rank of `group` found "
+          "an inf/NaN (MAX over the group), else 0.0. No unscale and no host sync: pass it with inv_scale to "
+          "sgd_step_and_cast(skip_if=...), read it once the step syncs anyway, then call update().")
+      .def_property_readonly("inv_scale", &DynamicLossScaler::inv_scale,
+                             "float32(1 / scale), the reciprocal taken in fp64 as torch.amp.GradScaler does.")
       .def("update", &DynamicLossScaler::update, py::arg("found_inf"),
            "Advance scale and counters after a step; found_inf=True for a skipped step.")
       .def("state_dict", [](const DynamicLossScaler& self) { return state_to_dict(self.state()); },
@@ -118,16 +133,28 @@ void bind_amp(py::module_& m) {
   m.def(
       "sgd_step_and_cast",
       [](const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
-         const std::vector<at::Tensor>& halves, double lr) {
+         const std::vector<at::Tensor>& halves, double lr, double inv_scale, const std::optional<at::Tensor>& skip_if) {
         // Bad arguments are reported while the GIL is held: on the GPU machine (torch 2.11, Python 3.12) an
         // exception thrown inside the GIL-released region crashed the interpreter instead of raising.
-        check_sgd_step_and_cast(masters, grads, halves);
+        check_sgd_step_and_cast(masters, grads, halves, skip_if);
         py::gil_scoped_release no_gil;
-        sgd_step_and_cast(masters, grads, halves, lr);
+        sgd_step_and_cast(masters, grads, halves, lr, inv_scale, skip_if);
       },
-      py::arg("masters"), py::arg("grads"), py::arg("halves"), py::arg("lr"),
-        "Plain SGD on fp32 masters and the cast to the half model weights in one pass: masters[i] -= lr * "
-        "grads[i]; halves[i] = masters[i]. One fused kernel per tensor on CUDA; ATen ops elsewhere.");
+      py::arg("masters"), py::arg("grads"), py::arg("halves"), py::arg("lr"), py::kw_only(),
+      py::arg("inv_scale") = 1.0, py::arg("skip_if") = py::none(),
+      "Plain SGD on fp32 masters and the cast to the half model weights in one pass: masters[i] -= lr * "
+      "grads[i] * inv_scale; halves[i] = masters[i]. skip_if (float32, one element, on the masters' device): "
+      "nonzero skips the step, nothing written, without a host sync on CUDA. The grads are never written. One "
+      "fused kernel per tensor on CUDA; ATen ops elsewhere.");
+
+  m.def(
+      "nonfinite_flag",
+      [](const MaybeTensors& tensors, const at::Device& device) {
+        return nonfinite_flag(defined_or_empty(tensors), device);
+      },
+      py::arg("tensors"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
+      "float32 [1] tensor on `device`: 1.0 if any element of any tensor (None skipped) is inf or NaN, else 0.0. "
+      "Reads only; no host sync on CUDA.");
 }
 
 }  // namespace hybrid

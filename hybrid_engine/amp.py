@@ -11,6 +11,12 @@ A training step with fp16 reads::
         optimizer.step()                       # skipped steps leave weights and optimizer state untouched
     scaler.update(found_inf)
     watch.observe(scaler)
+
+With half weights, plain SGD and no clipping the engine takes a shorter road (Engine.train_step): the check
+only reads the gradients (``scaler.find_nonfinite``: a device flag, MAX-reduced over the group, no host sync),
+and the fused SGD step applies 1/scale itself and skips itself on the device when the flag is set
+(``sgd_step_and_cast(..., inv_scale=scaler.inv_scale, skip_if=flag)``). The host reads the flag only at the
+step's own final sync; the gradient buffers keep the scaled gradients.
 """
 from __future__ import annotations
 

@@ -358,22 +358,36 @@ class Engine:
             self._buckets[0].view(-1)[0] = float("inf")
         self._inject_nonfinite = False
 
+        # DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every rank of
+        # every replica take the same decision.
         skipped = False
-        if self.scaler is not None:
-            # DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
-            # rank of every replica take the same decision.
-            skipped = self.scaler.unscale_and_check(self._buckets, self.groups.model_parallel, self.device)
         grad_norm = None
-        if not skipped and self.clip_grad > 0:
-            grad_norm = self._clip()
-        if not skipped:
-            self._optimizer_step()
-        if self.scaler is not None:
-            self.scaler.update(skipped)
-            self.overflow_watch.observe(self.scaler)
+        # fp16 with half weights, plain SGD and no clipping: the overflow check only reads the gradients, and the
+        # fused step applies 1/scale itself and skips itself on the device, so the host waits for the flag only
+        # at the step's own sync below (csrc/amp/nonfinite.h). The gradient buffers then still hold the SCALED
+        # gradients after the step: nothing reads them before the next step zeroes or overwrites them.
+        # Clipping (its norm needs unscaled gradients) and any other optimizer (it reads .grad) unscale in place.
+        fused_lr = (plain_sgd_lr(self.optimizer)
+                    if self.scaler is not None and self.masters is not None and self.clip_grad <= 0 else None)
+        found_inf: torch.Tensor | None = None
+        if fused_lr is not None:
+            found_inf = self.scaler.find_nonfinite(self._buckets, self.groups.model_parallel, self.device)
+            self.masters.sgd_step_and_cast(fused_lr, inv_scale=self.scaler.inv_scale, skip_if=found_inf)
+        else:
+            if self.scaler is not None:
+                skipped = self.scaler.unscale_and_check(self._buckets, self.groups.model_parallel, self.device)
+            if not skipped and self.clip_grad > 0:
+                grad_norm = self._clip()
+            if not skipped:
+                self._optimizer_step()
         loss = self._global_loss(losses)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if found_inf is not None:
+            skipped = bool(found_inf.item())  # behind the syncs above: no extra wait
+        if self.scaler is not None:
+            self.scaler.update(skipped)
+            self.overflow_watch.observe(self.scaler)
         return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
 

@@ -69,11 +69,16 @@ class MasterWeights:
             torch._foreach_copy_(self.params, self.masters)
 
     @torch.no_grad()
-    def sgd_step_and_cast(self, lr: float) -> None:
+    def sgd_step_and_cast(self, lr: float, inv_scale: float = 1.0, skip_if: torch.Tensor | None = None) -> None:
         """Plain SGD on the masters (master -= lr * master.grad) fused with the cast to the model weights:
         one pass that reads each master once (csrc/optim/sgd_cast.h). Masters without a gradient keep
-        their value, as with torch.optim.SGD."""
+        their value, as with torch.optim.SGD.
+
+        fp16 loss scaling: the step uses grad * inv_scale (rounded in fp32, as torch's AMP unscale would
+        leave it) without writing the gradients, and a nonzero `skip_if` (a float32 [1] tensor on the
+        masters' device, e.g. DynamicLossScaler.find_nonfinite's flag) skips it on the device: nothing is
+        written and the host never waits for the flag."""
         stepped = [(m, m.grad, p) for m, p in zip(self.masters, self.params) if m.grad is not None]
         if stepped:
             masters, grads, params = map(list, zip(*stepped))
-            _C.sgd_step_and_cast(masters, grads, params, lr)
+            _C.sgd_step_and_cast(masters, grads, params, lr, inv_scale=inv_scale, skip_if=skip_if)

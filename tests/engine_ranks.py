@@ -91,3 +91,47 @@ def train_precision(rank: int, world: int, runs: list[tuple], cfg: dict, amp: st
         dist.barrier()
         curves.append(losses)
     return curves
+
+
+def fp16_sgd_paths(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict, inject_rank: int, inject_step: int,
+                   loss_scale: float | None, scale_window: int) -> dict:
+    """fp16 half-weights plain-SGD training twice on the same grid and data: "fused" (the default: overflow check
+    that only reads, 1/scale and the skip applied inside the fused SGD step) and "unscaled" (clip_grad far
+    above any norm: unscale_and_check unscales in place, the clip only measures and leaves the gradients alone,
+    then the plain fused step: the path every fp16 step took before the fold). Per path: per step (loss,
+    skipped, loss scale used, grad_norm, scale after), this rank's weights (full masters, own half weights) around
+    the inject step and at the end, and its gradient buckets after the last step."""
+    out = {}
+    for path, clip_grad in (("fused", 0.0), ("unscaled", 1e30)):
+        grid = ProcessGrid(dp, pp, mp)
+        groups = build_groups(grid, rank)
+        engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule="1f1b",
+                        micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
+                        precision=Precision("fp16", "half-weights"), loss_scale=loss_scale,
+                        scale_window=scale_window, clip_grad=clip_grad)
+        data = SyntheticRegression(cfg["dim"], 0, "cpu")
+        per_dp = cfg["batch_size"] // dp
+        d = groups.coords.dp
+
+        def weights() -> dict:  # the fp32 masters (gathered) and this rank's own half weights
+            halves = {f"half.{i}": p.detach().float().numpy() for i, p in enumerate(engine.parameters)}
+            return {**{k: v.numpy() for k, v in engine.full_state_dict().items()}, **halves}
+
+        history, states = [], {}
+        for step in range(cfg["steps"]):
+            x, y = data.batch(step, cfg["batch_size"])
+            if step == inject_step:
+                states["before"] = weights()
+                if rank == inject_rank:
+                    engine.inject_nonfinite_grad()
+            r = engine.train_step(x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp])
+            history.append((r.loss, r.skipped, r.loss_scale, r.grad_norm, engine.scaler.scale))
+            if step == inject_step:
+                states["after"] = weights()
+        states["final"] = weights()
+        out[path] = {"history": history, "states": states,
+                     "buckets": [b.clone().numpy() for b in engine._buckets]}
+        engine.close()
+        groups.destroy()
+        dist.barrier()
+    return out

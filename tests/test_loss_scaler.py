@@ -93,6 +93,37 @@ def test_non_finite_gradient_is_found(dtype, bad):
     assert scaler.unscale_and_check(grads) is True
 
 
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_find_nonfinite_on_one_process_only_reads_and_agrees_with_unscale_and_check(bad):
+    scaler = DynamicLossScaler(init_scale=1024.0)
+    g = torch.Generator().manual_seed(2)
+    grads = [torch.randn(37, generator=g) * 1024, None, (torch.randn(6, generator=g) * 1024).half()]
+    if bad is not None:
+        grads[2][5] = bad
+    before = [t.clone() for t in grads if t is not None]
+    flag = scaler.find_nonfinite(grads, None, torch.device("cpu"))
+    assert flag.dtype == torch.float32 and flag.shape == (1,)
+    assert flag.item() == (0.0 if bad is None else 1.0)
+    for now, then in zip([t for t in grads if t is not None], before):  # not unscaled
+        torch.testing.assert_close(now, then, rtol=0, atol=0, equal_nan=True)
+    assert scaler.unscale_and_check(grads) is (bad is not None)
+    assert scaler.scale == 1024.0  # the check alone never moves the scale: update() does
+
+
+def test_find_nonfinite_without_gradients_puts_a_clear_flag_on_the_given_device():
+    flag = DynamicLossScaler().find_nonfinite([None, None], device=torch.device("meta"))
+    assert flag.device.type == "meta" and flag.shape == (1,)
+    assert DynamicLossScaler().find_nonfinite([]).item() == 0.0
+
+
+@pytest.mark.parametrize("scale", [65536.0, 1000.0, 3.0, 2.0**-3, 12345.678])
+def test_inv_scale_is_grad_scaler_s(scale):
+    gs = torch.amp.GradScaler("cpu", init_scale=scale)
+    gs.scale(torch.ones(()))  # materialises the scale
+    expected = gs._scale.double().reciprocal().float().item()  # what GradScaler.unscale_ multiplies by
+    assert DynamicLossScaler(init_scale=scale, min_scale=0.0).inv_scale == expected
+
+
 def test_fp16_value_that_overflows_only_when_scaled_is_found():
     # 2 * 65536 is past fp16's max (65504): the scaled gradient became inf during backward
     g = (torch.tensor([2.0]) * 65536).half()

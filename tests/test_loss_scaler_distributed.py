@@ -23,7 +23,8 @@ def _train_with_injected_inf(rank: int, world_size: int) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scaler = DynamicLossScaler(init_scale=2.0**10, growth_interval=2)
     half_scaler = DynamicLossScaler(init_scale=2.0**10, growth_interval=2)
-    history = {"scale": [], "found_inf": [], "half_found_inf": [], "skipped_unchanged": None, "stepped": []}
+    history = {"scale": [], "found_inf": [], "half_found_inf": [], "skipped_unchanged": None, "stepped": [],
+               "read_only_found_inf": [], "half_read_only_found_inf": []}
 
     for step in range(STEPS):
         model.zero_grad(set_to_none=True)
@@ -35,6 +36,8 @@ def _train_with_injected_inf(rank: int, world_size: int) -> dict:
         before = [t.clone() for t in model.state_dict().values()]
         before_opt = [v.clone() for s in optimizer.state.values() for v in s.values()]
 
+        # The read-only check of the fused fp16 step agrees over the group too (a device flag, no unscale).
+        history["read_only_found_inf"].append(scaler.find_nonfinite(grads, model_parallel).item() == 1.0)
         found_inf = scaler.unscale_and_check(grads, model_parallel)
         if not found_inf:
             optimizer.step()
@@ -53,6 +56,7 @@ def _train_with_injected_inf(rank: int, world_size: int) -> dict:
         flag = [torch.zeros(2)]
         if step == INF_STEP and rank == INF_RANK:
             flag[0][0] = float("nan")
+        history["half_read_only_found_inf"].append(half_scaler.find_nonfinite(flag, halves[rank // 2]).item() == 1.0)
         history["half_found_inf"].append(half_scaler.unscale_and_check(flag, halves[rank // 2]))
     return history
 
@@ -64,10 +68,12 @@ def test_inf_on_one_rank_makes_every_rank_skip_and_halve_the_scale():
     expected_scale = [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
     for rank, h in enumerate(histories):
         assert h["found_inf"] == expected_found, f"rank {rank}"
+        assert h["read_only_found_inf"] == expected_found, f"rank {rank}"
         assert h["scale"] == expected_scale, f"rank {rank}"
         assert h["skipped_unchanged"] is True, f"rank {rank}: a skipped step changed weights or optimizer state"
         assert h["stepped"] == [not f for f in expected_found], f"rank {rank}: later steps must proceed"
         assert h["half_found_inf"] == [step == INF_STEP and rank >= 2 for step in range(STEPS)], f"rank {rank}"
+        assert h["half_read_only_found_inf"] == h["half_found_inf"], f"rank {rank}"
 
 
 # ---- global-norm clipping over MP x PP ------------------------------------------------------------------

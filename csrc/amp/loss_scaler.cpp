@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "amp/nonfinite.h"
 #include "amp/tensor_groups.h"
 
 namespace hybrid {
@@ -31,15 +32,13 @@ DynamicLossScaler::DynamicLossScaler(LossScalerConfig config) : config_(std::mov
 
 bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads, const GroupPtr& group,
                                           std::optional<at::Device> device) {
-  // GradScaler takes the reciprocal in fp64: fp32 division can be imprecise under some compile options.
-  const double inv_scale = 1.0 / static_cast<double>(state_.scale);
   const auto buckets = group_by_device_and_dtype(grads);
   const at::Device flag_device = buckets.empty() ? device.value_or(at::Device(at::kCPU)) : buckets[0].device;
   at::Tensor found_inf = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(flag_device));
 
   for (const auto& bucket : buckets) {
     const auto options = at::TensorOptions().dtype(at::kFloat).device(bucket.device);
-    at::Tensor inv = at::full({1}, static_cast<float>(inv_scale), options);
+    at::Tensor inv = at::full({1}, inv_scale(), options);
     if (bucket.device == flag_device) {
       at::_amp_foreach_non_finite_check_and_unscale_(bucket.tensors, found_inf, inv);
     } else {  // a rank whose grads span devices: fold that device's flag in
@@ -51,6 +50,18 @@ bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads, 
   // Every rank joins, overflowed or not: the decision must be the same on all of them.
   all_reduce_max(found_inf, group);
   return found_inf.item<float>() > 0.0f;
+}
+
+at::Tensor DynamicLossScaler::find_nonfinite(const std::vector<at::Tensor>& grads, const GroupPtr& group,
+                                             std::optional<at::Device> device) {
+  // The flag's device follows unscale_and_check: the first defined grad's, else `device`, else the CPU.
+  const auto first = std::find_if(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
+  const at::Device flag_device = first != grads.end() ? first->device() : device.value_or(at::Device(at::kCPU));
+  at::Tensor found_inf = nonfinite_flag(grads, flag_device);
+  // Every rank joins, overflowed or not. On NCCL, waiting on the work only orders the current stream after
+  // the collective: the host does not block.
+  all_reduce_max(found_inf, group);
+  return found_inf;
 }
 
 void DynamicLossScaler::update(bool found_inf) {

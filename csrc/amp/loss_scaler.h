@@ -50,6 +50,9 @@ class DynamicLossScaler {
 
   // The scale is kept in fp32, as GradScaler keeps it, so that its trajectory matches for any factor.
   double scale() const { return state_.scale; }
+  // What the gradients are multiplied by to unscale them, as GradScaler computes it: the reciprocal in fp64
+  // (fp32 division can be imprecise under some compile options), then rounded to fp32.
+  double inv_scale() const { return static_cast<float>(1.0 / static_cast<double>(state_.scale)); }
   const LossScalerConfig& config() const { return config_; }
 
   // Multiplies the grads in place by 1/scale with torch's fused AMP kernel (one call per device and
@@ -59,6 +62,13 @@ class DynamicLossScaler {
   // collective); by default the flag lives on the first grad's device, else on the CPU.
   bool unscale_and_check(const std::vector<at::Tensor>& grads, const GroupPtr& group,
                          std::optional<at::Device> device = std::nullopt);
+
+  // The check of unscale_and_check without the unscale and without the sync: a float32 [1] flag, 1.0 when
+  // some rank of `group` found an inf or NaN in its grads (MAX over the group), on the device that
+  // unscale_and_check would use. The grads are only read; the caller applies inv_scale() itself (say,
+  // sgd_step_and_cast's inv_scale and skip_if) and reads the flag when it next syncs anyway, for update().
+  at::Tensor find_nonfinite(const std::vector<at::Tensor>& grads, const GroupPtr& group,
+                            std::optional<at::Device> device = std::nullopt);
 
   // Advances the scale and the counters after a step (found_inf: the step was skipped).
   void update(bool found_inf);
