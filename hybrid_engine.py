@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "gradient's round trip at the cost of one more micro-batch of activations per step")
     s.add_argument("--no-fuse", action="store_true",
                    help="run stages module by module instead of as one C++ Linear(+ReLU) chain (for comparison)")
+    s.add_argument("--autograd-stages", action="store_true",
+                   help="run fused chains as autograd nodes called through Python instead of natively in the "
+                        "executor (for comparison)")
     s.add_argument("--recompute", action="store_true",
                    help="activation recomputation: keep only stage inputs between forward and backward")
     s.add_argument("--merge-wgrad", action="store_true",
@@ -78,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--batch-size", type=int, default=64, help="global batch size (all DP replicas together)")
     m.add_argument("--micro-batches", type=int, default=4, help="micro-batches per DP rank per step")
     m.add_argument("--seed", type=int, default=0, help="initial weights and data depend on this alone")
+    m.add_argument("--stream-data", action="store_true",
+                   help="draw each micro-batch when its forward runs instead of the whole batch before the step: "
+                        "the batch is never resident (a larger largest batch), for a few kernels per micro-batch")
 
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=10, help="optimizer steps (0: set up, print the grid, stop)")
@@ -204,6 +210,24 @@ def gather_floats(value: float, device: torch.device) -> list[float]:
     return [round(float(x.item()), 3) for x in out]
 
 
+def micro_batch_sources(data: SyntheticRegression, step: int, first_row: int, rows: int, engine: Engine,
+                        dtype: torch.dtype, poison: bool):
+    """(inputs, targets) for --stream-data: callables micro -> that micro-batch's rows of this DP rank, drawn
+    when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
+    consumes none. `poison` fills the inputs with NaN (the NAN_AT_STEP fault hook)."""
+    def rows_of(micro: int) -> tuple[int, int]:
+        return first_row + micro * rows, first_row + (micro + 1) * rows
+
+    def inputs(micro: int) -> torch.Tensor:
+        x = data.draw(step, *rows_of(micro), targets=False, dtype=dtype)[0]
+        return x.fill_(float("nan")) if poison else x
+
+    def targets(micro: int) -> torch.Tensor:
+        return data.draw(step, *rows_of(micro), inputs=False, dtype=dtype)[1]
+
+    return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
+
+
 def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = None) -> int:
     args = parse_args(argv)
     env = LaunchEnv.from_environ()
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
                     merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
                     loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
                     clip_grad=args.clip_grad, fuse_stages=not args.no_fuse, recompute=args.recompute,
-                    trace=args.trace is not None, lookahead=args.lookahead)
+                    trace=args.trace is not None, lookahead=args.lookahead, native_stages=not args.autograd_stages)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp
@@ -256,10 +280,15 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         # last (drawn block by block: no full-size inputs kept for them), straight in the dtype the engine
         # takes (half weights take half data), so no full-size fp32 copy ever exists. Data, not the engine,
         # would otherwise set the largest batch (experiments/max_batch.py).
-        x, y = data.draw(step, dp_rank * per_dp, (dp_rank + 1) * per_dp, inputs=engine.holds_first_stage,
-                         targets=engine.holds_last_stage, dtype=data_dtype) if needs_data else (None, None)
-        if faults.hook_fires("NAN_AT_STEP", step) and x is not None:
-            x.fill_(float("nan"))  # this step's own tensor: no copy
+        poison = faults.hook_fires("NAN_AT_STEP", step)
+        if args.stream_data:
+            x, y = micro_batch_sources(data, step, dp_rank * per_dp, per_dp // args.micro_batches, engine,
+                                       data_dtype, poison)
+        else:
+            x, y = data.draw(step, dp_rank * per_dp, (dp_rank + 1) * per_dp, inputs=engine.holds_first_stage,
+                             targets=engine.holds_last_stage, dtype=data_dtype) if needs_data else (None, None)
+            if poison and x is not None:
+                x.fill_(float("nan"))  # this step's own tensor: no copy
         result = engine.train_step(x, y)
         x = y = None  # the step's data dies here, before anything else (a checkpoint, the next step's draw)
         if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together

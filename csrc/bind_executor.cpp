@@ -1,4 +1,5 @@
 // Python face of the pipeline executor and the DP gradient sync.
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -127,6 +128,32 @@ void bind_executor(py::module_& m) {
            "chains the executor runs without autograd (csrc/executor/pipeline_executor.h, NativeStage).")
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
            py::call_guard<py::gil_scoped_release>())
+      .def(
+          "run_streamed",
+          [](PipelineExecutor& executor, const py::object& inputs, const py::object& targets, double multiplier) {
+            auto source = [](const py::object& fn, const char* what) -> PipelineExecutor::MicroBatchFn {
+              if (fn.is_none()) return {};
+              if (!PyCallable_Check(fn.ptr())) {
+                throw py::type_error(std::string(what) + " must be a callable micro-batch -> tensor, or None");
+              }
+              return [fn, what](int micro) {
+                py::gil_scoped_acquire gil;
+                py::object t = fn(micro);
+                if (!THPVariable_Check(t.ptr())) {
+                  throw std::runtime_error(std::string(what) + "(" + std::to_string(micro) +
+                                           ") must return a tensor, got " + std::string(py::str(t.get_type())));
+                }
+                return t.cast<at::Tensor>();
+              };
+            };
+            PipelineExecutor::MicroBatchFn input_fn = source(inputs, "inputs");
+            PipelineExecutor::MicroBatchFn target_fn = source(targets, "targets");
+            py::gil_scoped_release release;
+            return executor.run_streamed(input_fn, target_fn, multiplier);
+          },
+          py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
+          "run() with micro-batches drawn on demand: inputs / targets are callables micro -> tensor (None on a "
+          "rank that needs none), each called once per micro-batch when its forward runs.")
       .def("trace", &PipelineExecutor::trace)
       .def_property_readonly("overwrites_weight_grads",
                              [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })

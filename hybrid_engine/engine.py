@@ -25,6 +25,8 @@ from .schedule import make_schedule
 from .tp_layers import Linear, gather_full, is_mp_split, parallelize_mlp, take_shard
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# A step's data on one rank: the whole slice, a callable micro -> that micro-batch, or None (not consumed here).
+MicroBatches = torch.Tensor | Callable[[int], torch.Tensor] | None
 
 
 @dataclass
@@ -81,6 +83,20 @@ def plain_sgd_lr(optimizer: torch.optim.Optimizer) -> float | None:
     plain = all(g["momentum"] == 0 and g["weight_decay"] == 0 and not g["nesterov"] and not g["maximize"]
                 and g["lr"] == groups[0]["lr"] for g in groups)
     return float(groups[0]["lr"]) if plain else None
+
+
+def _micro_batch_fn(data: MicroBatches, micro_batches: int, dtype: torch.dtype | None,
+                    what: str) -> Callable[[int], torch.Tensor]:
+    """micro -> that micro-batch (in `dtype` when given), from a callable or from a whole slice (chunked once)."""
+    if callable(data):
+        def fetch(micro: int) -> torch.Tensor:
+            batch = data(micro)
+            if not isinstance(batch, torch.Tensor):
+                raise TypeError(f"{what}({micro}) must return a tensor, got {type(batch).__name__}")
+            return batch.to(dtype) if dtype is not None else batch
+        return fetch
+    chunks = (data.to(dtype) if dtype is not None else data).chunk(micro_batches)
+    return lambda micro: chunks[micro]
 
 
 def _micro_loss(loss_fn: LossFn) -> LossFn:
@@ -337,23 +353,43 @@ class Engine:
         """Test hook: the next step finds an inf in this rank's first gradient bucket after backward."""
         self._inject_nonfinite = True
 
-    def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> StepResult:
+    def train_step(self, inputs: MicroBatches, targets: MicroBatches) -> StepResult:
         """inputs/targets: this DP rank's slice of the global batch (inputs needed on the first stage,
-        targets on the last; pass None elsewhere). Returns the global mean loss on every rank."""
+        targets on the last; pass None elsewhere). Either may instead be a callable micro -> that micro-batch's
+        rows of the slice: the executor then asks for each micro-batch when its forward runs, so the batch is
+        never resident as a whole. Returns the global mean loss on every rank."""
         start = time.perf_counter()
-        if self.holds_first_stage and self.precision.half_weights:
-            inputs = inputs.to(self.precision.half_dtype)
-        micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
-        micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
-        if self._executor is None:
-            self._executor = self._build_executor(micro_in[0] if micro_in else None)
+        for needed, given, what in ((self.holds_first_stage, inputs, "inputs"),
+                                    (self.holds_last_stage, targets, "targets")):
+            if needed and given is None:
+                raise ValueError(f"pipeline rank {self.pp_rank} holds the {'first' if what == 'inputs' else 'last'} "
+                                 f"stage: train_step needs its {what}")
+        streamed = callable(inputs) or callable(targets)
+        half = self.precision.half_dtype if self.precision.half_weights else None
+        if streamed:
+            input_fn = _micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
+            target_fn = (_micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
+                         else None)
+            if self._executor is None:
+                self._executor = self._build_executor(input_fn(0) if input_fn else None)
+        else:
+            if self.holds_first_stage and half is not None:
+                inputs = inputs.to(half)
+            micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
+            micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
+            if self._executor is None:
+                self._executor = self._build_executor(micro_in[0] if micro_in else None)
         if not self._executor.overwrites_weight_grads:
             self.zero_grad()
         scale = self.scaler.scale if self.scaler is not None else 1.0
         # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once
         # (and multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass
         # over the gradients. The executor returns the losses before this multiplier.
-        losses = self._executor.run(micro_in, micro_tgt, scale / (self.micro_batches * self.dp_size))
+        multiplier = scale / (self.micro_batches * self.dp_size)
+        if streamed:
+            losses = self._executor.run_streamed(input_fn, target_fn, multiplier)
+        else:
+            losses = self._executor.run(micro_in, micro_tgt, multiplier)
         if self._inject_nonfinite and self._buckets:
             self._buckets[0].view(-1)[0] = float("inf")
         self._inject_nonfinite = False

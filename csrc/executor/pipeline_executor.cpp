@@ -134,6 +134,32 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
     throw std::invalid_argument("the last stage needs " + std::to_string(config_.num_micro) +
                                 " micro-batch targets, got " + std::to_string(targets.size()));
   }
+  return run_streamed([&inputs](int micro) { return inputs.at(micro); },
+                      [&targets](int micro) { return targets.at(micro); }, loss_multiplier);
+}
+
+std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input_fn, const MicroBatchFn& target_fn,
+                                                       double loss_multiplier) {
+  const bool holds_first = stage_owner(0, config_.pp_size) == config_.pp_rank;
+  const bool holds_last = stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank;
+  if ((holds_first && !input_fn) || (holds_last && !target_fn)) {
+    throw std::invalid_argument(std::string("pipeline rank ") + std::to_string(config_.pp_rank) + " holds the " +
+                                (holds_first && !input_fn ? "first" : "last") + " stage but was given no " +
+                                (holds_first && !input_fn ? "inputs" : "targets"));
+  }
+  // Every micro-batch drawn is checked once, where it is drawn.
+  auto checked = [this](const MicroBatchFn& fn, const char* what) {
+    return [this, &fn, what](int micro) {
+      at::Tensor t = fn(micro);
+      if (!t.defined()) {
+        throw std::runtime_error("pipeline rank " + std::to_string(config_.pp_rank) + ": no " + what +
+                                 " for micro-batch " + std::to_string(micro));
+      }
+      return t;
+    };
+  };
+  const MicroBatchFn inputs = checked(input_fn, "input");
+  const MicroBatchFn targets = checked(target_fn, "target");
   std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
   trace_.clear();
   device_spans_.clear();
@@ -188,9 +214,8 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
   return losses;
 }
 
-void PipelineExecutor::execute(const Action& a, const std::vector<at::Tensor>& inputs,
-                               const std::vector<at::Tensor>& targets, double loss_multiplier,
-                               std::vector<at::Tensor>& losses) {
+void PipelineExecutor::execute(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets,
+                               double loss_multiplier, std::vector<at::Tensor>& losses) {
   switch (a.type) {
     case ActionType::F:
       forward(a, inputs, targets, loss_multiplier, losses);
@@ -228,23 +253,22 @@ void PipelineExecutor::execute(const Action& a, const std::vector<at::Tensor>& i
   }
 }
 
-void PipelineExecutor::forward(const Action& a, const std::vector<at::Tensor>& inputs,
-                               const std::vector<at::Tensor>& targets, double loss_multiplier,
-                               std::vector<at::Tensor>& losses) {
+void PipelineExecutor::forward(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets,
+                               double loss_multiplier, std::vector<at::Tensor>& losses) {
   if (const NativeStage* native = native_stage(a.stage)) {
     native_forward(a, *native, inputs, targets, loss_multiplier, losses);
     return;
   }
   MicroState& s = state(a.stage, a.micro);
   if (is_first_stage(a.stage)) {
-    s.input = inputs.at(a.micro);
+    s.input = inputs(a.micro);
   } else {
     // A fresh leaf: backward leaves the gradient for upstream in its .grad.
     s.input = take_recv(a, TensorKind::Activation).requires_grad_(true);
   }
   at::Tensor output = stage_fn_(a.stage, s.input);
   if (is_last_stage(a.stage)) {
-    at::Tensor loss = loss_fn_(output, targets.at(a.micro));
+    at::Tensor loss = loss_fn_(output, targets(a.micro));
     if (loss.numel() != 1) {
       throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
     }
@@ -289,19 +313,19 @@ void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   s.loss.reset();
 }
 
-void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage,
-                                      const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-                                      double loss_multiplier, std::vector<at::Tensor>& losses) {
+void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage, const MicroBatchFn& inputs,
+                                      const MicroBatchFn& targets, double loss_multiplier,
+                                      std::vector<at::Tensor>& losses) {
   MicroState& s = state(a.stage, a.micro);
   at::NoGradGuard no_grad;
   const at::Tensor input =
-      is_first_stage(a.stage) ? inputs.at(a.micro) : take_recv(a, TensorKind::Activation);
+      is_first_stage(a.stage) ? inputs(a.micro) : take_recv(a, TensorKind::Activation);
   at::Tensor output = chain_forward(input, stage.params, stage.relu, stage.recompute, s.saved);
   if (!is_last_stage(a.stage)) {
     s.output = output;
     return;
   }
-  const at::Tensor& target = targets.at(a.micro);
+  const at::Tensor target = targets(a.micro);
   if (config_.native_mse && output.sizes() == target.sizes()) {
     LossAndGrad loss = mse_loss_and_grad(output, target, loss_multiplier);
     losses.at(a.micro) = loss.loss;

@@ -81,6 +81,9 @@ class PipelineExecutor {
   // Loss of one micro-batch on the last stage (a scalar); the executor multiplies by the loss multiplier.
   using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
   using ChannelKey = std::pair<int, int>;  // (peer pp rank, TensorKind)
+  // A step's micro-batch `micro` (an input on the first stage, a target on the last), asked for when the
+  // forward that consumes it runs: the data can be drawn then instead of being resident for the whole step.
+  using MicroBatchFn = std::function<at::Tensor(int micro)>;
 
   PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn, LossFn loss_fn,
                    std::map<ChannelKey, Channel> send_channels, std::map<ChannelKey, Channel> recv_channels,
@@ -94,6 +97,11 @@ class PipelineExecutor {
   // .grad and summed over DP before this returns (the caller folds 1/dp into loss_multiplier for the mean).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
                               double loss_multiplier);
+  // The same step with micro-batches drawn on demand (either function may be empty on a rank that holds
+  // neither the first nor the last stage). Each is called once per micro-batch, in forward order, and what it
+  // returns is dropped as soon as the micro-batch no longer needs it.
+  std::vector<at::Tensor> run_streamed(const MicroBatchFn& inputs, const MicroBatchFn& targets,
+                                       double loss_multiplier);
 
   const std::vector<Action>& actions() const { return actions_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
@@ -126,13 +134,13 @@ class PipelineExecutor {
     at::Tensor tensor;  // kept alive until the send completes
   };
 
-  void execute(const Action& a, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-               double loss_multiplier, std::vector<at::Tensor>& losses);
-  void forward(const Action& a, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
-               double loss_multiplier, std::vector<at::Tensor>& losses);
+  void execute(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets, double loss_multiplier,
+               std::vector<at::Tensor>& losses);
+  void forward(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets, double loss_multiplier,
+               std::vector<at::Tensor>& losses);
   void backward(const Action& a, bool defer_weight_grads);
-  void native_forward(const Action& a, const NativeStage& stage, const std::vector<at::Tensor>& inputs,
-                      const std::vector<at::Tensor>& targets, double loss_multiplier, std::vector<at::Tensor>& losses);
+  void native_forward(const Action& a, const NativeStage& stage, const MicroBatchFn& inputs,
+                      const MicroBatchFn& targets, double loss_multiplier, std::vector<at::Tensor>& losses);
   void native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads);
   const NativeStage* native_stage(int stage) const;
   void weight_grads(const Action& a);
