@@ -42,24 +42,25 @@ for dim 4096 / depth 16 / pp 2 / 8 micro-batches in experiments/README.md). With
 of data and activations (4 fp32, 2 with half weights), L layers per stage, m micro-batches, and phi = the share
 of the batch in flight on the stage (1F1B: min(m, pp - stage) / m, i.e. 2/m on stage 0 and 1/m on the last
 stage of pp=2; GPipe: 1, every micro-batch):
-  data       e*D             first stage: the inputs, last stage: the targets, resident for the whole step
+  data       e*D             first stage: the inputs, last stage: the targets, resident for the whole step;
+                             with the driver's --stream-data each micro-batch is drawn when its forward runs:
+                             phi*e*D of inputs on the first stage (they are its a_0), 1/m*e*D of targets
   stored     phi*L*e*D       the fused chain (csrc/tp/linear_chain.cpp) saves every layer's output (its input
                              a_0 is the data on stage 0, a received buffer elsewhere: + phi*e*D there);
                              with --recompute only a_0 is saved, plus the stage output until its backward
                              (phi*e*D, not on the last stage)
-  rebuilt    L/m*e*D         --recompute only: one micro-batch's whole chain exists during its forward (until
-                             the chain returns) and again in its backward (rebuilt)
+  rebuilt    L/m*e*D         --recompute only: one micro-batch's whole chain exists again while its backward
+                             runs (the forward keeps only the layer it is on)
   backward   3/m*e*D         incoming gradient, ReLU-masked gradient, gradient for the layer below
-  loss       (4+e)*D/m       last stage: the C++ MSE's one fp32 difference of a micro-batch and the loss gradient
-                             in the output's dtype (before 2026-11-26's fix: fp32 copies of output and target
-                             saved, and every micro-batch's fp32 unreduced loss kept to the end of the step)
-Per row at D=4096 (1F1B, pp=2, m=8, L=8), the largest stage: fp32 55.3 KB (stage 0, 13.5 D), fp16 27.6 KB
-(stage 0, 6.75 D), fp16 + recompute 23.6 KB (last stage, 5.75 D): predicted max-batch ratios ~2.0x and ~2.3x
-(times (C - a_half) / (C - a_fp32) for the fixed memory a). Under GPipe: 42.5 D, 21.5 D, 7.5 D: 1.98x and
-5.67x. What bounds the ratios: the whole batch's data stays resident (e*D per row: 13.5 D / (2 * 1 D) = 6.75x
-at most, even with nothing else) and one micro-batch's rebuilt chain (L/m); under 1F1B at pp=2 only 2 micro-batches are in flight on stage 0 (1 on the last), so recompute saves
-at most (2 - 1) * L/m * e * D per row there and nothing on the last stage. Reaching 8x would need data drawn
-per micro-batch and more micro-batches.
+  loss       (4+e)*D/m       last stage: the C++ MSE's one fp32 difference of a micro-batch, and the output
+                             gradient it computes with the loss (native stages), kept until the backward:
+                             + phi*e*D (before 2026-11-26's fix: fp32 copies of output and target saved, and
+                             every micro-batch's fp32 unreduced loss kept to the end of the step)
+`--print-model` prints the table for a shape. What bounds the ratios under 1F1B at pp=2: only 2 micro-batches
+are in flight on stage 0 (1 on the last), so recompute saves at most (2 - 1) * L/m * e * D per row there and
+leaves one micro-batch's rebuilt chain (L/m); with the data resident, it alone (e*D per row on each end) caps
+the fp16 + recompute ratio at 13.5 D / 2 D = 6.75x. Under GPipe every micro-batch is in flight, which is
+where recomputation pays: with streamed data and m = 16 the model gives ~9.6x.
 
 Writes JSON lines to <out>/<date>-<gpus>x<card>-maxbatch.jsonl (appending, so modes run in separate commands
 accumulate): {"kind": "trial", ...} per trial, {"kind": "result", ...} per mode (with the fitted line
@@ -142,11 +143,12 @@ class Plan:
 
 # ------------------------------------------------------------------------------------------- memory model
 def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int], schedule: str, half: bool,
-                 recompute: bool, data_half: Optional[bool] = None) -> dict:
+                 recompute: bool, data_half: Optional[bool] = None, streamed: bool = False) -> dict:
     """Bytes per global batch row on every pipeline stage (the model of the module docstring), and the fixed
     bytes per stage (weights, gradients, fp32 masters, one gradient-sized optimizer temporary).
     micro_batches None: --micro-size (the micro-batch count grows with the batch; per-micro-batch terms are
-    then fixed memory, except under GPipe, which keeps every micro-batch in flight)."""
+    then fixed memory, except under GPipe, which keeps every micro-batch in flight).
+    streamed: the driver's --stream-data (micro-batches drawn when their forward runs)."""
     e = 2 if half else 4  # activations
     ed = e if data_half is None else (2 if data_half else 4)  # data (autocast: fp32 data, half activations)
     layers = depth / pp
@@ -158,15 +160,16 @@ def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int],
             phi = 1.0
         else:  # 1F1B-like: stage s holds at most pp - s micro-batches between their forward and backward
             phi = 0.0 if micro_batches is None else min(micro_batches, pp - s) / micro_batches
+        data = (first * phi + last * per_micro) if streamed else (first + last)
         terms = {
-            "data": (first + last) * ed * dim,
+            "data": data * ed * dim,
             # received input (not on stage 0: the data) + the layer outputs; with recompute only the output a
             # later stage still needs (the send / the backward's root; the last stage's goes into the loss)
             "stored": phi * ((0 if first else 1) + ((0 if last else 1) if recompute else layers)) * e * dim,
             "rebuilt": (layers * per_micro * e * dim) if recompute else 0.0,
             "backward": 3 * per_micro * e * dim,
-            # the C++ MSE: one fp32 difference of one micro-batch, then its gradient cast to the output's dtype
-            "loss": ((4 + e) * dim * per_micro) if last else 0.0,
+            # the C++ MSE: one fp32 difference of one micro-batch; its output gradient waits for the backward
+            "loss": ((4 + e) * dim * per_micro + phi * e * dim) if last else 0.0,
         }
         stages.append({"stage": s, "row_bytes": sum(terms.values()), "terms": terms})
     params = layers * (dim * dim + dim)
@@ -181,7 +184,8 @@ def mode_model(flags: tuple[str, ...], a: argparse.Namespace) -> dict:
     autocast = "autocast" in flags
     return memory_model(dim=a.dim, depth=a.depth, pp=a.pp, micro_batches=None if a.micro_size else a.micro_batches,
                         schedule=a.schedule, half=amp != "off", recompute="--recompute" in flags,
-                        data_half=False if autocast else None)
+                        data_half=False if autocast else None,
+                        streamed="--stream-data" in shlex.split(a.driver_args))
 
 
 def model_table(a: argparse.Namespace) -> str:

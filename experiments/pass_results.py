@@ -24,7 +24,7 @@ from bench import CONFIGS, Config, Spec, engine_record, program_record, write_re
 
 # The pass's shapes: the bench configs with its own step counts (tune_pass.sh: L 8 steps / 3 warm-up, C 10 / 3).
 PASS_CONFIGS = {"L": Config(8192, 16, 1024, 8, steps=8, warmup=3), "C": Config(8192, 8, 64, 4, steps=10, warmup=3),
-                "Lw": Config(8192, 16, 2048, 8, steps=8, warmup=3)}
+                "Lw": Config(8192, 16, 2048, 8, steps=8, warmup=3), "X": Config(8192, 16, 16384, 8, steps=4, warmup=1)}
 assert all(PASS_CONFIGS[c].batch == CONFIGS[c].batch and PASS_CONFIGS[c].micro == CONFIGS[c].micro
            for c in PASS_CONFIGS)
 
@@ -73,12 +73,48 @@ FINAL_RUNS: dict[str, tuple[dict, str]] = {
     "L_bf16_halfweights_zb1m_ahead1": (dict(system="engine", mode="zb1", config="L", prec="bf16", pp=2),
                                        "hybrid_engine.py $L --schedule zb1 --merge-wgrad --lookahead 1"),
 }
-PASSES = {"tune": RUNS, "final": FINAL_RUNS}
+# ab_pass.sh: every target's two sides after the native stages and the fused unscale, with the A/B against
+# the autograd stages (variant "autograd"), DP, TP and traced 1F1B runs
+BEST = "--schedule zb1 --merge-wgrad --lookahead 1"
+AB_RUNS: dict[str, tuple[dict, str]] = {
+    "C_fp16_zb1m": (dict(system="engine", mode="zb1", config="C", prec="fp16", pp=2),
+                    f"hybrid_engine.py --pp 2 $C --amp fp16 {BEST}"),
+    "C_fp16_zb1m_autograd": (dict(system="engine", mode="zb1", variant="autograd", config="C", prec="fp16", pp=2),
+                             f"hybrid_engine.py --pp 2 $C --amp fp16 {BEST} --autograd-stages"),
+    "C_fp16_peer": RUNS["C_fp16_peer"],
+    "C_fp16_base": RUNS["C_fp16_base"],
+    "L_fp16_zb1m": (dict(system="engine", mode="zb1", config="L", prec="fp16", pp=2),
+                    f"hybrid_engine.py --pp 2 $L --amp fp16 {BEST}"),
+    "L_fp16_zb1m_autograd": (dict(system="engine", mode="zb1", variant="autograd", config="L", prec="fp16", pp=2),
+                             f"hybrid_engine.py --pp 2 $L --amp fp16 {BEST} --autograd-stages"),
+    "L_fp16_peer": RUNS["L_fp16_peer"],
+    "L_fp16_base": RUNS["L_fp16_base"],
+    "L_fp16_single": RUNS["L_fp16_single"],
+    # strong scaling as bench.py runs it: L's batch, the config's micro-batches split over the replicas
+    "L_fp16_dp2": (dict(system="engine", mode="dp", config="L", prec="fp16", dp=2),
+                   "hybrid_engine.py --dp 2 $L --amp fp16 --micro-batches 4"),
+    "Lw_fp16_dp2": RUNS["Lw_fp16_dp2"],
+    "L_bf16_tp": (dict(system="engine", mode="tp", config="L", prec="bf16", mp=2),
+                  "hybrid_engine.py --mp 2 $L --amp bf16"),
+    "L_bf16_peer_tp": (dict(system="peer", mode="tp", config="L", prec="bf16", mp=2),
+                       "experiments/peer_torch_pipelining.py --mode tp $L --amp bf16"),
+    "L_fp16_1f1b_traced": (dict(system="engine", mode="1f1b", config="L", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $L --amp fp16 --schedule 1f1b --trace traces/L_fp16_1f1b_pp2"),
+    "L_fp32_1f1b_traced": (dict(system="engine", mode="1f1b", config="L", prec="fp32", pp=2),
+                           "hybrid_engine.py --pp 2 $L --schedule 1f1b --trace traces/L_fp32_1f1b_pp2"),
+    "X_fp16_1f1b_traced": (dict(system="engine", mode="1f1b", config="X", prec="fp16", pp=2),
+                           "hybrid_engine.py --pp 2 $X --amp fp16 --schedule 1f1b --trace traces/X_fp16_1f1b_pp2"),
+}
+PASSES = {"tune": RUNS, "final": FINAL_RUNS, "ab": AB_RUNS}
 # what $L, $C, $Lw stand for in each pass's commands (copied from the scripts)
 CMD_VARS = {
     "tune": {"L": "--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
              "C": "--dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --steps 10 --warmup 3 --seed 0",
              "Lw": "--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0"},
+    "ab": {"L": "--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
+           "C": "--dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --steps 10 --warmup 3 --seed 0",
+           "Lw": "--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
+           "X": "--dim 8192 --depth 16 --batch-size 16384 --micro-batches 8 --steps 4 --warmup 1 --seed 0"},
     "final": {"L": "--pp 2 --dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0 "
                    "--amp bf16"},
 }

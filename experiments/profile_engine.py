@@ -50,6 +50,7 @@ def main() -> None:
     p.add_argument("--micro-batches", type=int, default=8)
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--merge-wgrad", action="store_true")
+    p.add_argument("--lookahead", type=int, default=0)
     p.add_argument("--amp", default="off")
     p.add_argument("--amp-impl", default="half-weights")
     p.add_argument("--steps", type=int, default=3)
@@ -63,7 +64,7 @@ def main() -> None:
     groups = build_groups(grid, rank)
     engine = Engine(large_linear_model(a.dim, a.depth, 0), F.mse_loss, groups, schedule=a.schedule,
                     micro_batches=a.micro_batches, device=device, merge_weight_grads=a.merge_wgrad,
-                    precision=Precision(a.amp, a.amp_impl))
+                    lookahead=a.lookahead, precision=Precision(a.amp, a.amp_impl))
     data = SyntheticRegression(a.dim, 0, device)
     per = a.batch_size // grid.dp_size
     d = groups.coords.dp

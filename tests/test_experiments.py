@@ -330,19 +330,26 @@ def test_max_batch_search_retries_a_transient_launcher_failure_once_on_the_same_
 
 
 def test_memory_model_of_the_gpu_run_shape():
-    def row_d(schedule, half, recompute):
-        m = max_batch.memory_model(dim=4096, depth=16, pp=2, micro_batches=8, schedule=schedule, half=half,
-                                   recompute=recompute)
+    def row_d(schedule, half, recompute, streamed=False, micro=8):
+        m = max_batch.memory_model(dim=4096, depth=16, pp=2, micro_batches=micro, schedule=schedule, half=half,
+                                   recompute=recompute, streamed=streamed)
         return m["row_bytes"] / 4096, m["bound_by_stage"]
-    # 1F1B: stage 0 holds 2 micro-batches, the last stage 1; bytes per row in units of dim
+    # 1F1B: stage 0 holds 2 micro-batches, the last stage 1; bytes per row in units of dim. The last stage keeps
+    # each in-flight micro-batch's output gradient (computed with the loss) until its backward.
     assert row_d("1f1b", False, False) == (13.5, 0)
     assert row_d("1f1b", True, False) == (6.75, 0)
-    assert row_d("1f1b", True, True) == (5.75, 1)
-    assert row_d("gpipe", False, False) == (42.5, 1)
-    assert row_d("gpipe", True, False) == (21.5, 1)
-    assert row_d("gpipe", True, True) == (7.5, 1)
+    assert row_d("1f1b", True, True) == (6.0, 1)
+    assert row_d("gpipe", False, False) == (46.5, 1)
+    assert row_d("gpipe", True, False) == (23.5, 1)
+    assert row_d("gpipe", True, True) == (9.5, 1)
+    # streamed data: only in-flight inputs on stage 0, one micro-batch of targets at a time on the last stage
+    assert row_d("1f1b", False, False, streamed=True) == (10.5, 0)
+    assert row_d("1f1b", True, True, streamed=True) == (4.25, 1)
+    assert row_d("gpipe", True, True, streamed=True, micro=16) == (5.875, 1)
     args = max_batch.parse_args(["--dim", "4096"])
-    assert "x fp32 2.35" in max_batch.model_table(args)  # the slopes' ratio fp16-recompute / fp32 under 1F1B
+    assert "x fp32 2.25" in max_batch.model_table(args)  # the slopes' ratio fp16-recompute / fp32 under 1F1B
+    args = max_batch.parse_args(["--dim", "4096", "--driver-args=--stream-data"])
+    assert "x fp32 2.47" in max_batch.model_table(args)
 
 
 def test_launcher_failures_are_transient_and_the_memory_cap_is_the_capacity():
