@@ -48,7 +48,11 @@ std::map<int, NativeStage> to_native_stages(const std::map<int, NativeStageArgs>
 void bind_executor(py::module_& m) {
   py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
                                                       "Sums flat gradient buckets over the DP group.")
-      .def(py::init<std::vector<at::Tensor>, GroupPtr>(), py::arg("buckets"), py::arg("dp_group"))
+      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>>(), py::arg("buckets"),
+           py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt,
+           "wire_dtype: the dtype the buckets travel in (e.g. torch.bfloat16: half the bytes for fp32 gradients); "
+           "None: their own.")
+      .def_property_readonly("wire_dtype", &DpGradSync::wire_dtype)
       .def(
           "launch", [](DpGradSync& sync, int bucket) { sync.launch(bucket); }, py::arg("bucket"),
           py::call_guard<py::gil_scoped_release>())

@@ -120,6 +120,9 @@ class Engine:
         gradient's round trip through the later stages overlaps work (one more live micro-batch each).
     dp_bucket_mb: size cap (MiB of gradient) of a DP all-reduce bucket; buckets hold whole layers, last layer
         first, and each is launched as soon as its gradients are final in the step's last backward.
+    dp_grad_dtype: the dtype gradients travel in for the DP all-reduce (None: their own, fp32); torch.bfloat16
+        halves the bytes on the link at the price of rounding each replica's gradient and their sum to bf16
+        (accumulation stays fp32). Like DDP's bf16_compress_hook; opt-in.
     native_stages: with fuse_stages, the executor runs each fused chain itself, without autograd (no graph, the
         backward on the executor's thread, and with F.mse_loss the loss's gradient computed with the loss);
         False keeps them as autograd nodes called through Python (the A/B baseline).
@@ -150,7 +153,11 @@ class Engine:
         lookahead: int = 0,
         dp_bucket_mb: float = 256.0,
         native_stages: bool = True,
+        dp_grad_dtype: torch.dtype | None = None,
     ):
+        if dp_grad_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dp_grad_dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got "
+                             f"{dp_grad_dtype}")
         self.groups = groups
         self.grid = groups.grid
         self.device = torch.device(device)
@@ -201,6 +208,7 @@ class Engine:
         self._native_chains = ({s: _chain_of(self.stages[s]) for s in self.stage_ids}
                                if native_stages and fuse_stages and not precision.autocast else {})
         self._recompute = recompute
+        self._dp_grad_dtype = dp_grad_dtype
         self._trace = trace
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
 
@@ -309,7 +317,7 @@ class Engine:
                 sends[(dst, code)] = entry
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
-        dp_sync = _C.DpGradSync(self._buckets, self.groups.dp)
+        dp_sync = _C.DpGradSync(self._buckets, self.groups.dp, self._dp_grad_dtype)
         # The chains the runner would run as linear_chain (2-D input) go to the executor instead.
         native = {s: (params, relu, self._recompute) for s, chain in self._native_chains.items()
                   if chain is not None and inputs[s].dim() == 2 for params, relu in [chain]}

@@ -13,9 +13,11 @@ uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.da
 
 }  // namespace
 
-DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group)
+DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
+                       std::optional<at::ScalarType> wire_dtype)
     : buckets_(std::move(buckets)),
       dp_group_(std::move(dp_group)),
+      wire_dtype_(wire_dtype),
       launched_(buckets_.size(), false),
       armed_(buckets_.size(), false),
       announced_(buckets_.size()),
@@ -43,8 +45,22 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   // On CUDA, c10d's NCCL all-reduce makes its stream wait on the caller's current stream at launch; called
   // from a backward right after the GEMM that wrote the last gradient (same thread, same stream), it is
   // ordered after that write without any synchronisation here.
-  auto work = all_reduce_sum_async(buckets_[bucket], dp_group_);
-  if (work) pending_.push_back(std::move(work));
+  if (is_trivial(dp_group_)) return;
+  at::Tensor& grads = buckets_[bucket];
+  // The cast runs on the caller's current stream, right after the write that finished the bucket; the
+  // all-reduce's stream waits for it like for any other producer.
+  at::Tensor wire = wire_dtype_ && *wire_dtype_ != grads.scalar_type() ? grads.to(*wire_dtype_) : at::Tensor();
+  at::Tensor& payload = wire.defined() ? wire : grads;
+  auto work = all_reduce_sum_async(payload, dp_group_);
+  pending_.push_back({std::move(work), bucket, std::move(wire)});
+}
+
+void DpGradSync::complete(std::vector<InFlight>& in_flight) {
+  for (InFlight& f : in_flight) {
+    f.work->wait();  // on CUDA: the current stream waits for the all-reduce, then the cast back follows it
+    if (f.wire.defined()) buckets_[f.bucket].copy_(f.wire);
+  }
+  in_flight.clear();
 }
 
 void DpGradSync::arm(const std::vector<int>& buckets) {
@@ -91,25 +107,25 @@ bool DpGradSync::notify(const at::Tensor& grad) {
 }
 
 void DpGradSync::finish() {
-  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  std::vector<InFlight> pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int b = 0; b < num_buckets(); ++b) launch_locked(b, LaunchCause::Finish);
     pending.swap(pending_);
   }
-  for (auto& work : pending) work->wait();
+  complete(pending);
   std::lock_guard<std::mutex> lock(mutex_);
   last_launches_ = std::move(launches_);
   clear_step_locked();
 }
 
 void DpGradSync::reset() {
-  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  std::vector<InFlight> pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending.swap(pending_);
   }
-  for (auto& work : pending) work->wait();
+  for (InFlight& f : pending) f.work->wait();  // an aborted step's sums are dropped, not cast back
   std::lock_guard<std::mutex> lock(mutex_);
   clear_step_locked();
 }

@@ -12,6 +12,12 @@
 // announced is launched at once, while the backward of earlier layers goes on. Whatever was not announced
 // (ordinary autograd modules) is launched by the executor after the action, and finish() launches the rest:
 // correctness never depends on the announcements, only the overlap does.
+//
+// Wire dtype (optional, e.g. bf16 for fp32 buckets): a bucket is cast to it when launched, the narrower copy is
+// summed, and finish() casts the sum back into the bucket. Half the bytes on the link for fp32 gradients, at the
+// price of rounding each replica's gradient (and the sum) to the wire dtype's precision: PyTorch DDP's
+// bf16_compress_hook, Megatron's gradient reduction in bf16. Gradients are still accumulated in the bucket's
+// dtype; only what travels is rounded.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "comm/collectives.h"
@@ -37,7 +44,8 @@ struct BucketLaunch {
 class DpGradSync {
  public:
   // buckets[i] is the flat gradient buffer of bucket i; group is the DP group (trivial group: no-op).
-  DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group);
+  // wire_dtype: the dtype buckets travel in (nullopt: their own); a bucket already of that dtype is sent as is.
+  DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {});
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
@@ -53,6 +61,7 @@ class DpGradSync {
 
   // Launch whatever has not been launched (bucket order), wait for all. The buckets then hold the DP sum.
   void finish();
+  std::optional<at::ScalarType> wire_dtype() const { return wire_dtype_; }
   // Forget launches of an aborted step.
   void reset();
 
@@ -64,13 +73,23 @@ class DpGradSync {
   int bucket_of(uintptr_t begin, uintptr_t end) const;  // -1: not inside one bucket
   void clear_step_locked();
 
+  // An all-reduce in flight: its work and, when the bucket travels in the wire dtype, the narrower copy that is
+  // summed (cast back into the bucket once the work is done).
+  struct InFlight {
+    c10::intrusive_ptr<c10d::Work> work;
+    int bucket = 0;
+    at::Tensor wire;
+  };
+  void complete(std::vector<InFlight>& in_flight);
+
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
+  std::optional<at::ScalarType> wire_dtype_;
   std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
 
   // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.
   mutable std::mutex mutex_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> pending_;
+  std::vector<InFlight> pending_;
   std::vector<bool> launched_;
   std::vector<bool> armed_;
   // Per bucket, this step: the byte ranges announced final (start -> end, disjoint) and the bytes still not.
