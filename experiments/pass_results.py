@@ -105,7 +105,30 @@ AB_RUNS: dict[str, tuple[dict, str]] = {
     "X_fp16_1f1b_traced": (dict(system="engine", mode="1f1b", config="X", prec="fp16", pp=2),
                            "hybrid_engine.py --pp 2 $X --amp fp16 --schedule 1f1b --trace traces/X_fp16_1f1b_pp2"),
 }
-PASSES = {"tune": RUNS, "final": FINAL_RUNS, "ab": AB_RUNS}
+# dp_pass.sh: data parallelism at L fp16 beside the 1-GPU run of the same flags (default schedule and zb1 + merged
+# W, each with the fp32 all-reduce and with bf16 on the wire)
+ZB = "--schedule zb1 --merge-wgrad"
+DP_RUNS: dict[str, tuple[dict, str]] = {
+    "L_single": (dict(system="engine", mode="single", config="L", prec="fp16"), "hybrid_engine.py $L"),
+    "L_dp2": (dict(system="engine", mode="dp", config="L", prec="fp16", dp=2),
+              "hybrid_engine.py --dp 2 $L --micro-batches 4"),
+    "L_dp2_bf16wire": (dict(system="engine", mode="dp", variant="bf16wire", config="L", prec="fp16", dp=2),
+                       "hybrid_engine.py --dp 2 $L --micro-batches 4 --dp-grad-dtype bf16"),
+    "Lw_dp2": (dict(system="engine", mode="dp", config="Lw", prec="fp16", dp=2), "hybrid_engine.py --dp 2 $Lw"),
+    "Lw_dp2_bf16wire": (dict(system="engine", mode="dp", variant="bf16wire", config="Lw", prec="fp16", dp=2),
+                        "hybrid_engine.py --dp 2 $Lw --dp-grad-dtype bf16"),
+    "L_single_zb1m": (dict(system="engine", mode="single", variant="zb1m", config="L", prec="fp16"),
+                      f"hybrid_engine.py $L {ZB}"),
+    "L_dp2_zb1m": (dict(system="engine", mode="dp", variant="zb1m", config="L", prec="fp16", dp=2),
+                   f"hybrid_engine.py --dp 2 $L --micro-batches 4 {ZB}"),
+    "L_dp2_zb1m_bf16wire": (dict(system="engine", mode="dp", variant="zb1m_bf16wire", config="L", prec="fp16", dp=2),
+                            f"hybrid_engine.py --dp 2 $L --micro-batches 4 {ZB} --dp-grad-dtype bf16"),
+    "Lw_dp2_zb1m": (dict(system="engine", mode="dp", variant="zb1m", config="Lw", prec="fp16", dp=2),
+                    f"hybrid_engine.py --dp 2 $Lw {ZB}"),
+    "Lw_dp2_zb1m_bf16wire": (dict(system="engine", mode="dp", variant="zb1m_bf16wire", config="Lw", prec="fp16",
+                                  dp=2), f"hybrid_engine.py --dp 2 $Lw {ZB} --dp-grad-dtype bf16"),
+}
+PASSES = {"tune": RUNS, "final": FINAL_RUNS, "ab": AB_RUNS, "dp": DP_RUNS}
 # what $L, $C, $Lw stand for in each pass's commands (copied from the scripts)
 CMD_VARS = {
     "tune": {"L": "--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
@@ -115,6 +138,8 @@ CMD_VARS = {
            "C": "--dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --steps 10 --warmup 3 --seed 0",
            "Lw": "--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0",
            "X": "--dim 8192 --depth 16 --batch-size 16384 --micro-batches 8 --steps 4 --warmup 1 --seed 0"},
+    "dp": {"L": "--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0 --amp fp16",
+           "Lw": "--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0 --amp fp16"},
     "final": {"L": "--pp 2 --dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0 "
                    "--amp bf16"},
 }
