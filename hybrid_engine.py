@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
             summary = write_trace(args.trace, rows, args.schedule, args.micro_batches, args.virtual_stages,
                                   args.lookahead)
             print(f"trace: {args.trace}.json, measured bubble {summary['measured_bubble']:.3f}, "
-                  f"simulated {summary['simulated_bubble']:.3f}", flush=True)
+                  f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
+                  f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)", flush=True)
             if metrics:
                 metrics.write(json.dumps({"trace": summary}) + "\n")
     if metrics:

@@ -110,7 +110,8 @@ void bind_schedule(py::module_& root) {
   m.def("add_communication", &add_communication, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"));
   m.def("validate", &validate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("micro_batches"));
   m.def("simulate", &simulate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"),
-        py::arg("costs") = Costs());
+        py::arg("costs") = Costs(), py::arg("stage_costs") = std::vector<Costs>{},
+        "stage_costs: per stage, the durations of its actions instead of costs' (latency stays costs').");
 }
 
 }  // namespace hybrid

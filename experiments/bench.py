@@ -175,7 +175,9 @@ def command(spec: Spec, cfg: Config, *, device: str, metrics: str, engine_extra:
     return launcher + [str(a) for a in args]
 
 
-def engine_record(spec: Spec, cfg: Config, metrics_path: str) -> dict:
+def engine_record(spec: Spec, cfg: Config, metrics_path: str, trace_json: str | None = None) -> dict:
+    """The run's record from the driver's --metrics file. trace_json: the run's written trace, to compute the
+    calibrated bubble when the driver that ran it did not yet report one."""
     from common import record
 
     lines = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
@@ -190,6 +192,13 @@ def engine_record(spec: Spec, cfg: Config, metrics_path: str) -> dict:
     if trace:  # the driver's timeline of the last step (hybrid_engine/trace.py defines its bubble)
         extra.update(bubble_traced=round(trace["measured_bubble"], 4),
                      bubble_traced_simulated=round(trace["simulated_bubble"], 4))
+        calibrated = trace.get("calibrated_bubble")
+        if calibrated is None and trace_json and Path(trace_json).exists():
+            from hybrid_engine.trace import calibrated_bubble, rows_of_chrome_trace
+            calibrated = calibrated_bubble(rows_of_chrome_trace(trace_json), trace["schedule"],
+                                           trace["micro_batches"], 1)
+        if calibrated is not None:
+            extra["bubble_calibrated"] = round(calibrated, 4)
     return record(system="engine", mode=spec.mode, prec=spec.prec, gpus=spec.gpus, dp=spec.dp, pp=spec.pp,
                   mp=spec.mp, dim=cfg.dim, depth=cfg.depth, batch=cfg.batch, micro=cfg.micro, times=timed,
                   losses=[s["loss"] for s in steps], peaks=steps[-1]["peak_mem_gib"], **extra)

@@ -152,7 +152,9 @@ def run_record(log_dir: Path, name: str, fields: dict, cmd: str) -> dict:
            "cmd": f"torchrun --nproc_per_node={spec.nproc} {cmd}"}
     try:
         if spec.system == "engine":
-            rec = engine_record(spec, cfg, str(log_dir / f"{name}.jsonl"))
+            traced = cmd.split("--trace ")[1].split()[0] + ".json" if "--trace " in cmd else None
+            rec = engine_record(spec, cfg, str(log_dir / f"{name}.jsonl"),
+                                str(log_dir / traced) if traced else None)
         else:
             rec = program_record((log_dir / f"{name}.log").read_text())
         out.update({k: v for k, v in rec.items() if k not in fields})

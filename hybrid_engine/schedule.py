@@ -71,14 +71,16 @@ def validate(schedule: Schedule, micro_batches: Optional[int] = None, num_stages
     _core.validate(schedule, len(schedule), stages, micro_batches)
 
 
-def simulate(schedule: Schedule, costs: Optional[Costs] = None, num_stages: Optional[int] = None) -> SimResult:
+def simulate(schedule: Schedule, costs: Optional[Costs] = None, num_stages: Optional[int] = None,
+             stage_costs: Optional[list[Costs]] = None) -> SimResult:
     """Dry-run all ranks. Costs are per action (one stage, one micro-batch); default F=1, B=2, I=1, W=1.
+    stage_costs: one Costs per stage, used for that stage's actions instead (latency stays costs').
 
     Raises ValueError for a malformed schedule and ScheduleDeadlockError (a RuntimeError) naming the stuck
     action of every rank when no rank can progress.
     """
     stages = num_stages if num_stages is not None else num_stages_of(schedule)
-    return _core.simulate(schedule, len(schedule), stages, costs if costs is not None else Costs())
+    return _core.simulate(schedule, len(schedule), stages, costs if costs is not None else Costs(), stage_costs or [])
 
 
 def format_grid(schedule: Schedule, include_comms: bool = False) -> str:

@@ -50,10 +50,23 @@ double Costs::of(ActionType type) const {
   }
 }
 
-SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs) {
+SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs,
+                   const std::vector<Costs>& stage_costs) {
   for (double c : {costs.forward, costs.backward, costs.backward_input, costs.backward_weight, costs.latency}) {
     if (!(c >= 0.0)) throw std::invalid_argument("costs and latency must be >= 0");
   }
+  if (!stage_costs.empty() && static_cast<int>(stage_costs.size()) != num_stages) {
+    throw std::invalid_argument("stage_costs has " + std::to_string(stage_costs.size()) + " entries for " +
+                                std::to_string(num_stages) + " stages");
+  }
+  for (const Costs& c : stage_costs) {
+    for (double v : {c.forward, c.backward, c.backward_input, c.backward_weight}) {
+      if (!(v >= 0.0)) throw std::invalid_argument("stage costs must be >= 0");
+    }
+  }
+  auto cost_of = [&](const Action& a) {
+    return stage_costs.empty() ? costs.of(a.type) : stage_costs[a.stage].of(a.type);
+  };
   validate(schedule, pp, num_stages, infer_micro_batches(schedule));
   if (pp > 1 && !has_communication(schedule)) {
     throw std::invalid_argument("simulate needs the sends and receives of a pp > 1 schedule; "
@@ -91,7 +104,7 @@ SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs
           if (in.index >= static_cast<int>(sent.size())) break;  // blocked: the data is not sent yet
           start = std::max(start, sent[in.index] + costs.latency);
         }
-        const double cost = costs.of(a.type);
+        const double cost = cost_of(a);
         st.clock = start + cost;
         result.busy[r] += cost;
         if (a.type == ActionType::F) ++st.live;

@@ -51,6 +51,9 @@ class DeadlockError : public std::runtime_error {
 // malformed program raises std::invalid_argument naming the rank and action. With pp > 1 the schedule
 // must hold its communication (add_communication). An activation counts as live from its F until its B,
 // or until its W when the backward is split (W still needs the stashed inputs).
-SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs = Costs());
+// stage_costs (optional, one per stage): the durations of that stage's actions instead of `costs`'s, e.g. the
+// medians measured in a trace (a "calibrated" simulation); the latency stays `costs.latency`.
+SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs = Costs(),
+                   const std::vector<Costs>& stage_costs = {});
 
 }  // namespace hybrid
