@@ -6,19 +6,11 @@
 # L's 8 micro-batches per replica). Logs land in ${OUT:-/tmp/he_out}/dp_pass.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/dp_pass; mkdir -p "$OUT" "$RES"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 || { tail -40 "$RES/build.log"; exit 1; }
+source experiments/pass_lib.sh
+pass_setup dp_pass
 L="--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0 --amp fp16"
 Lw="--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup 3 --seed 0 --amp fp16"
 ZB="--schedule zb1 --merge-wgrad"
-engine() {  # name nproc args...
-  local name=$1 n=$2; shift 2
-  timeout 120 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" "$@" \
-    > "$RES/$name.log" 2>&1 || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
-  echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
-}
 engine L_single 1 $L
 engine L_dp2 2 --dp 2 $L --micro-batches 4
 engine L_dp2_bf16wire 2 --dp 2 $L --micro-batches 4 --dp-grad-dtype bf16

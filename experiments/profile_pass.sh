@@ -7,10 +7,8 @@
 # Logs and traces land in ${OUT:-/tmp/he_out}/profile_pass.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/profile_pass; mkdir -p "$OUT" "$RES"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 || { tail -40 "$RES/build.log"; exit 1; }
+source experiments/pass_lib.sh
+pass_setup profile_pass
 C="--pp 2 --dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --lookahead 1"
 Ldp="--dp 2 --pp 1 --dim 8192 --depth 16 --batch-size 1024 --micro-batches 8"
 for cfg in C Ldp; do

@@ -1,0 +1,24 @@
+# Sourced by the device pass scripts (tune_pass.sh, ab_pass.sh, dp_pass.sh, profile_pass.sh): the NCCL settings
+# every GPU run keeps, the build, and the helpers that log one run under $RES and print its one-line result.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
+
+pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_out}
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/$1; mkdir -p "$OUT" "$RES"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
+    || { tail -40 "$RES/build.log"; exit 1; }
+}
+
+engine() {  # name nproc driver-args...: the driver with --metrics, its median step printed
+  local name=$1 n=$2; shift 2
+  timeout 120 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" "$@" \
+    > "$RES/$name.log" 2>&1 || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
+  echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
+}
+
+program() {  # name nproc script args...: a base or peer program of experiments/, its samples/s printed
+  local name=$1 n=$2 script=$3; shift 3
+  timeout 120 torchrun --nproc_per_node="$n" "experiments/$script" "$@" > "$RES/$name.log" 2>&1 \
+    || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
+  echo "$name: $(grep -o '"samples_s": [0-9.]*' "$RES/$name.log" | tail -1)"
+}
