@@ -367,63 +367,16 @@ class Engine:
         rows of the slice: the executor then asks for each micro-batch when its forward runs, so the batch is
         never resident as a whole. Returns the global mean loss on every rank."""
         start = time.perf_counter()
-        for needed, given, what in ((self.holds_first_stage, inputs, "inputs"),
-                                    (self.holds_last_stage, targets, "targets")):
-            if needed and given is None:
-                raise ValueError(f"pipeline rank {self.pp_rank} holds the {'first' if what == 'inputs' else 'last'} "
-                                 f"stage: train_step needs its {what}")
-        streamed = callable(inputs) or callable(targets)
-        half = self.precision.half_dtype if self.precision.half_weights else None
-        if streamed:
-            input_fn = _micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
-            target_fn = (_micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
-                         else None)
-            if self._executor is None:
-                self._executor = self._build_executor(input_fn(0) if input_fn else None)
-        else:
-            if self.holds_first_stage and half is not None:
-                inputs = inputs.to(half)
-            micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
-            micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
-            if self._executor is None:
-                self._executor = self._build_executor(micro_in[0] if micro_in else None)
-        if not self._executor.overwrites_weight_grads:
-            self.zero_grad()
         scale = self.scaler.scale if self.scaler is not None else 1.0
         # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once
         # (and multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass
         # over the gradients. The executor returns the losses before this multiplier.
-        multiplier = scale / (self.micro_batches * self.dp_size)
-        if streamed:
-            losses = self._executor.run_streamed(input_fn, target_fn, multiplier)
-        else:
-            losses = self._executor.run(micro_in, micro_tgt, multiplier)
+        losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
         if self._inject_nonfinite and self._buckets:
             self._buckets[0].view(-1)[0] = float("inf")
         self._inject_nonfinite = False
 
-        # DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every rank of
-        # every replica take the same decision.
-        skipped = False
-        grad_norm = None
-        # fp16 with half weights, plain SGD and no clipping: the overflow check only reads the gradients, and the
-        # fused step applies 1/scale itself and skips itself on the device, so the host waits for the flag only
-        # at the step's own sync below (csrc/amp/nonfinite.h). The gradient buffers then still hold the SCALED
-        # gradients after the step: nothing reads them before the next step zeroes or overwrites them.
-        # Clipping (its norm needs unscaled gradients) and any other optimizer (it reads .grad) unscale in place.
-        fused_lr = (plain_sgd_lr(self.optimizer)
-                    if self.scaler is not None and self.masters is not None and self.clip_grad <= 0 else None)
-        found_inf: torch.Tensor | None = None
-        if fused_lr is not None:
-            found_inf = self.scaler.find_nonfinite(self._buckets, self.groups.model_parallel, self.device)
-            self.masters.sgd_step_and_cast(fused_lr, inv_scale=self.scaler.inv_scale, skip_if=found_inf)
-        else:
-            if self.scaler is not None:
-                skipped = self.scaler.unscale_and_check(self._buckets, self.groups.model_parallel, self.device)
-            if not skipped and self.clip_grad > 0:
-                grad_norm = self._clip()
-            if not skipped:
-                self._optimizer_step()
+        found_inf, skipped, grad_norm = self._update()
         loss = self._global_loss(losses)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -434,6 +387,60 @@ class Engine:
             self.overflow_watch.observe(self.scaler)
         return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
+
+    def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
+        """Runs the step's pipeline program (building the executor on the first step); the gradients are then
+        summed over DP. Returns the per-micro-batch losses on the last stage."""
+        for needed, given, what in ((self.holds_first_stage, inputs, "inputs"),
+                                    (self.holds_last_stage, targets, "targets")):
+            if needed and given is None:
+                raise ValueError(f"pipeline rank {self.pp_rank} holds the {'first' if what == 'inputs' else 'last'} "
+                                 f"stage: train_step needs its {what}")
+        half = self.precision.half_dtype if self.precision.half_weights else None
+        if callable(inputs) or callable(targets):
+            input_fn = _micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
+            target_fn = (_micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
+                         else None)
+            self._prepare(input_fn(0) if input_fn and self._executor is None else None)
+            return self._executor.run_streamed(input_fn, target_fn, multiplier)
+        if self.holds_first_stage and half is not None:
+            inputs = inputs.to(half)
+        micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
+        micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
+        self._prepare(micro_in[0] if micro_in else None)
+        return self._executor.run(micro_in, micro_tgt, multiplier)
+
+    def _prepare(self, first_micro_input: torch.Tensor | None) -> None:
+        """The executor (first step: its shapes come from a micro-batch), and zeroed gradients unless this step
+        overwrites them."""
+        if self._executor is None:
+            self._executor = self._build_executor(first_micro_input)
+        if not self._executor.overwrites_weight_grads:
+            self.zero_grad()
+
+    def _update(self) -> tuple[torch.Tensor | None, bool, float | None]:
+        """The optimizer's side of the step: (device overflow flag or None, skipped, grad norm or None).
+
+        fp16 with half weights, plain SGD and no clipping: the overflow check only reads the gradients, and the
+        fused step applies 1/scale itself and skips itself on the device, so the host reads the flag only at the
+        step's own final sync (csrc/amp/nonfinite.h). The gradient buffers then still hold the SCALED gradients
+        after the step: nothing reads them before the next step zeroes or overwrites them. Clipping (its norm
+        needs unscaled gradients) and any other optimizer (it reads .grad) unscale in place, and decide on the
+        host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every rank
+        of every replica take the same decision."""
+        fused_lr = (plain_sgd_lr(self.optimizer)
+                    if self.scaler is not None and self.masters is not None and self.clip_grad <= 0 else None)
+        if fused_lr is not None:
+            found_inf = self.scaler.find_nonfinite(self._buckets, self.groups.model_parallel, self.device)
+            self.masters.sgd_step_and_cast(fused_lr, inv_scale=self.scaler.inv_scale, skip_if=found_inf)
+            return found_inf, False, None
+        skipped = False
+        if self.scaler is not None:
+            skipped = self.scaler.unscale_and_check(self._buckets, self.groups.model_parallel, self.device)
+        grad_norm = self._clip() if not skipped and self.clip_grad > 0 else None
+        if not skipped:
+            self._optimizer_step()
+        return None, skipped, grad_norm
 
     def _optimizer_step(self) -> None:
         """The optimizer's step, then (half weights) the one cast of the masters to the model. Plain SGD on
