@@ -47,20 +47,22 @@ stage of pp=2; GPipe: 1, every micro-batch):
                              phi*e*D of inputs on the first stage (they are its a_0), 1/m*e*D of targets
   stored     phi*L*e*D       the fused chain (csrc/tp/linear_chain.cpp) saves every layer's output (its input
                              a_0 is the data on stage 0, a received buffer elsewhere: + phi*e*D there);
-                             with --recompute only a_0 is saved, plus the stage output until its backward
-                             (phi*e*D, not on the last stage)
+                             with --recompute only a_0 is saved (a native stage drops its output once its send
+                             is done; the engine's default)
   rebuilt    L/m*e*D         --recompute only: one micro-batch's whole chain exists again while its backward
                              runs (the forward keeps only the layer it is on)
   backward   3/m*e*D         incoming gradient, ReLU-masked gradient, gradient for the layer below
   loss       (4+e)*D/m       last stage: the C++ MSE's one fp32 difference of a micro-batch, and the output
                              gradient it computes with the loss (native stages), kept until the backward:
-                             + phi*e*D (before 2026-11-26's fix: fp32 copies of output and target saved, and
-                             every micro-batch's fp32 unreduced loss kept to the end of the step)
+                             + phi*e*D, except with --recompute, where the last stage's whole forward, its loss
+                             and its target's draw move into the backward (before 2026-11-26's fix: fp32 copies
+                             of output and target saved, and every micro-batch's fp32 unreduced loss kept to the
+                             end of the step)
 `--print-model` prints the table for a shape. What bounds the ratios under 1F1B at pp=2: only 2 micro-batches
 are in flight on stage 0 (1 on the last), so recompute saves at most (2 - 1) * L/m * e * D per row there and
 leaves one micro-batch's rebuilt chain (L/m); with the data resident, it alone (e*D per row on each end) caps
 the fp16 + recompute ratio at 13.5 D / 2 D = 6.75x. Under GPipe every micro-batch is in flight, which is
-where recomputation pays: with streamed data and m = 16 the model gives ~9.6x.
+where recomputation pays: with streamed data and m = 16 the model gives ~10.7x.
 
 Writes JSON lines to <out>/<date>-<gpus>x<card>-maxbatch.jsonl (appending, so modes run in separate commands
 accumulate): {"kind": "trial", ...} per trial, {"kind": "result", ...} per mode (with the fitted line
@@ -163,13 +165,14 @@ def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int],
         data = (first * phi + last * per_micro) if streamed else (first + last)
         terms = {
             "data": data * ed * dim,
-            # received input (not on stage 0: the data) + the layer outputs; with recompute only the output a
-            # later stage still needs (the send / the backward's root; the last stage's goes into the loss)
-            "stored": phi * ((0 if first else 1) + ((0 if last else 1) if recompute else layers)) * e * dim,
+            # received input (not on stage 0: the data) + the layer outputs; with recompute none of them (a
+            # native stage drops its output once sent; the last stage defers its forward to the backward)
+            "stored": phi * ((0 if first else 1) + (0 if recompute else layers)) * e * dim,
             "rebuilt": (layers * per_micro * e * dim) if recompute else 0.0,
             "backward": 3 * per_micro * e * dim,
-            # the C++ MSE: one fp32 difference of one micro-batch; its output gradient waits for the backward
-            "loss": ((4 + e) * dim * per_micro + phi * e * dim) if last else 0.0,
+            # the C++ MSE: one fp32 difference of one micro-batch; its output gradient waits for the backward,
+            # except with recompute, where the last stage's forward and loss run in the backward itself
+            "loss": ((4 + e) * dim * per_micro + (0 if recompute else phi * e * dim)) if last else 0.0,
         }
         stages.append({"stage": s, "row_bytes": sum(terms.values()), "terms": terms})
     params = layers * (dim * dim + dim)

@@ -161,6 +161,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   const MicroBatchFn inputs = checked(input_fn, "input");
   const MicroBatchFn targets = checked(target_fn, "target");
   std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
+  step_ = {&targets, loss_multiplier, &losses};
   trace_.clear();
   device_spans_.clear();
   const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
@@ -204,12 +205,14 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
     if (dp_sync_) dp_sync_->finish();
     if (device_trace) resolve_device_trace();
   } catch (...) {
+    step_ = {};
     micro_.clear();
     recvs_.clear();
     sends_.clear();
     WeightGradStore::instance().clear();
     throw;
   }
+  step_ = {};
   micro_.clear();
   return losses;
 }
@@ -239,6 +242,9 @@ void PipelineExecutor::execute(const Action& a, const MicroBatchFn& inputs, cons
       MicroState& s = state(a.stage, a.micro);
       if (!s.output.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no F ran)");
       post_send(a, TensorKind::Activation, s.output.detach());
+      // A native stage's backward needs only what it saved (with recompute: the input), not the output: the
+      // pending send keeps it alive until the transfer is done.
+      if (native_stage(a.stage) != nullptr) s.output.reset();
       break;
     }
     case ActionType::SEND_B: {
@@ -320,49 +326,68 @@ void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage,
   at::NoGradGuard no_grad;
   const at::Tensor input =
       is_first_stage(a.stage) ? inputs(a.micro) : take_recv(a, TensorKind::Activation);
+  if (is_last_stage(a.stage) && stage.recompute) {
+    // The backward reruns this forward anyway, and nothing downstream waits for the output: the whole forward,
+    // the loss and the target's draw move there, and only the input waits for it (no output gradient kept).
+    s.saved = {input};
+    s.forward_deferred = true;
+    return;
+  }
   at::Tensor output = chain_forward(input, stage.params, stage.relu, stage.recompute, s.saved);
   if (!is_last_stage(a.stage)) {
     s.output = output;
     return;
   }
-  const at::Tensor target = targets(a.micro);
+  s.output_grad = loss_grad(a, output, targets(a.micro), loss_multiplier, losses);
+}
+
+at::Tensor PipelineExecutor::loss_grad(const Action& a, const at::Tensor& output, const at::Tensor& target,
+                                       double loss_multiplier, std::vector<at::Tensor>& losses) {
   if (config_.native_mse && output.sizes() == target.sizes()) {
     LossAndGrad loss = mse_loss_and_grad(output, target, loss_multiplier);
     losses.at(a.micro) = loss.loss;
-    s.output_grad = std::move(loss.grad);
-    return;
+    return loss.grad;
   }
   // Any other loss runs through autograd, from the stage output (a fresh leaf) to the loss only.
   at::AutoGradMode grad_mode(true);
-  s.output = output.requires_grad_(true);
-  at::Tensor loss = loss_fn_(s.output, target);
+  at::Tensor leaf = output.detach().requires_grad_(true);
+  at::Tensor loss = loss_fn_(leaf, target);
   if (loss.numel() != 1) throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
   losses.at(a.micro) = loss.detach();
-  s.loss = loss * loss_multiplier;
+  at::Tensor scaled = loss * loss_multiplier;
+  if (scaled.requires_grad()) torch::autograd::backward({scaled});
+  at::Tensor grad = leaf.grad();
+  return grad.defined() ? grad : at::zeros_like(leaf);  // a loss that ignores the output
 }
 
 void PipelineExecutor::native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads) {
   MicroState& s = state(a.stage, a.micro);
   if (s.saved.empty()) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
+  bool recompute = stage.recompute;
   at::Tensor grad;
   if (!is_last_stage(a.stage)) {
     grad = take_recv(a, TensorKind::Gradient);
-  } else if (s.output_grad.defined()) {
-    grad = std::move(s.output_grad);
+  } else if (s.forward_deferred) {
+    std::vector<at::Tensor> saved;
+    {
+      at::NoGradGuard no_grad;
+      at::Tensor output = chain_forward(s.saved.at(0), stage.params, stage.relu, /*recompute=*/false, saved);
+      grad = loss_grad(a, output, (*step_.targets)(a.micro), step_.loss_multiplier, *step_.losses);
+    }
+    s.saved = std::move(saved);
+    recompute = false;  // the activations were just computed
   } else {
-    if (s.loss.requires_grad()) torch::autograd::backward({s.loss});
-    grad = s.output.grad();
-    if (!grad.defined()) grad = at::zeros_like(s.output);  // a loss that ignores the output
+    grad = std::move(s.output_grad);
   }
   std::optional<DeferWeightGrads> defer;
   if (defer_weight_grads) defer.emplace(WgradKey{a.stage, a.micro});
-  at::Tensor input_grad = chain_backward(grad, std::move(s.saved), stage.params, stage.relu, stage.recompute,
+  at::Tensor input_grad = chain_backward(grad, std::move(s.saved), stage.params, stage.relu, recompute,
                                          /*want_input_grad=*/!is_first_stage(a.stage));
   if (!is_first_stage(a.stage)) s.input_grad = std::move(input_grad);
   s.saved.clear();
   s.output.reset();
-  s.loss.reset();
   s.output_grad.reset();
+  s.forward_deferred = false;
 }
 
 void PipelineExecutor::weight_grads(const Action& a) {

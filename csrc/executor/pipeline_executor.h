@@ -119,11 +119,20 @@ class PipelineExecutor {
     at::Tensor output;      // stage output, root of this micro-batch's backward
     at::Tensor loss;        // last stage: multiplied loss, root of the backward
     at::Tensor input_grad;  // gradient to send upstream
-    // Native stages: what chain_backward needs, and on the last stage the gradient of the output (when the
-    // loss was computed natively; else `output` is a leaf that the loss's autograd backward fills).
+    // Native stages: what chain_backward needs, and on the last stage the gradient of the output (computed
+    // with the loss in the forward).
     std::vector<at::Tensor> saved;
     at::Tensor output_grad;
+    // Last stage with recompute: the forward (and the loss) runs in the backward; `saved` holds the input.
+    bool forward_deferred = false;
   };
+  // What a backward that runs a deferred forward needs from the step: set for the duration of run_streamed.
+  struct StepData {
+    const MicroBatchFn* targets = nullptr;
+    double loss_multiplier = 1.0;
+    std::vector<at::Tensor>* losses = nullptr;
+  };
+  StepData step_;
   struct PendingRecv {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor buffer;
@@ -142,6 +151,10 @@ class PipelineExecutor {
   void native_forward(const Action& a, const NativeStage& stage, const MicroBatchFn& inputs,
                       const MicroBatchFn& targets, double loss_multiplier, std::vector<at::Tensor>& losses);
   void native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads);
+  // The last stage's loss on `output`: records the unmultiplied loss in losses[micro] and returns the gradient
+  // of loss * loss_multiplier with respect to the output.
+  at::Tensor loss_grad(const Action& a, const at::Tensor& output, const at::Tensor& target, double loss_multiplier,
+                       std::vector<at::Tensor>& losses);
   const NativeStage* native_stage(int stage) const;
   void weight_grads(const Action& a);
   void post_recv(const Action& a, TensorKind kind);
