@@ -91,6 +91,9 @@ class MaxBatch:
     results: dict[str, dict]  # mode -> the newest "result" line of that mode
     trials: list[dict]
     ratios: Optional[dict]  # the last "ratios" line
+    shape: str = ""  # "schedule, m=micro-batches" of the search
+    # Searches of other shapes in the same file (e.g. GPipe beside 1F1B), each with its own ratios
+    others: list["MaxBatch"] = field(default_factory=list)
 
 
 @dataclass
@@ -155,22 +158,48 @@ def _read_bench(path: Path, data: dict) -> Bench:
 
 
 def _read_maxbatch(path: Path) -> MaxBatch:
-    results: dict[str, dict] = {}
-    trials: list[dict] = []
-    ratios = None
+    """One file may hold searches of several shapes (schedule, micro-batch count), appended one after another: the
+    first shape is the primary MaxBatch, each later one goes to its `others`. A line that names no shape belongs
+    to the search in progress (or, before any, to the first)."""
+    groups: dict[str, MaxBatch] = {}
+    current: Optional[MaxBatch] = None
+    unplaced: list[dict] = []
+
+    def place(rec: dict, search: MaxBatch) -> None:
+        kind = rec.get("kind")
+        if kind == "trial":
+            search.trials.append(rec)
+        elif kind == "result" and rec.get("mode"):
+            search.results[rec["mode"]] = rec
+        elif kind == "ratios":
+            search.ratios = rec
+
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue  # a line cut by a killed run: skip it, keep the rest
-        kind = rec.get("kind")
-        if kind == "trial":
-            trials.append(rec)
-        elif kind == "result" and rec.get("mode"):
-            results[rec["mode"]] = rec
-        elif kind == "ratios":
-            ratios = rec
-    return MaxBatch(path, _name_parts(path)[1], results, trials, ratios)
+        found = re.search(r"--schedule (\S+)", rec.get("cmd", ""))
+        schedule = rec.get("schedule") or (found[1] if found else None)
+        if schedule is not None and "micro_batches" in rec:
+            shape = f"{schedule}, m={rec['micro_batches']}"
+            if shape not in groups:
+                groups[shape] = MaxBatch(path, _name_parts(path)[1], {}, [], None, shape)
+            current = groups[shape]
+            for earlier in unplaced:
+                place(earlier, current)
+            unplaced = []
+        if current is None:
+            unplaced.append(rec)
+        else:
+            place(rec, current)
+    if current is None:
+        current = groups.setdefault("", MaxBatch(path, _name_parts(path)[1], {}, [], None))
+        for rec in unplaced:
+            place(rec, current)
+    first, *rest = groups.values()
+    first.others = rest
+    return first
 
 
 def _numbers(value: Any) -> Optional[list[float]]:

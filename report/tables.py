@@ -258,27 +258,32 @@ def runs_table(bench: Bench, root: Path) -> Table:
 def maxbatch_table(mb: MaxBatch, root: Path) -> Table:
     cols = ["mode", "max batch", "first failure", "converged", "peak GiB at max", "x fp32", "target", "met", "trials"]
     t = Table(f"Largest global batch without OOM at pp=2, {mb.card}", cols, [])
-    ratios = mb.ratios or {}
-    base = (mb.results.get("fp32") or {}).get("max_batch")
-    for mode, res in mb.results.items():
-        r = ratios.get(f"{mode}_over_fp32") or {}
-        if "skipped" in res:
-            t.rows.append([mode] + [NOT_RUN] * 4 + [DASH, r.get("target", DASH), DASH, "0"])
-            t.shade.append(True)
-            continue
-        best = res.get("max_batch")
-        ratio = best / base if finite(best) and finite(base) and base else None
-        met = {True: "yes", False: "NO"}.get(r.get("met"), DASH)
-        t.rows.append([mode, f"{best:,}" if finite(best) else FAILED,
-                       f"{res['first_failure']:,}" if finite(res.get("first_failure")) else DASH,
-                       "yes" if res.get("converged") else f"no ({res.get('reason', '')[:30]})",
-                       gib(res.get("peak_gib_at_max")), times(ratio) if mode != "fp32" else "1.00x",
-                       r.get("target", DASH), met, str(res.get("trials", DASH))])
-        t.shade.append(not finite(best))
+    searches = [mb, *mb.others]
+    for search in searches:
+        ratios = search.ratios or {}
+        base = (search.results.get("fp32") or {}).get("max_batch")
+        for mode, res in search.results.items():
+            r = ratios.get(f"{mode}_over_fp32") or {}
+            label = f"{mode} ({search.shape})" if len(searches) > 1 else mode
+            if "skipped" in res:
+                t.rows.append([label] + [NOT_RUN] * 4 + [DASH, r.get("target", DASH), DASH, "0"])
+                t.shade.append(True)
+                continue
+            best = res.get("max_batch")
+            ratio = best / base if finite(best) and finite(base) and base else None
+            met = {True: "yes", False: "NO"}.get(r.get("met"), DASH)
+            t.rows.append([label, f"{best:,}" if finite(best) else FAILED,
+                           f"{res['first_failure']:,}" if finite(res.get("first_failure")) else DASH,
+                           "yes" if res.get("converged") else f"no ({res.get('reason', '')[:30]})",
+                           gib(res.get("peak_gib_at_max")), times(ratio) if mode != "fp32" else "1.00x",
+                           r.get("target", DASH), met, str(res.get("trials", DASH))])
+            t.shade.append(not finite(best))
     shape = next(iter(mb.results.values()), {})
-    t.notes = [f"source: {rel(mb.path, root)} (newest 'result' line per mode; ratios line for target / met)",
-               "shape: " + ", ".join(f"{k}={shape.get(k)}" for k in ("dim", "depth", "pp", "schedule", "micro_batches",
-                                                                    "micro_size", "card") if shape.get(k) is not None)]
+    t.notes = [f"source: {rel(mb.path, root)} (newest 'result' line per mode and search shape; ratios lines for "
+               f"target / met)",
+               "shape: " + ", ".join(f"{k}={shape.get(k)}" for k in ("dim", "depth", "pp", "micro_size", "card")
+                                     if shape.get(k) is not None)
+               + "; searches: " + "; ".join(search.shape for search in searches)]
     return t
 
 
@@ -291,12 +296,14 @@ def targets_table(bench: Bench, mb: Optional[MaxBatch], root: Path) -> Table:
         what = "; ".join(str(v) for k, v in d.items() if k not in ("target", "met") and v is not None)
         t.rows.append([name, frac(value) if finite(value) else NOT_RUN, d.get("target", DASH), met, what[:95]])
         t.shade.append(not finite(value))
-    for name, r in ((mb.ratios or {}) if mb else {}).items():
-        if isinstance(r, dict) and "target" in r:
-            met = {True: "yes", False: "NO"}.get(r.get("met"), "n/a")
-            t.rows.append([f"maxbatch_{name}", frac(r.get("value")) if finite(r.get("value")) else NOT_RUN,
-                           r["target"], met, rel(mb.path, root)])
-            t.shade.append(not finite(r.get("value")))
+    for search in ([mb, *mb.others] if mb else []):
+        for name, r in (search.ratios or {}).items():
+            if isinstance(r, dict) and "target" in r:
+                met = {True: "yes", False: "NO"}.get(r.get("met"), "n/a")
+                t.rows.append([f"maxbatch_{name} ({search.shape})",
+                               frac(r.get("value")) if finite(r.get("value")) else NOT_RUN, r["target"], met,
+                               rel(search.path, root)])
+                t.shade.append(not finite(r.get("value")))
     t.notes = [f"source: {rel(bench.path, root)} (ratios, ratio_details)"
                + (f" and {rel(mb.path, root)} (ratios line)" if mb else "")]
     return t

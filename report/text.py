@@ -208,8 +208,10 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
 
     out.append(("h", "6.5 Memory"))
     if mb and mb.ratios:
-        vals = [f"{k.replace('_over_fp32', '')}: {v['value']:.2f}x the fp32 max batch (target {v['target']})"
-                for k, v in mb.ratios.items() if isinstance(v, dict) and finite(v.get("value"))]
+        vals = [f"{k.replace('_over_fp32', '')}: {v['value']:.2f}x the fp32 max batch under {search.shape} "
+                f"(target {v['target']})"
+                for search in (mb, *mb.others) for k, v in (search.ratios or {}).items()
+                if isinstance(v, dict) and finite(v.get("value"))]
         out.append(("p", ("; ".join(vals) or f"max batch ratios: {NOT_MEASURED}") + f" ({rel(mb.path, root)})."))
     else:
         out.append(("p", f"Largest batch with AMP vs fp32 (and with recomputation): {NOT_MEASURED}."))

@@ -141,3 +141,26 @@ def test_maxbatch_and_convergence_are_read_when_present_and_named_missing_otherw
     assert "from a trace: " + NOT_MEASURED in with_files  # this copy has no traces folder
     without = " ".join(t for _, t in conclusions(res.benches[0], None, None, root))
     assert f"Largest batch with AMP vs fp32 (and with recomputation): {NOT_MEASURED}" in without
+
+
+def test_a_maxbatch_file_with_two_search_shapes_reports_both(tmp_path):
+    """final_pass.sh appends a GPipe search after the 1F1B one: each keeps its own results and ratios."""
+    from report.data import _read_maxbatch
+
+    def search(schedule, micro, fp32, fp16):
+        shape = {"dim": 4096, "depth": 16, "pp": 2, "schedule": schedule, "micro_batches": micro}
+        cmd = f"torchrun x --schedule {schedule}"
+        return [{"kind": "trial", "mode": "fp32", "batch": 1024, "status": "ok", "micro_batches": micro, "cmd": cmd},
+                {"kind": "result", "mode": "fp32", "max_batch": fp32, "converged": True, **shape},
+                {"kind": "result", "mode": "fp16", "max_batch": fp16, "converged": True, **shape},
+                {"kind": "ratios", "fp16_over_fp32": {"value": fp16 / fp32, "target": ">= 2", "met": fp16 >= 2 * fp32},
+                 **shape}]
+    path = tmp_path / "2026-11-27-2xH200-maxbatch.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in search("1f1b", 8, 100, 190) + search("gpipe", 16, 40, 90)))
+    mb = _read_maxbatch(path)
+    assert mb.shape == "1f1b, m=8" and [o.shape for o in mb.others] == ["gpipe, m=16"]
+    assert mb.results["fp16"]["max_batch"] == 190 and mb.others[0].results["fp16"]["max_batch"] == 90
+    assert len(mb.trials) == 1 and len(mb.others[0].trials) == 1
+    rows = {r[0]: r for r in tables.maxbatch_table(mb, tmp_path).rows}
+    assert rows["fp16 (1f1b, m=8)"][5] == "1.90x" and rows["fp16 (gpipe, m=16)"][5] == "2.25x"
+    assert rows["fp16 (gpipe, m=16)"][7] == "yes" and rows["fp16 (1f1b, m=8)"][7] == "NO"
