@@ -54,13 +54,13 @@ def _chain_of(stage: nn.Sequential) -> tuple[list, list[bool]] | None:
     return (params, relu) if relu else None
 
 
-def _stage_runner(stages: dict[int, nn.Sequential], precision: Precision, device: torch.device, fuse: bool,
+def _stage_runner(stages: dict[int, nn.Sequential], chains: dict[int, tuple[list, list[bool]] | None],
+                  precision: Precision, device: torch.device,
                   recompute: bool) -> Callable[[int, torch.Tensor], torch.Tensor]:
-    """Runs one stage's forward. A stage that is a chain of Linear(+ReLU) layers runs as one C++ autograd node
-    (csrc/tp/linear_chain.h) — a fraction of the host time of module-by-module execution; under autocast,
-    or for any other module, the stage's own forward runs. With recompute, only each stage's input stays
-    alive between forward and backward (the chain reruns its forward; other stages use torch checkpointing)."""
-    chains = {s: _chain_of(m) for s, m in stages.items()} if fuse and not precision.autocast else {}
+    """Runs one stage's forward. A stage with a fused chain (`chains`) runs as one C++ autograd node
+    (csrc/tp/linear_chain.h) — a fraction of the host time of module-by-module execution; any other stage
+    runs its own forward. With recompute, only each stage's input stays alive between forward and backward
+    (the chain reruns its forward; other stages use torch checkpointing)."""
 
     def run(stage: int, x: torch.Tensor) -> torch.Tensor:
         chain = chains.get(stage)
@@ -197,16 +197,18 @@ class Engine:
         self.overflow_watch = OverflowWatch(rank=groups.rank)
         self.clip_grad = clip_grad
         self._inject_nonfinite = False
+        # Each stage's fused chain, (params, relu flags), or None: a stage that is not a plain Linear(+ReLU) chain,
+        # or every stage without fusion or under autocast (which must see the modules).
+        chains = {s: _chain_of(self.stages[s]) if fuse_stages and not precision.autocast else None
+                  for s in self.stage_ids}
         # A closure over the stages, not a bound method: the executor holding it must not keep the Engine alive.
-        self._runner = _stage_runner(self.stages, precision, self.device, fuse_stages, recompute)
+        self._runner = _stage_runner(self.stages, chains, precision, self.device, recompute)
         # Merged W over fused chains writes every gradient of the rank exactly once per step: the executor
         # may then overwrite the gradient buffers, and the step skips zeroing them.
-        self._overwrite_grads = (merge_weight_grads and fuse_stages and not precision.autocast
-                                 and all(_chain_of(self.stages[s]) is not None for s in self.stage_ids))
+        self._overwrite_grads = merge_weight_grads and all(c is not None for c in chains.values())
         self._merge_weight_grads = merge_weight_grads
-        # Fused chains the executor may run without autograd: {stage: (params, relu flags)}.
-        self._native_chains = ({s: _chain_of(self.stages[s]) for s in self.stage_ids}
-                               if native_stages and fuse_stages and not precision.autocast else {})
+        # Fused chains the executor may run without autograd.
+        self._native_chains = chains if native_stages else {}
         self._recompute = recompute
         self._dp_grad_dtype = dp_grad_dtype
         self._trace = trace

@@ -124,8 +124,8 @@ const Channel& PipelineExecutor::channel(const std::map<ChannelKey, Channel>& ch
 
 std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inputs,
                                               const std::vector<at::Tensor>& targets, double loss_multiplier) {
-  const bool holds_first = stage_owner(0, config_.pp_size) == config_.pp_rank;
-  const bool holds_last = stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank;
+  const bool holds_first = holds_first_stage();
+  const bool holds_last = holds_last_stage();
   if (holds_first && static_cast<int>(inputs.size()) != config_.num_micro) {
     throw std::invalid_argument("the first stage needs " + std::to_string(config_.num_micro) +
                                 " micro-batch inputs, got " + std::to_string(inputs.size()));
@@ -140,8 +140,8 @@ std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inp
 
 std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input_fn, const MicroBatchFn& target_fn,
                                                        double loss_multiplier) {
-  const bool holds_first = stage_owner(0, config_.pp_size) == config_.pp_rank;
-  const bool holds_last = stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank;
+  const bool holds_first = holds_first_stage();
+  const bool holds_last = holds_last_stage();
   if ((holds_first && !input_fn) || (holds_last && !target_fn)) {
     throw std::invalid_argument(std::string("pipeline rank ") + std::to_string(config_.pp_rank) + " holds the " +
                                 (holds_first && !input_fn ? "first" : "last") + " stage but was given no " +
@@ -161,7 +161,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   const MicroBatchFn inputs = checked(input_fn, "input");
   const MicroBatchFn targets = checked(target_fn, "target");
   std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
-  step_ = {&targets, loss_multiplier, &losses};
+  step_ = {&inputs, &targets, loss_multiplier, &losses};
   trace_.clear();
   device_spans_.clear();
   const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
@@ -182,7 +182,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
       {
         std::optional<ArmedGradSync> armed;
         if (grads_final) armed.emplace(dp_sync_, *grads_final);
-        execute(a, inputs, targets, loss_multiplier, losses);
+        execute(a);
       }
       if (traced && device_trace) {
         device_spans_.push_back({a, start_event, record_event()});
@@ -217,11 +217,10 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   return losses;
 }
 
-void PipelineExecutor::execute(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets,
-                               double loss_multiplier, std::vector<at::Tensor>& losses) {
+void PipelineExecutor::execute(const Action& a) {
   switch (a.type) {
     case ActionType::F:
-      forward(a, inputs, targets, loss_multiplier, losses);
+      forward(a);
       break;
     case ActionType::B:
       backward(a, /*defer_weight_grads=*/false);
@@ -259,27 +258,26 @@ void PipelineExecutor::execute(const Action& a, const MicroBatchFn& inputs, cons
   }
 }
 
-void PipelineExecutor::forward(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets,
-                               double loss_multiplier, std::vector<at::Tensor>& losses) {
+void PipelineExecutor::forward(const Action& a) {
   if (const NativeStage* native = native_stage(a.stage)) {
-    native_forward(a, *native, inputs, targets, loss_multiplier, losses);
+    native_forward(a, *native);
     return;
   }
   MicroState& s = state(a.stage, a.micro);
   if (is_first_stage(a.stage)) {
-    s.input = inputs(a.micro);
+    s.input = (*step_.inputs)(a.micro);
   } else {
     // A fresh leaf: backward leaves the gradient for upstream in its .grad.
     s.input = take_recv(a, TensorKind::Activation).requires_grad_(true);
   }
   at::Tensor output = stage_fn_(a.stage, s.input);
   if (is_last_stage(a.stage)) {
-    at::Tensor loss = loss_fn_(output, targets(a.micro));
+    at::Tensor loss = loss_fn_(output, (*step_.targets)(a.micro));
     if (loss.numel() != 1) {
       throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
     }
-    losses.at(a.micro) = loss.detach();
-    s.loss = loss * loss_multiplier;
+    step_.losses->at(a.micro) = loss.detach();
+    s.loss = loss * step_.loss_multiplier;
   } else {
     s.output = output;
   }
@@ -319,13 +317,11 @@ void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   s.loss.reset();
 }
 
-void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage, const MicroBatchFn& inputs,
-                                      const MicroBatchFn& targets, double loss_multiplier,
-                                      std::vector<at::Tensor>& losses) {
+void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage) {
   MicroState& s = state(a.stage, a.micro);
   at::NoGradGuard no_grad;
   const at::Tensor input =
-      is_first_stage(a.stage) ? inputs(a.micro) : take_recv(a, TensorKind::Activation);
+      is_first_stage(a.stage) ? (*step_.inputs)(a.micro) : take_recv(a, TensorKind::Activation);
   if (is_last_stage(a.stage) && stage.recompute) {
     // The backward reruns this forward anyway, and nothing downstream waits for the output: the whole forward,
     // the loss and the target's draw move there, and only the input waits for it (no output gradient kept).
@@ -338,14 +334,14 @@ void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage,
     s.output = output;
     return;
   }
-  s.output_grad = loss_grad(a, output, targets(a.micro), loss_multiplier, losses);
+  s.output_grad = loss_grad(a, output);
 }
 
-at::Tensor PipelineExecutor::loss_grad(const Action& a, const at::Tensor& output, const at::Tensor& target,
-                                       double loss_multiplier, std::vector<at::Tensor>& losses) {
+at::Tensor PipelineExecutor::loss_grad(const Action& a, const at::Tensor& output) {
+  const at::Tensor target = (*step_.targets)(a.micro);
   if (config_.native_mse && output.sizes() == target.sizes()) {
-    LossAndGrad loss = mse_loss_and_grad(output, target, loss_multiplier);
-    losses.at(a.micro) = loss.loss;
+    LossAndGrad loss = mse_loss_and_grad(output, target, step_.loss_multiplier);
+    step_.losses->at(a.micro) = loss.loss;
     return loss.grad;
   }
   // Any other loss runs through autograd, from the stage output (a fresh leaf) to the loss only.
@@ -353,8 +349,8 @@ at::Tensor PipelineExecutor::loss_grad(const Action& a, const at::Tensor& output
   at::Tensor leaf = output.detach().requires_grad_(true);
   at::Tensor loss = loss_fn_(leaf, target);
   if (loss.numel() != 1) throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
-  losses.at(a.micro) = loss.detach();
-  at::Tensor scaled = loss * loss_multiplier;
+  step_.losses->at(a.micro) = loss.detach();
+  at::Tensor scaled = loss * step_.loss_multiplier;
   if (scaled.requires_grad()) torch::autograd::backward({scaled});
   at::Tensor grad = leaf.grad();
   return grad.defined() ? grad : at::zeros_like(leaf);  // a loss that ignores the output
@@ -372,7 +368,7 @@ void PipelineExecutor::native_backward(const Action& a, const NativeStage& stage
     {
       at::NoGradGuard no_grad;
       at::Tensor output = chain_forward(s.saved.at(0), stage.params, stage.relu, /*recompute=*/false, saved);
-      grad = loss_grad(a, output, (*step_.targets)(a.micro), step_.loss_multiplier, *step_.losses);
+      grad = loss_grad(a, output);
     }
     s.saved = std::move(saved);
     recompute = false;  // the activations were just computed

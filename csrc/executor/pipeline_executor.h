@@ -126,8 +126,10 @@ class PipelineExecutor {
     // Last stage with recompute: the forward (and the loss) runs in the backward; `saved` holds the input.
     bool forward_deferred = false;
   };
-  // What a backward that runs a deferred forward needs from the step: set for the duration of run_streamed.
+  // The running step's data sources, loss multiplier and losses: set for the duration of run_streamed (the
+  // forwards draw from it, and so does a last-stage backward that runs its deferred forward).
   struct StepData {
+    const MicroBatchFn* inputs = nullptr;
     const MicroBatchFn* targets = nullptr;
     double loss_multiplier = 1.0;
     std::vector<at::Tensor>* losses = nullptr;
@@ -143,18 +145,14 @@ class PipelineExecutor {
     at::Tensor tensor;  // kept alive until the send completes
   };
 
-  void execute(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets, double loss_multiplier,
-               std::vector<at::Tensor>& losses);
-  void forward(const Action& a, const MicroBatchFn& inputs, const MicroBatchFn& targets, double loss_multiplier,
-               std::vector<at::Tensor>& losses);
+  void execute(const Action& a);
+  void forward(const Action& a);
   void backward(const Action& a, bool defer_weight_grads);
-  void native_forward(const Action& a, const NativeStage& stage, const MicroBatchFn& inputs,
-                      const MicroBatchFn& targets, double loss_multiplier, std::vector<at::Tensor>& losses);
+  void native_forward(const Action& a, const NativeStage& stage);
   void native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads);
-  // The last stage's loss on `output`: records the unmultiplied loss in losses[micro] and returns the gradient
-  // of loss * loss_multiplier with respect to the output.
-  at::Tensor loss_grad(const Action& a, const at::Tensor& output, const at::Tensor& target, double loss_multiplier,
-                       std::vector<at::Tensor>& losses);
+  // The last stage's loss on `output` against its micro-batch's target (drawn now): records the unmultiplied
+  // loss in the step's losses and returns the gradient of loss * loss_multiplier with respect to the output.
+  at::Tensor loss_grad(const Action& a, const at::Tensor& output);
   const NativeStage* native_stage(int stage) const;
   void weight_grads(const Action& a);
   void post_recv(const Action& a, TensorKind kind);
@@ -170,6 +168,9 @@ class PipelineExecutor {
                          const Action& a) const;
   bool is_first_stage(int stage) const { return stage == 0; }
   bool is_last_stage(int stage) const { return stage == config_.num_stages - 1; }
+  // Whether this rank holds the first / last stage (and so consumes inputs / targets).
+  bool holds_first_stage() const { return stage_owner(0, config_.pp_size) == config_.pp_rank; }
+  bool holds_last_stage() const { return stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank; }
 
   std::vector<Action> actions_;
   ExecutorConfig config_;
