@@ -7,11 +7,7 @@ from dataclasses import dataclass
 
 from . import _C
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb1")
-
-
-class ConfigError(ValueError):
-    """A user mistake in the run's configuration; its message is the one line the user sees."""
+from .engine_config import SCHEDULES, ConfigError  # noqa: F401  (one list of names: the C++ core's)
 
 
 @dataclass(frozen=True)

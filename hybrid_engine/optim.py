@@ -1,0 +1,78 @@
+"""Optimizers from the user, and how the engine applies them (its update strategy).
+
+`Engine(..., optimizer=...)` takes a factory: any callable `params -> torch.optim.Optimizer`, e.g.
+`lambda params: torch.optim.AdamW(params, lr=3e-4)`. `SGD`, `Adam` and `AdamW` below are factories too, as
+values the engine can recognise without inspecting the optimizer it gets back: plain `SGD` (no momentum, no
+weight decay) with half weights lets the engine step the fp32 masters and write the half weights in one fused
+pass (csrc/optim/sgd_cast.h). The strategy is chosen once, at construction, and announced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+NAMES = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class SGD:
+    """torch.optim.SGD; with momentum and weight decay 0 the engine may fuse its step with the half-weight cast."""
+
+    lr: float = 1e-2
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(list(params), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    @property
+    def plain(self) -> bool:
+        """p -= lr * grad, nothing else: what the fused SGD + cast kernel computes."""
+        return self.momentum == 0 and self.weight_decay == 0
+
+
+@dataclass(frozen=True)
+class Adam:
+    """torch.optim.Adam."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(list(params), lr=self.lr, betas=self.betas, eps=self.eps,
+                                weight_decay=self.weight_decay)
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """torch.optim.AdamW (decoupled weight decay)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(list(params), lr=self.lr, betas=self.betas, eps=self.eps,
+                                 weight_decay=self.weight_decay)
+
+
+def from_name(name: str, lr: float) -> OptimizerFactory:
+    """The command line's conveniences: sgd | adam | adamw with a learning rate and torch's other defaults."""
+    factories = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+    if name not in factories:
+        raise ValueError(f"unknown optimizer '{name}' (expected one of {', '.join(NAMES)})")
+    return factories[name](lr=lr)
+
+
+def describe(factory: OptimizerFactory) -> str:
+    """A short name for announcements and checkpoint manifests: 'sgd', 'adam', 'adamw' or the callable's name."""
+    if isinstance(factory, (SGD, Adam, AdamW)):
+        return type(factory).__name__.lower()
+    return getattr(factory, "__qualname__", type(factory).__name__)
