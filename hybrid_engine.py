@@ -21,15 +21,15 @@ import threading
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from hybrid_engine import checkpoint, faults
+from hybrid_engine import checkpoint, faults, losses, optim
 from hybrid_engine.config import SCHEDULES, ConfigError, LaunchEnv, check_training, resolve_grid
 from hybrid_engine.engine import Engine
 from hybrid_engine.exit_together import wait_for_all_ranks
 from hybrid_engine.grid import build_groups, grid_picture, host_name, mapping_table
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.precision import IMPLEMENTATIONS, Precision
+from hybrid_engine.engine_config import (AMP_IMPLS as IMPLEMENTATIONS, DataParallelConfig, PrecisionConfig,
+                                         ScheduleConfig, StageConfig)
 from hybrid_engine.trace import gather_pipeline_rows, spans_of, write_trace
 
 
@@ -257,13 +257,15 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         print(grid_picture(grid), flush=True)
 
     model = large_linear_model(args.dim, args.depth, args.seed)  # meta: each rank builds only its stages
-    engine = Engine(model, F.mse_loss, groups, schedule=args.schedule, micro_batches=args.micro_batches,
-                    virtual_stages=args.virtual_stages, optimizer=args.optimizer, lr=args.lr, device=device,
-                    merge_weight_grads=args.merge_wgrad, precision=Precision(args.amp, args.amp_impl),
-                    loss_scale=args.loss_scale, scale_window=args.scale_window, hysteresis=args.hysteresis,
-                    clip_grad=args.clip_grad, fuse_stages=not args.no_fuse, recompute=args.recompute,
-                    trace=args.trace is not None, lookahead=args.lookahead, native_stages=not args.autograd_stages,
-                    dp_grad_dtype=torch.bfloat16 if args.dp_grad_dtype == "bf16" else None)
+    engine = Engine(
+        model, losses.MSE(), groups, optimizer=optim.from_name(args.optimizer, args.lr),
+        schedule=ScheduleConfig(args.schedule, args.micro_batches, args.virtual_stages, args.lookahead,
+                                args.merge_wgrad),
+        stages=StageConfig("autograd" if args.no_fuse or args.autograd_stages else "auto", args.recompute),
+        precision=PrecisionConfig(args.amp, args.amp_impl, args.loss_scale, args.scale_window, args.hysteresis,
+                                  args.clip_grad),
+        data_parallel=DataParallelConfig(grad_dtype=args.dp_grad_dtype), device=device,
+        trace=args.trace is not None)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size
     dp_rank = groups.coords.dp

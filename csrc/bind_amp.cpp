@@ -58,7 +58,7 @@ LossScalerState state_from_dict(const py::dict& d) {
 }
 }  // namespace
 
-void bind_amp(py::module_& m) {
+void bind_amp(py::module_& m, py::module_& testing) {
   py::class_<DynamicLossScaler>(m, "DynamicLossScaler",
                                 "fp16 loss scaler: GradScaler's growth/backoff rule, Megatron's hysteresis and "
                                 "floor, inf/NaN agreement over a process group.")
@@ -147,7 +147,7 @@ void bind_amp(py::module_& m) {
       "nonzero skips the step, nothing written, without a host sync on CUDA. The grads are never written. One "
       "fused kernel per tensor on CUDA; ATen ops elsewhere.");
 
-  m.def(
+  testing.def(
       "nonfinite_flag",
       [](const MaybeTensors& tensors, const at::Device& device) {
         return nonfinite_flag(defined_or_empty(tensors), device);

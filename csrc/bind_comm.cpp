@@ -8,8 +8,8 @@ namespace py = pybind11;
 
 namespace hybrid {
 
-void bind_comm(py::module_& m) {
-  m.def(
+void bind_comm(py::module_& m, py::module_& testing) {
+  testing.def(
       "all_reduce_sum",
       [](at::Tensor tensor, const GroupPtr& group) {
         all_reduce_sum(tensor, group);

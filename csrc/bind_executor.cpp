@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "executor/dp_grad_sync.h"
-#include "executor/mse_loss.h"
 #include "executor/pipeline_executor.h"
+#include "executor/stage_program.h"
 
 namespace py = pybind11;
 
@@ -27,20 +27,6 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
   std::map<PipelineExecutor::ChannelKey, Channel> channels;
   for (const auto& [key, value] : entries) channels[key] = Channel{value.first, value.second};
   return channels;
-}
-
-// A native stage as Python passes it: (params with None for a missing bias, relu flags, recompute).
-using NativeStageArgs = std::tuple<std::vector<std::optional<at::Tensor>>, std::vector<bool>, bool>;
-
-std::map<int, NativeStage> to_native_stages(const std::map<int, NativeStageArgs>& args) {
-  std::map<int, NativeStage> stages;
-  for (const auto& [stage, entry] : args) {
-    NativeStage& native = stages[stage];
-    for (const auto& p : std::get<0>(entry)) native.params.push_back(p.value_or(at::Tensor()));
-    native.relu = std::get<1>(entry);
-    native.recompute = std::get<2>(entry);
-  }
-  return stages;
 }
 
 }  // namespace
@@ -77,16 +63,44 @@ void bind_executor(py::module_& m) {
       .def_readonly("start_us", &TraceEvent::start_us)
       .def_readonly("end_us", &TraceEvent::end_us);
 
+  py::class_<StageProgram, std::shared_ptr<StageProgram>>(m, "StageProgram",
+                                                          "What the executor runs for one stage's F, B and I.")
+      .def_property_readonly("native", &StageProgram::native)
+      .def("describe", &StageProgram::describe)
+      .def("__repr__", &StageProgram::describe);
+  py::class_<NativeChainStage, StageProgram, std::shared_ptr<NativeChainStage>>(
+      m, "NativeChainStage", "A Linear(+ReLU) chain run by C++ without autograd (tp/linear_chain.h).")
+      .def(py::init([](const std::vector<std::optional<at::Tensor>>& params, std::vector<bool> relu, bool recompute,
+                       GradBufferPtr grads) {
+             std::vector<at::Tensor> tensors;
+             for (const auto& p : params) tensors.push_back(p.value_or(at::Tensor()));
+             return std::make_shared<NativeChainStage>(std::move(tensors), std::move(relu), recompute,
+                                                       std::move(grads));
+           }),
+           py::arg("params"), py::arg("relu"), py::arg("recompute"), py::arg("grads"),
+           "params: [w0, b0 or None, w1, ...]; relu[i]: ReLU after layer i.");
+  py::class_<AutogradStage, StageProgram, std::shared_ptr<AutogradStage>>(
+      m, "AutogradStage", "Any module, called through Python; its backward is torch's autograd.")
+      .def(py::init([](py::function forward, std::string description) {
+             // The executor runs with the GIL released; Python is re-entered only to run the stage.
+             auto fn = [forward](const at::Tensor& x) {
+               py::gil_scoped_acquire gil;
+               return forward(x).cast<at::Tensor>();
+             };
+             return std::make_shared<AutogradStage>(fn, std::move(description));
+           }),
+           py::arg("forward"), py::arg("description"));
+
   py::class_<PipelineExecutor>(m, "PipelineExecutor",
                                "Runs one pipeline rank's action list per step (see csrc/executor).")
       .def(py::init([](std::vector<Action> actions, int pp_rank, int pp_size, int num_stages, int num_micro,
-                       py::function stage_fn, py::object loss_fn,
+                       std::map<int, std::shared_ptr<StageProgram>> programs, py::object loss_fn, bool builtin_mse,
                        std::map<std::pair<int, int>, std::pair<GroupPtr, int>> send_channels,
                        std::map<std::pair<int, int>, std::pair<GroupPtr, int>> recv_channels,
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
-                       const std::string& device, std::shared_ptr<DpGradSync> dp_sync,
+                       const std::string& device, GradBufferPtr grads, std::shared_ptr<DpGradSync> dp_sync,
                        std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace,
-                       bool overwrite_weight_grads, const std::map<int, NativeStageArgs>& native_stages) {
+                       bool overwrite_weight_grads) {
              ExecutorConfig config;
              config.pp_rank = pp_rank;
              config.pp_size = pp_size;
@@ -95,41 +109,27 @@ void bind_executor(py::module_& m) {
              config.merge_weight_grads = merge_weight_grads;
              config.record_trace = record_trace;
              config.overwrite_weight_grads = overwrite_weight_grads;
-             // The executor runs with the GIL released; Python is re-entered only to run a stage or the loss.
-             auto stage = [stage_fn](int s, const at::Tensor& x) {
-               py::gil_scoped_acquire gil;
-               return stage_fn(s, x).cast<at::Tensor>();
-             };
-             PipelineExecutor::LossFn loss;
-             if (py::isinstance<py::str>(loss_fn) && loss_fn.cast<std::string>() == "mse") {
-               // The course loss without a trip through Python: on the last stage that trip, once per
-               // micro-batch, sat on the pipeline's critical path.
-               config.native_mse = true;
-               loss = [](const at::Tensor& out, const at::Tensor& target) -> at::Tensor {
-                 if (out.sizes() != target.sizes()) {  // broadcasting (with its warning): the plain form
-                   return at::mse_loss(out.to(at::kFloat), target.to(at::kFloat));
-                 }
-                 return mse_loss_autograd(out, target);
-               };
-             } else {
-               loss = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {
+             LossSpec loss;
+             loss.builtin_mse = builtin_mse;
+             if (!builtin_mse) {
+               loss.fn = [fn = py::function(loss_fn)](const at::Tensor& out, const at::Tensor& target) {
                  py::gil_scoped_acquire gil;
                  return fn(out, target).cast<at::Tensor>();
                };
              }
              return std::make_unique<PipelineExecutor>(
-                 std::move(actions), config, stage, loss, to_channels(send_channels), to_channels(recv_channels),
-                 to_specs(input_specs), to_specs(output_specs), at::Device(device), std::move(dp_sync),
-                 std::move(stage_buckets), to_native_stages(native_stages));
+                 std::move(actions), config, std::move(programs), std::move(loss), to_channels(send_channels),
+                 to_channels(recv_channels), to_specs(input_specs), to_specs(output_specs), at::Device(device),
+                 std::move(grads), std::move(dp_sync), std::move(stage_buckets));
            }),
            py::arg("actions"), py::arg("pp_rank"), py::arg("pp_size"), py::arg("num_stages"), py::arg("num_micro"),
-           py::arg("stage_fn"), py::arg("loss_fn"), py::arg("send_channels"), py::arg("recv_channels"),
-           py::arg("input_specs"), py::arg("output_specs"), py::arg("device"), py::arg("dp_sync") = nullptr,
+           py::arg("programs"), py::arg("loss_fn"), py::arg("builtin_mse"), py::arg("send_channels"),
+           py::arg("recv_channels"), py::arg("input_specs"), py::arg("output_specs"), py::arg("device"),
+           py::arg("grads"), py::arg("dp_sync") = nullptr,
            py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
            py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false,
-           py::arg("native_stages") = std::map<int, NativeStageArgs>{},
-           "native_stages: {stage: ([w0, b0 or None, w1, ...], [relu after layer i], recompute)}, the Linear(+ReLU) "
-           "chains the executor runs without autograd (csrc/executor/pipeline_executor.h, NativeStage).")
+           "programs: {stage: StageProgram} for this rank's stages; loss_fn: a callable (output, target) -> scalar, "
+           "or None with builtin_mse (the C++ mean squared error).")
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
            py::call_guard<py::gil_scoped_release>())
       .def(
@@ -162,8 +162,7 @@ void bind_executor(py::module_& m) {
       .def_property_readonly("overwrites_weight_grads",
                              [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })
       .def_property_readonly("actions", &PipelineExecutor::actions)
-      .def_property_readonly("native_stage_ids", &PipelineExecutor::native_stage_ids,
-                             "The stages this executor runs without autograd.")
+      .def_property_readonly("programs", &PipelineExecutor::programs, "{stage: StageProgram} of this rank.")
       .def_property_readonly("dp_sync", &PipelineExecutor::dp_sync, "The DP gradient sync (None without one).");
 }
 

@@ -6,19 +6,23 @@ namespace py = pybind11;
 
 namespace hybrid {
 void bind_grid(py::module_& m);
-void bind_comm(py::module_& m);
+void bind_comm(py::module_& m, py::module_& testing);
 void bind_schedule(py::module_& m);
+void bind_grad(py::module_& m);
 void bind_tp(py::module_& m);
-void bind_amp(py::module_& m);
+void bind_amp(py::module_& m, py::module_& testing);
 void bind_executor(py::module_& m);
 }  // namespace hybrid
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hybrid_engine C++ core: process grid, pipeline schedules, executor, loss scaler, TP autograd";
+  // Bindings that only tests use live in hybrid_engine._C._testing, out of the product's namespace.
+  py::module_ testing = m.def_submodule("_testing", "C++ entry points for tests only");
   hybrid::bind_grid(m);
-  hybrid::bind_comm(m);
+  hybrid::bind_comm(m, testing);
   hybrid::bind_schedule(m);
+  hybrid::bind_grad(m);
   hybrid::bind_tp(m);
-  hybrid::bind_amp(m);
+  hybrid::bind_amp(m, testing);
   hybrid::bind_executor(m);
 }

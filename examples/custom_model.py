@@ -3,9 +3,11 @@
 
     torchrun --nproc_per_node=4 examples/custom_model.py          # dp=1, pp=2, mp=2 on 4 CPU processes
 
-The model is ordinary PyTorch: the Engine cuts it into pipeline stages, splits its nn.Linear layers over the
-MP group (column- then row-parallel pairs), and averages gradients over DP. Any module works for PP x DP;
-tensor parallelism applies to nn.Linear layers with elementwise modules between them.
+The model, the loss and the optimizer are ordinary PyTorch: the Engine cuts the model into pipeline stages, splits
+its nn.Linear layers over the MP group (column- then row-parallel pairs), averages gradients over DP, and builds
+the optimizer from a factory over the tensors it steps. Any module works for PP x DP (here GELU and LayerNorm:
+those stages run through autograd, and rank 0 says so at start-up); tensor parallelism applies to nn.Linear
+layers with elementwise modules between them.
 """
 import os
 
@@ -15,6 +17,7 @@ import torch.nn as nn
 
 from hybrid_engine import ProcessGrid
 from hybrid_engine.engine import Engine
+from hybrid_engine.engine_config import ScheduleConfig
 from hybrid_engine.grid import build_groups
 
 
@@ -31,10 +34,11 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same initial model on every rank: the engine keeps each rank's part of it
     model = nn.Sequential(
-        nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.Tanh(),
+        nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.LayerNorm(32),
         nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8),
     )
-    engine = Engine(model, huber, groups, schedule="1f1b", micro_batches=4, optimizer="adam", lr=3e-3)
+    engine = Engine(model, huber, groups, optimizer=lambda params: torch.optim.AdamW(params, lr=3e-3),
+                    schedule=ScheduleConfig("1f1b", micro_batches=4))
 
     gen = torch.Generator().manual_seed(1)
     teacher = torch.randn(32, 8, generator=gen)

@@ -14,7 +14,7 @@ GPU: per rank, the peak at two batches gives the slope in bytes per global row, 
 KB/row at D = 4096.
 
 At the larger batch's peak the allocations still alive are listed, grouped by who made them (the autograd
-node or aten op they were allocated under, inside the labelled phases: data, stage_forward, train_step) and by
+node or aten op they were allocated under, inside the labelled phases: data, train_step) and by
 their size in bytes per element of one micro-batch (2 = a half activation, 4 = an fp32 copy; whole-batch data
 shows as 2 x m or 4 x m), in D per row of that batch; allocations of sizes that do not scale with the batch are fixed
 memory (weights, fp32 masters, gradient buckets) and are summed apart.
@@ -23,11 +23,11 @@ CPU-only terms (absent on CUDA + NCCL) to discount when reading the lists:
 * csrc/tp/main_grad.cpp's addmm_into (half weights) casts the layer's gradient and input to fp32 before the
   weight-gradient GEMM on the CPU (on CUDA one GEMM reads them in half): `LinearChain.backward / aten::_to_copy`.
 * gloo's send work reports isCompleted() only once waited for, so the executor's reap_sends(false) never frees
-  a gloo send payload before the end of the step: the stage outputs (rank 0, `stage_forward`) and input
+  a gloo send payload before the end of the step: the stage outputs (rank 0) and input
   gradients (rank 1, `LinearChain.backward / aten::mm`) of finished micro-batches stay listed. NCCL's work
   completes with its CUDA event, so on the GPU a payload lives until the peer has received it.
 
---loss python runs F.mse_loss(out.float(), target.float()) through Python (engine._micro_loss), which is what
+--loss python runs F.mse_loss(out.float(), target.float()) through Python (losses.as_micro_loss), which is what
 the C++ "mse" loss computed before it stopped keeping fp32 copies and a micro-batch-sized loss storage per
 micro-batch (csrc/bind_executor.cpp): the "before" of that change.
 
@@ -58,7 +58,7 @@ MODES = {  # name: (amp, recompute)
 }
 
 # Phases labelled with record_function around the Python parts of the step (the executor's C++ runs between).
-PHASES = ("data", "train_step", "stage_forward")
+PHASES = ("data", "train_step")
 GENERIC = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::to", "aten::clone", "aten::copy_",
            "aten::resize_", "aten::zeros", "aten::zeros_like", "aten::new_empty_strided", "aten::contiguous"}
 
@@ -98,7 +98,7 @@ def analyse(trace_path: str, tid: int | None = None) -> dict:
 
     def label(e) -> str:
         stack = stack_at(e)
-        phases = [s for s in stack if s in PHASES or s.startswith("stage_forward")]
+        phases = [s for s in stack if s in PHASES]
         nodes = [_short(s) for s in stack if "evaluate_function" in s or "Backward" in s or "CppNode" in s]
         leaf = [s for s in stack if s.startswith("aten::") and s not in GENERIC]
         where = phases[-1] if phases else "-"
@@ -121,11 +121,11 @@ def rank_main(rank: int, world: int, store_path: str, cfg: dict, out_dir: str, r
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from hybrid_engine import ProcessGrid
+    from hybrid_engine import ProcessGrid, losses
     from hybrid_engine.engine import Engine
+    from hybrid_engine.engine_config import PrecisionConfig, ScheduleConfig, StageConfig
     from hybrid_engine.grid import build_groups
     from hybrid_engine.models import SyntheticRegression, large_linear_model
-    from hybrid_engine.precision import Precision
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     out = {}
@@ -137,19 +137,13 @@ def rank_main(rank: int, world: int, store_path: str, cfg: dict, out_dir: str, r
                 path = os.path.join(out_dir, f"{mode}-{batch}-rank{rank}.json")
                 with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                     groups = build_groups(ProcessGrid(1, world, 1), rank)
-                    # "python": any loss but F.mse_loss itself is run as loss_fn(out.float(), target.float())
-                    # (engine._micro_loss): what the C++ "mse" loss computed before it kept no fp32 copies
-                    loss_fn = F.mse_loss if cfg["loss"] == "mse" else (lambda o, t: F.mse_loss(o, t))
+                    # "python": a callable loss is run as loss_fn(out.float(), target.float())
+                    # (losses.as_micro_loss): what the C++ MSE computed before it kept no fp32 copies
+                    loss_fn = losses.MSE() if cfg["loss"] == "mse" else (lambda o, t: F.mse_loss(o, t))
                     engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), loss_fn, groups,
-                                    schedule=cfg["schedule"], micro_batches=cfg["micro_batches"], lr=1e-2,
-                                    device="cpu", precision=Precision(amp, "half-weights"), recompute=recompute)
-                    runner = engine._runner
-
-                    def labelled(stage, x, runner=runner):
-                        with record_function("stage_forward"):
-                            return runner(stage, x)
-
-                    engine._runner = labelled  # the executor is built on the first step, with this runner
+                                    schedule=ScheduleConfig(cfg["schedule"], cfg["micro_batches"]),
+                                    stages=StageConfig(recompute=recompute), device="cpu",
+                                    precision=PrecisionConfig(amp, "half-weights"))
                     data = SyntheticRegression(cfg["dim"], 0, "cpu")
                     dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
                     for step in range(cfg["steps"]):

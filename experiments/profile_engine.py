@@ -14,14 +14,14 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hybrid_engine.config import resolve_grid  # noqa: E402
 from hybrid_engine.engine import Engine  # noqa: E402
 from hybrid_engine.grid import build_groups  # noqa: E402
 from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
-from hybrid_engine.precision import Precision  # noqa: E402
+from hybrid_engine import losses  # noqa: E402
+from hybrid_engine.engine_config import PrecisionConfig, ScheduleConfig  # noqa: E402
 
 
 def busy_us(events) -> float:
@@ -62,9 +62,10 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=device)
     grid = resolve_grid(a.dp, a.pp, a.mp, "mp-dp-pp", world)
     groups = build_groups(grid, rank)
-    engine = Engine(large_linear_model(a.dim, a.depth, 0), F.mse_loss, groups, schedule=a.schedule,
-                    micro_batches=a.micro_batches, device=device, merge_weight_grads=a.merge_wgrad,
-                    lookahead=a.lookahead, precision=Precision(a.amp, a.amp_impl))
+    engine = Engine(large_linear_model(a.dim, a.depth, 0), losses.MSE(), groups, device=device,
+                    schedule=ScheduleConfig(a.schedule, a.micro_batches, lookahead=a.lookahead,
+                                            merge_weight_grads=a.merge_wgrad),
+                    precision=PrecisionConfig(a.amp, a.amp_impl))
     data = SyntheticRegression(a.dim, 0, device)
     per = a.batch_size // grid.dp_size
     d = groups.coords.dp

@@ -76,3 +76,53 @@ def describe(factory: OptimizerFactory) -> str:
     if isinstance(factory, (SGD, Adam, AdamW)):
         return type(factory).__name__.lower()
     return getattr(factory, "__qualname__", type(factory).__name__)
+
+
+class TorchStep:
+    """The optimizer's own step on the tensors it holds (fp32 masters with half weights), then — half weights —
+    the one cast of the masters to the model per step."""
+
+    fuses_unscale = False
+
+    def __init__(self, optimizer: torch.optim.Optimizer, masters=None):
+        self.optimizer, self.masters = optimizer, masters
+
+    def describe(self) -> str:
+        cast = " + master -> half cast" if self.masters is not None else ""
+        return f"optimizer: {type(self.optimizer).__name__} (torch step{cast})"
+
+    def step(self) -> None:
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.copy_to_model()
+
+
+class FusedSGDCast:
+    """Plain SGD on the fp32 masters fused with the cast to the half weights: one pass that reads each master once
+    (14 bytes per parameter instead of 18). With fp16 it also applies 1/scale and skips itself on the device when
+    the overflow flag is set, so the host never waits for the flag (csrc/optim/sgd_cast.h). The learning rate is
+    read from the optimizer's param groups at every step, so LR schedulers apply."""
+
+    fuses_unscale = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, masters):
+        self.optimizer, self.masters = optimizer, masters
+
+    def describe(self) -> str:
+        return "optimizer: SGD (fused SGD + master -> half cast, one pass per tensor)"
+
+    def step(self, inv_scale: float = 1.0, skip_if: torch.Tensor | None = None) -> None:
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.masters.sgd_step_and_cast(lr, inv_scale=inv_scale, skip_if=skip_if)
+
+
+def make_update(factory: OptimizerFactory, stepped: list[torch.Tensor], masters, device: torch.device):
+    """The optimizer built from the user's factory over the tensors it steps, and the strategy that applies it —
+    chosen here, once, from what the factory is (never from what it returned)."""
+    params = stepped or [nn.Parameter(torch.zeros(1, device=device))]  # torch refuses an empty list
+    optimizer = factory(params)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if masters is not None and isinstance(factory, SGD) and factory.plain:
+        return optimizer, FusedSGDCast(optimizer, masters)
+    return optimizer, TorchStep(optimizer, masters)

@@ -1,54 +1,19 @@
-"""How a stage computes in half precision: two implementations of `--amp fp16|bf16`, both kept.
+"""How a stage computes in half precision: two implementations of `--amp fp16|bf16` (engine_config.PrecisionConfig
+chooses), both kept.
 
 autocast      fp32 weights; torch.autocast casts them to half inside every matrix product, i.e. once per
               micro-batch and layer (what the course asks for). Gradients accumulate in fp32 .grad.
 half-weights  the stage's weights live in half precision for the whole step, next to an fp32 master copy that
               the optimizer updates; the cast happens once per optimizer step. Weight gradients accumulate in
               fp32 "main grad" buffers, written by one GEMM with half inputs and fp32 output per layer
-              (csrc/tp/main_grad.h), so summing micro-batches never rounds to half precision.
+              (csrc/grad/grad_buffer.h), so summing micro-batches never rounds to half precision.
 """
 from __future__ import annotations
-
-import contextlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from . import _C
-
-
-HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-IMPLEMENTATIONS = ("autocast", "half-weights")
-
-
-@dataclass(frozen=True)
-class Precision:
-    amp: str = "off"  # off | fp16 | bf16
-    implementation: str = "half-weights"
-
-    def __post_init__(self):
-        if self.amp not in ("off", *HALF_DTYPES):
-            raise ValueError(f"--amp must be off, fp16 or bf16, got {self.amp!r}")
-        if self.implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"--amp-impl must be one of {', '.join(IMPLEMENTATIONS)}, got {self.implementation!r}")
-
-    @property
-    def half_dtype(self) -> torch.dtype | None:
-        return HALF_DTYPES.get(self.amp)
-
-    @property
-    def autocast(self) -> bool:
-        return self.amp != "off" and self.implementation == "autocast"
-
-    @property
-    def half_weights(self) -> bool:
-        return self.amp != "off" and self.implementation == "half-weights"
-
-    def stage_context(self, device: torch.device):
-        if self.autocast:
-            return torch.autocast(device.type, dtype=self.half_dtype)
-        return contextlib.nullcontext()
 
 
 class MasterWeights:

@@ -5,8 +5,9 @@ through `copy_to_mp_region`, the paper's `f`) feeds, through an elementwise acti
 RowParallelLinear (weight split along input features, its partial outputs summed by `reduce_from_mp_region`, the
 paper's `g`, bias added after the sum). One all-reduce per pair forward, one backward.
 
-All layers compute through `hybrid_engine._C.linear`, whose weight gradient the zero-bubble executor can defer
-(`_C.wgrad_set_defer`, `_C.wgrad_begin`, `_C.wgrad_flush`), tensor-parallel or not.
+All layers compute through `hybrid_engine._C.linear`. A layer's `grad_buffer` (None until an Engine hands it its
+`_C.GradBuffer`) decides where the weight gradient goes: deferred for a zero-bubble W action while the buffer
+defers, or into an fp32 main grad for a half weight; without one it is nn.Linear's, through autograd.
 
 Parameter placement. Every parameter these layers (and `parallelize_mlp`) create carries `param.mp_split`:
   True   this MP rank holds a slice; the full tensor is the concatenation of the group's slices.
@@ -101,6 +102,7 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None,
                  init: bool = True):
         super().__init__()
+        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
         self.in_features, self.out_features = in_features, out_features
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -128,7 +130,7 @@ class Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _C.linear(x, self.weight, self.bias)
+        return _C.linear(x, self.weight, self.bias, self.grad_buffer)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -143,6 +145,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
                  bias: bool = True, gather_output: bool = False, *, device=None, dtype=None, init: bool = True):
         super().__init__()
+        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -173,7 +176,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _C.copy_to_mp_region(x, self.mp_group)
-        y = _C.linear(x, self.weight, self.bias)
+        y = _C.linear(x, self.weight, self.bias, self.grad_buffer)
         return _C.gather_from_mp_region(y, self.mp_group) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -190,6 +193,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
                  bias: bool = True, *, device=None, dtype=None, init: bool = True):
         super().__init__()
+        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -217,7 +221,7 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _C.reduce_from_mp_region(_C.linear(x, self.weight, None), self.mp_group)
+        y = _C.reduce_from_mp_region(_C.linear(x, self.weight, None, self.grad_buffer), self.mp_group)
         # After the sum, so the bias counts once, not MP times.
         return y + self.bias if self.bias is not None else y
 
@@ -235,7 +239,7 @@ def parallelize_mlp(seq: nn.Sequential, mp_group: Optional[dist.ProcessGroup]) -
     Other modules are deep-copied; their parameters are marked replicated (mp_split = False).
     """
     _, mp_size = _rank_and_size(mp_group)
-    children = list(seq.named_children())
+    children = list(seq._modules.items())  # not named_children(), which drops a module used twice (tied)
     linear_at = [i for i, (_, m) in enumerate(children) if isinstance(m, nn.Linear)]
     replaced: dict[int, nn.Module] = {}
     if mp_size == 1:
@@ -256,11 +260,12 @@ def parallelize_mlp(seq: nn.Sequential, mp_group: Optional[dist.ProcessGroup]) -
             replaced[last] = ColumnParallelLinear.from_dense(children[last][1], mp_group, gather_output=True)
 
     modules: "OrderedDict[str, nn.Module]" = OrderedDict()
+    memo: dict = {}  # one deepcopy memo for the whole stage: a module used twice (tied weights) stays one module
     for i, (name, module) in enumerate(children):
         if i in replaced:
             modules[name] = replaced[i]
         else:
-            module = copy.deepcopy(module)
+            module = copy.deepcopy(module, memo)
             for param in module.parameters():
                 _mark(param, False)
             modules[name] = module

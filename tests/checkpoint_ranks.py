@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from engine_builders import make_engine
 from hybrid_engine import ProcessGrid, checkpoint
 from hybrid_engine.engine import Engine
 from hybrid_engine.grid import build_groups
@@ -13,8 +13,8 @@ from hybrid_engine.models import SyntheticRegression, large_linear_model
 def _engine(rank: int, grid: tuple[int, int, int], cfg: dict) -> Engine:
     groups = build_groups(ProcessGrid(*grid), rank)
     model = large_linear_model(cfg["dim"], cfg["depth"], cfg.get("seed", 0))
-    return Engine(model, F.mse_loss, groups, schedule=cfg.get("schedule", "1f1b"), micro_batches=cfg["micro_batches"],
-                  optimizer=cfg["optimizer"], lr=cfg["lr"], device="cpu")
+    return make_engine(model, groups, schedule=cfg.get("schedule", "1f1b"), micro_batches=cfg["micro_batches"],
+                       optimizer=cfg["optimizer"], lr=cfg["lr"])
 
 
 def run_info(cfg: dict) -> dict:

@@ -1,15 +1,12 @@
 """Rank-side helpers for engine tests (module level, so spawned ranks can import them)."""
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from engine_builders import NonfiniteGradAt, make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import Engine
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.precision import Precision
 
 
 def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: str, v: int, cfg: dict) -> dict:
@@ -17,9 +14,10 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
     grid = ProcessGrid(dp, pp, mp)
     groups = build_groups(grid, rank)
     model = large_linear_model(cfg["dim"], cfg["depth"], cfg.get("seed", 0))
-    engine = Engine(model, F.mse_loss, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
-                    virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"], device="cpu",
-                    merge_weight_grads=cfg.get("merge_weight_grads", False), lookahead=cfg.get("lookahead", 0))
+    engine = make_engine(model, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
+                         virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"],
+                         merge_weight_grads=cfg.get("merge_weight_grads", False) and schedule == "zb1",
+                         lookahead=cfg.get("lookahead", 0))
     data = SyntheticRegression(cfg["dim"], cfg.get("seed", 0), "cpu")
     per_dp = cfg["batch_size"] // dp
     d = groups.coords.dp
@@ -48,9 +46,11 @@ def amp_overflow_run(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict
     """fp16 half-weights training where one rank finds an inf in its gradients at one step."""
     grid = ProcessGrid(dp, pp, mp)
     groups = build_groups(grid, rank)
-    engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule="1f1b",
-                    micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
-                    precision=Precision("fp16", "half-weights"), scale_window=cfg.get("scale_window", 2000))
+    engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, schedule="1f1b",
+                         micro_batches=cfg["micro_batches"], lr=cfg["lr"], amp="fp16", impl="half-weights",
+                         scale_window=cfg.get("scale_window", 2000))
+    if rank == inject_rank:
+        engine.add_post_backward_hook(NonfiniteGradAt({inject_step}))
     data = SyntheticRegression(cfg["dim"], 0, "cpu")
     per_dp = cfg["batch_size"] // dp
     d = groups.coords.dp
@@ -59,8 +59,6 @@ def amp_overflow_run(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict
         x, y = data.batch(step, cfg["batch_size"])
         if step == inject_step:
             states["before"] = {k: v.numpy() for k, v in engine.full_state_dict().items()}
-            if rank == inject_rank:
-                engine.inject_nonfinite_grad()
         result = engine.train_step(x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp])
         history.append((result.loss_scale, result.skipped, engine.scaler.scale))
         if step == inject_step:
@@ -76,9 +74,8 @@ def train_precision(rank: int, world: int, runs: list[tuple], cfg: dict, amp: st
     for dp, pp, mp, schedule in runs:
         grid = ProcessGrid(dp, pp, mp)
         groups = build_groups(grid, rank)
-        engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule=schedule,
-                        micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
-                        precision=Precision(amp, impl))
+        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, schedule=schedule,
+                             micro_batches=cfg["micro_batches"], lr=cfg["lr"], amp=amp, impl=impl)
         data = SyntheticRegression(cfg["dim"], 0, "cpu")
         per_dp = cfg["batch_size"] // dp
         d = groups.coords.dp
@@ -105,10 +102,11 @@ def fp16_sgd_paths(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict, 
     for path, clip_grad in (("fused", 0.0), ("unscaled", 1e30)):
         grid = ProcessGrid(dp, pp, mp)
         groups = build_groups(grid, rank)
-        engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule="1f1b",
-                        micro_batches=cfg["micro_batches"], lr=cfg["lr"], device="cpu",
-                        precision=Precision("fp16", "half-weights"), loss_scale=loss_scale,
-                        scale_window=scale_window, clip_grad=clip_grad)
+        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, schedule="1f1b",
+                             micro_batches=cfg["micro_batches"], lr=cfg["lr"], amp="fp16", impl="half-weights",
+                             loss_scale=loss_scale, scale_window=scale_window, clip_grad=clip_grad)
+        if rank == inject_rank:
+            engine.add_post_backward_hook(NonfiniteGradAt({inject_step}))
         data = SyntheticRegression(cfg["dim"], 0, "cpu")
         per_dp = cfg["batch_size"] // dp
         d = groups.coords.dp
@@ -122,15 +120,13 @@ def fp16_sgd_paths(rank: int, world: int, dp: int, pp: int, mp: int, cfg: dict, 
             x, y = data.batch(step, cfg["batch_size"])
             if step == inject_step:
                 states["before"] = weights()
-                if rank == inject_rank:
-                    engine.inject_nonfinite_grad()
             r = engine.train_step(x[d * per_dp:(d + 1) * per_dp], y[d * per_dp:(d + 1) * per_dp])
             history.append((r.loss, r.skipped, r.loss_scale, r.grad_norm, engine.scaler.scale))
             if step == inject_step:
                 states["after"] = weights()
         states["final"] = weights()
         out[path] = {"history": history, "states": states,
-                     "buckets": [b.clone().numpy() for b in engine._buckets]}
+                     "buckets": [b.clone().numpy() for b in engine.grads.buckets]}
         engine.close()
         groups.destroy()
         dist.barrier()

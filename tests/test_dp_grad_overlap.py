@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from dist_utils import run_ranks
 from engine_reference import reference_run
 from hybrid_engine import ProcessGrid
+from engine_builders import make_engine
 from hybrid_engine.engine import Engine
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
@@ -29,7 +30,7 @@ def _bucket_layout(engine: Engine) -> dict:
     """How the buckets cover the gradients: `tiled` (every bucket is exactly the disjoint union of its
     gradients, every gradient in one bucket) and, per stage, the layer indices each bucket holds."""
     spans = {}
-    for b, flat in enumerate(engine._buckets):
+    for b, flat in enumerate(engine.grads.buckets):
         start = flat.data_ptr()
         spans[b] = (start, start + flat.numel() * flat.element_size())
     stepped = dict(zip(map(id, engine.parameters), engine.optimized))
@@ -54,9 +55,9 @@ def overlap_runs(rank: int, world: int, runs: list[tuple], cfg: dict) -> list[di
     for dp, pp, schedule, v, options in runs:
         grid = ProcessGrid(dp, pp, 1)
         groups = build_groups(grid, rank)
-        engine = Engine(large_linear_model(cfg["dim"], cfg["depth"], 0), F.mse_loss, groups, schedule=schedule,
-                        micro_batches=cfg["micro_batches"], virtual_stages=v, lr=cfg["lr"], device="cpu",
-                        dp_bucket_mb=cfg["bucket_mb"], **options)
+        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, schedule=schedule,
+                             micro_batches=cfg["micro_batches"], virtual_stages=v, lr=cfg["lr"],
+                             dp_bucket_mb=cfg["bucket_mb"], **options)
         data = SyntheticRegression(cfg["dim"], 0, "cpu")
         per_dp = cfg["batch_size"] // dp
         d = groups.coords.dp
@@ -67,7 +68,7 @@ def overlap_runs(rank: int, world: int, runs: list[tuple], cfg: dict) -> list[di
             launches.append(engine._executor.dp_sync.last_step_launches())
         state = {k: t.numpy() for k, t in engine.full_state_dict().items()}
         out.append({"pp_rank": groups.coords.pp, "dp_rank": d, "losses": losses, "launches": launches,
-                    "num_buckets": len(engine._buckets), "layout": _bucket_layout(engine),
+                    "num_buckets": len(engine.grads.buckets), "layout": _bucket_layout(engine),
                     "state": state if d == 0 else {}})
         engine.close()
         groups.destroy()
@@ -132,7 +133,7 @@ def test_dp2_buckets_launch_during_the_backward(reference):
 def test_dp2_unfused_stages_fall_back_to_launching_after_the_backward(reference):
     """Module-by-module autograd announces nothing: every bucket starts after the stage's last backward
     (the fallback that keeps correctness independent of the announcements) and the model is still right."""
-    runs = [(2, 1, "1f1b", 1, {"fuse_stages": False})]
+    runs = [(2, 1, "1f1b", 1, {"stage_impl": "autograd"})]
     results = run_ranks(2, overlap_runs, runs, CFG, timeout=120)
     per_rank = [results[r][0] for r in range(2)]
     _check_run(per_rank, runs[0], reference, min_notified_missing=None)
@@ -179,15 +180,15 @@ def _tied_data(cfg: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tied_run(rank: int, world: int, cfg: dict) -> dict:
     groups = build_groups(ProcessGrid(world, 1, 1), rank)
-    engine = Engine(_tied_model(cfg["dim"]), F.mse_loss, groups, schedule="1f1b", micro_batches=cfg["micro_batches"],
-                    lr=cfg["lr"], device="cpu", tensor_parallel=False, dp_bucket_mb=cfg["bucket_mb"])
+    engine = make_engine(_tied_model(cfg["dim"]), groups, schedule="1f1b", micro_batches=cfg["micro_batches"],
+                         lr=cfg["lr"], dp_bucket_mb=cfg["bucket_mb"])
     per_dp = cfg["batch_size"] // world
     launches = []
     for step in range(cfg["steps"]):
         x, y = _tied_data(cfg, step)
         engine.train_step(x[rank * per_dp:(rank + 1) * per_dp], y[rank * per_dp:(rank + 1) * per_dp])
         launches.append(engine._executor.dp_sync.last_step_launches())
-    out = {"launches": launches, "num_buckets": len(engine._buckets),
+    out = {"launches": launches, "num_buckets": len(engine.grads.buckets),
            "state": {k: p.detach().numpy().copy() for k, p in engine.stages[0].state_dict().items()}}
     engine.close()
     groups.destroy()

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from dist_utils import run_ranks
 from hybrid_engine import _C, ProcessGrid
-from hybrid_engine.engine import Engine
+from engine_builders import make_engine
+from hybrid_engine.engine_config import DataParallelConfig
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
@@ -54,8 +54,8 @@ def test_buckets_are_summed_in_the_wire_dtype_and_cast_back(wire):
 
 def train(rank: int, world: int, wire) -> dict:
     groups = build_groups(ProcessGrid(2, 1, 1), rank)
-    engine = Engine(large_linear_model(32, 4, 0), F.mse_loss, groups, micro_batches=2, lr=0.05, device="cpu",
-                    dp_grad_dtype=wire)
+    engine = make_engine(large_linear_model(32, 4, 0), groups, micro_batches=2, lr=0.05,
+                         dp_grad_dtype="bf16" if wire is torch.bfloat16 else "fp32")
     data = SyntheticRegression(32, 0, "cpu")
     losses = []
     for step in range(4):
@@ -83,8 +83,8 @@ def test_bf16_wire_trains_close_to_the_fp32_all_reduce():
 
 
 def test_engine_refuses_other_wire_dtypes():
-    with pytest.raises(ValueError, match="dp_grad_dtype"):
-        Engine(large_linear_model(8, 2, 0), F.mse_loss, None, dp_grad_dtype=torch.int8)
+    with pytest.raises(ValueError, match="grad_dtype"):
+        DataParallelConfig(grad_dtype="int8").validate()
 
 
 def test_driver_flag():

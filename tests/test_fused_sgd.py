@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybrid_engine import _C
-from hybrid_engine.engine import plain_sgd_lr
+from hybrid_engine import optim
 from hybrid_engine.precision import MasterWeights
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -78,14 +78,29 @@ def test_shape_and_dtype_errors_are_clear():
 
 
 def test_only_plain_sgd_takes_the_fused_path():
-    p = [torch.nn.Parameter(torch.zeros(2))]
-    assert plain_sgd_lr(torch.optim.SGD(p, lr=0.5)) == 0.5
-    assert plain_sgd_lr(torch.optim.SGD(p, lr=0.5, momentum=0.9)) is None
-    assert plain_sgd_lr(torch.optim.SGD(p, lr=0.5, weight_decay=1e-4)) is None
-    assert plain_sgd_lr(torch.optim.Adam(p, lr=0.5)) is None
-    sgd = torch.optim.SGD(p, lr=0.5)
-    sgd.param_groups[0]["lr"] = 0.125  # what an LR scheduler does: the fused step must see it
-    assert plain_sgd_lr(sgd) == 0.125
+    """The update strategy is chosen once, from the factory the user passed (never from sniffing the optimizer
+    it returns): the built-in plain SGD with half weights fuses; momentum, weight decay, Adam, or any other
+    callable take torch's step. The fused step reads the learning rate at each step, so schedulers apply."""
+    halves = [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]
+    masters = MasterWeights(halves)
+
+    def strategy(factory):
+        return type(optim.make_update(factory, masters.masters, masters, torch.device("cpu"))[1])
+
+    assert strategy(optim.SGD(lr=0.5)) is optim.FusedSGDCast
+    assert strategy(optim.SGD(lr=0.5, momentum=0.9)) is optim.TorchStep
+    assert strategy(optim.SGD(lr=0.5, weight_decay=1e-4)) is optim.TorchStep
+    assert strategy(optim.Adam(lr=0.5)) is optim.TorchStep
+    assert strategy(lambda params: torch.optim.SGD(params, lr=0.5)) is optim.TorchStep
+    fp32 = [torch.nn.Parameter(torch.zeros(2))]
+    assert type(optim.make_update(optim.SGD(lr=0.5), fp32, None, torch.device("cpu"))[1]) is optim.TorchStep
+
+    optimizer, update = optim.make_update(optim.SGD(lr=0.5), masters.masters, masters, torch.device("cpu"))
+    optimizer.param_groups[0]["lr"] = 0.125  # what an LR scheduler does: the fused step must see it
+    masters.masters[0].grad = torch.ones(2)
+    update.step()
+    assert masters.masters[0].detach().tolist() == [-0.125, -0.125]
+    assert halves[0].detach().float().tolist() == [-0.125, -0.125]
 
 
 # ---- fp16 loss scaling folded in: inv_scale and skip_if ----------------------------------------------------

@@ -39,7 +39,7 @@ def _sum_over_grid_groups(rank: int, world_size: int) -> dict:
         assert tuple(_C.group_rank_and_size(group)) == (members.index(rank), len(members)), kind
         # Rank-dependent payload, so a sum over the wrong members cannot pass by accident.
         tensor = torch.tensor([float(rank), 1.0, float(rank * rank)])
-        result = _C.all_reduce_sum(tensor, group)
+        result = _C._testing.all_reduce_sum(tensor, group)
         assert result is tensor or torch.equal(result, tensor)
         expected = torch.tensor([float(sum(members)), float(len(members)), float(sum(r * r for r in members))])
         assert torch.equal(tensor, expected), f"rank {rank} {kind} {members}: {tensor.tolist()} != {expected.tolist()}"

@@ -1,5 +1,5 @@
-"""Native stages: the executor runs fused Linear(+ReLU) chains itself, without autograd (NativeStage in
-csrc/executor/pipeline_executor.h), and with F.mse_loss computes the loss's gradient together with the loss.
+"""Native stages: the executor runs Linear(+ReLU) chains itself, without autograd (NativeChainStage in
+csrc/executor/stage_program.h), and with the built-in MSE computes the loss's gradient together with the loss.
 
 The native path must train exactly like the autograd path it replaces (same kernels in the same order), so
 these tests compare the two bit for bit on gloo ranks, across schedules, recomputation, half weights, a loss
@@ -14,11 +14,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dist_utils import run_ranks
+from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import Engine
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.precision import Precision
 
 CFG = dict(dim=32, depth=6, batch_size=32, micro_batches=4, steps=3, lr=0.05)
 
@@ -43,17 +42,17 @@ def train(rank: int, world: int, runs: list[dict]) -> list[dict]:
         model = large_linear_model(CFG["dim"], CFG["depth"], 0)
         if run.get("gelu"):
             model = with_gelu(model)
-        engine = Engine(model, run.get("loss", F.mse_loss), groups, schedule=run.get("schedule", "1f1b"),
-                        micro_batches=CFG["micro_batches"], virtual_stages=run.get("v", 1), lr=CFG["lr"], device="cpu",
-                        merge_weight_grads=run.get("merge", False), recompute=run.get("recompute", False),
-                        precision=Precision(run.get("amp", "off"), run.get("impl", "half-weights")),
-                        native_stages=run["native"])
+        engine = make_engine(model, groups, loss=run.get("loss"), schedule=run.get("schedule", "1f1b"),
+                             micro_batches=CFG["micro_batches"], virtual_stages=run.get("v", 1), lr=CFG["lr"],
+                             merge_weight_grads=run.get("merge", False), recompute=run.get("recompute", False),
+                             amp=run.get("amp", "off"), impl=run.get("impl", "half-weights"),
+                             stage_impl="auto" if run["native"] else "autograd")
         data = SyntheticRegression(CFG["dim"], 0, "cpu")
         losses = []
         for step in range(CFG["steps"]):
             x, y = data.batch(step, CFG["batch_size"])
             losses.append(engine.train_step(x, y).loss)
-        out.append({"losses": losses, "native": list(engine._executor.native_stage_ids),
+        out.append({"losses": losses, "native": [s for s, p in engine.stage_programs.items() if p.native],
                     "stages": list(engine.stage_ids),
                     "state": {k: t.numpy() for k, t in engine.full_state_dict().items()}})
         engine.close()

@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from dist_utils import run_ranks
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import Engine
+from engine_builders import make_engine
 from hybrid_engine.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.precision import Precision
 
 REPO = Path(__file__).resolve().parents[1]
 DIM, DEPTH, BATCH, MICRO, STEPS = 32, 6, 32, 4, 3
@@ -29,11 +27,11 @@ def train(rank: int, world: int, runs: list[dict]) -> list[dict]:
     out = []
     for run in runs:
         groups = build_groups(ProcessGrid(1, 2, 1), rank)
-        engine = Engine(large_linear_model(DIM, DEPTH, 0), F.mse_loss, groups, schedule=run["schedule"],
-                        micro_batches=MICRO, lr=0.05, device="cpu", merge_weight_grads=run["schedule"] == "zb1",
-                        lookahead=run.get("lookahead", 0), precision=Precision(run.get("amp", "off")),
-                        recompute=run.get("recompute", False),
-                        native_stages=run.get("native", True))
+        engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, schedule=run["schedule"],
+                             micro_batches=MICRO, lr=0.05, merge_weight_grads=run["schedule"] == "zb1",
+                             lookahead=run.get("lookahead", 0), amp=run.get("amp", "off"),
+                             recompute=run.get("recompute", False),
+                             stage_impl="auto" if run.get("native", True) else "autograd")
         data = SyntheticRegression(DIM, 0, "cpu")
         rows = BATCH // MICRO
         losses, draws, alive_at_draw = [], [], []
@@ -119,7 +117,7 @@ def test_stage_zero_holds_only_its_in_flight_micro_batches(results):
 
 def bad_source(rank: int, world: int, kind: str) -> str:
     groups = build_groups(ProcessGrid(1, 1, 1), rank)
-    engine = Engine(large_linear_model(DIM, DEPTH, 0), F.mse_loss, groups, micro_batches=MICRO, device="cpu")
+    engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, micro_batches=MICRO)
     data = SyntheticRegression(DIM, 0, "cpu")
     x, y = data.batch(0, BATCH)
     try:

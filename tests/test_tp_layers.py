@@ -22,11 +22,18 @@ DIM = 16
 ROWS = 8
 
 
-@pytest.fixture(autouse=True)
-def _clean_store():
-    _C.wgrad_clear()
-    yield
-    _C.wgrad_clear()
+@pytest.fixture
+def grads():
+    """A fresh gradient buffer, as an Engine owns one: the deferred weight gradients live in it, not in the process."""
+    return _C.GradBuffer()
+
+
+def _route(module: nn.Module, grads) -> nn.Module:
+    """Hand `grads` to every layer of `module`, as an Engine does with its own buffer."""
+    for m in module.modules():
+        if hasattr(m, "grad_buffer"):
+            m.grad_buffer = grads
+    return module
 
 
 def _mlp(depth: int, seed: int = 0, dim: int = DIM) -> nn.Sequential:
@@ -80,22 +87,22 @@ def test_linear_default_init_equals_nn_linear_under_the_same_seed():
     assert torch.equal(ours.weight, dense.weight) and torch.equal(ours.bias, dense.bias)
 
 
-def test_deferred_weight_grads_one_micro_batch_are_bit_identical():
+def test_deferred_weight_grads_one_micro_batch_are_bit_identical(grads):
     dense = parallelize_mlp(_mlp(3), None)
-    deferred = copy.deepcopy(dense)
+    deferred = _route(copy.deepcopy(dense), grads)
     x, upstream = torch.randn(ROWS, DIM), torch.randn(ROWS, DIM)
     _, gx_ref = _run(dense, x, upstream)
 
-    _C.wgrad_set_defer(True)
-    _C.wgrad_begin(0, 0)
+    grads.set_defer(True)
+    grads.begin(0, 0)
     _, gx = _run(deferred, x, upstream)
-    _C.wgrad_set_defer(False)
+    grads.set_defer(False)
     assert torch.equal(gx, gx_ref), "the input gradient (I) must not wait for W"
     assert all(p.grad is None for p in deferred.parameters())
-    assert _C.wgrad_pending() == 3  # one stash per Linear
+    assert grads.pending == 3  # one stash per Linear
 
-    updated = _C.wgrad_flush(0, 0)
-    assert _C.wgrad_pending() == 0
+    updated = grads.flush(0, 0)
+    assert grads.pending == 0
     assert len(updated) == 6 and all(any(u is p for p in deferred.parameters()) for u in updated)
     for p_ref, p in zip(dense.parameters(), deferred.parameters()):
         assert p.grad.dtype == p_ref.grad.dtype and p.grad.stride() == p_ref.grad.stride()
@@ -108,25 +115,25 @@ def _micro_batches(n: int, seed: int = 3):
 
 
 @pytest.mark.parametrize("merged", [False, True], ids=["flush_each", "flush_merged"])
-def test_deferred_weight_grads_over_micro_batches_match_autograd_accumulation(merged):
+def test_deferred_weight_grads_over_micro_batches_match_autograd_accumulation(merged, grads):
     dense = parallelize_mlp(_mlp(4), None)
-    deferred = copy.deepcopy(dense)
+    deferred = _route(copy.deepcopy(dense), grads)
     batches = _micro_batches(4)
     for x, upstream in batches:
         _run(dense, x, upstream)
 
-    _C.wgrad_set_defer(True)
+    grads.set_defer(True)
     for micro, (x, upstream) in enumerate(batches):
-        _C.wgrad_begin(0, micro)
+        grads.begin(0, micro)
         _run(deferred, x, upstream)
-    _C.wgrad_set_defer(False)
-    assert _C.wgrad_pending() == 4 * 4
+    grads.set_defer(False)
+    assert grads.pending == 4 * 4
     if merged:
-        _C.wgrad_flush_merged([(0, m) for m in range(len(batches))])
+        grads.flush_merged([(0, m) for m in range(len(batches))])
     else:
         for micro in range(len(batches)):  # W actions may run in any order relative to each other
-            _C.wgrad_flush(0, micro)
-    assert _C.wgrad_pending() == 0
+            grads.flush(0, micro)
+    assert grads.pending == 0
     for p_ref, p in zip(dense.parameters(), deferred.parameters()):
         if merged:
             assert _rel_err(p.grad, p_ref.grad) < 1e-5
@@ -134,57 +141,57 @@ def test_deferred_weight_grads_over_micro_batches_match_autograd_accumulation(me
             torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-6, atol=1e-6)
 
 
-def test_flush_merged_of_one_key_is_bit_identical_and_accumulates_onto_existing_grads():
+def test_flush_merged_of_one_key_is_bit_identical_and_accumulates_onto_existing_grads(grads):
     layer = Linear(DIM, 12)
-    twin = copy.deepcopy(layer)
+    twin = _route(copy.deepcopy(layer), grads)
     x, up = torch.randn(ROWS, DIM), torch.randn(ROWS, 12)
     _run(layer, x, up)
-    _C.wgrad_set_defer(True)
-    _C.wgrad_begin(1, 7)
+    grads.set_defer(True)
+    grads.begin(1, 7)
     _run(twin, x, up)
-    _C.wgrad_set_defer(False)
-    _C.wgrad_flush_merged([(1, 7)])
+    grads.set_defer(False)
+    grads.flush_merged([(1, 7)])
     assert torch.equal(twin.weight.grad, layer.weight.grad) and torch.equal(twin.bias.grad, layer.bias.grad)
     # A second flush adds to the existing .grad in place (no new tensor), as AccumulateGrad does.
     grad_before = twin.weight.grad
-    _C.wgrad_set_defer(True)
-    _C.wgrad_begin(1, 8)
+    grads.set_defer(True)
+    grads.begin(1, 8)
     _run(twin, x, up)
-    _C.wgrad_set_defer(False)
-    _C.wgrad_flush_all()
+    grads.set_defer(False)
+    grads.flush_all()
     assert twin.weight.grad is grad_before
     torch.testing.assert_close(twin.weight.grad, 2 * layer.weight.grad, rtol=1e-6, atol=1e-6)
 
 
-def test_flush_of_unknown_key_is_a_noop_and_keys_stay_separate():
-    layer = Linear(DIM, DIM)
-    _C.wgrad_set_defer(True)
+def test_flush_of_unknown_key_is_a_noop_and_keys_stay_separate(grads):
+    layer = _route(Linear(DIM, DIM), grads)
+    grads.set_defer(True)
     for micro in range(2):
-        _C.wgrad_begin(0, micro)
+        grads.begin(0, micro)
         _run(layer, *_micro_batches(1, seed=micro)[0])
-    _C.wgrad_set_defer(False)
-    assert _C.wgrad_flush(5, 5) == []
-    assert _C.wgrad_pending() == 2
-    _C.wgrad_flush(0, 1)
-    assert _C.wgrad_pending() == 1
+    grads.set_defer(False)
+    assert grads.flush(5, 5) == []
+    assert grads.pending == 2
+    grads.flush(0, 1)
+    assert grads.pending == 1
 
 
-def test_deferring_without_a_key_raises():
-    layer = Linear(DIM, DIM)
-    _C.wgrad_set_defer(True)
-    _C.wgrad_end()
+def test_deferring_without_a_key_raises(grads):
+    layer = _route(Linear(DIM, DIM), grads)
+    grads.set_defer(True)
+    grads.end()
     with pytest.raises(RuntimeError, match="begin"):
         _run(layer, *_micro_batches(1)[0])
 
 
-def test_non_leaf_weight_gets_its_gradient_immediately():
+def test_non_leaf_weight_gets_its_gradient_immediately(grads):
     weight = nn.Parameter(torch.randn(12, DIM))
     x = torch.randn(ROWS, DIM, requires_grad=True)
-    _C.wgrad_set_defer(True)
-    _C.wgrad_begin(0, 0)
-    _C.linear(x, weight * 2.0, None).sum().backward()
-    _C.wgrad_set_defer(False)
-    assert _C.wgrad_pending() == 0
+    grads.set_defer(True)
+    grads.begin(0, 0)
+    _C.linear(x, weight * 2.0, None, grads).sum().backward()
+    grads.set_defer(False)
+    assert grads.pending == 0
     assert weight.grad is not None
 
 
@@ -294,14 +301,15 @@ def _parallel_mlp_matches_dense(rank: int, world_size: int, depth: int) -> dict:
     _compare_grads_with_dense(par, dense, group, 1e-5)
 
     # The zero-bubble split: I now, W at flush; same gradients on the tensor-parallel layers.
-    zb = parallelize_mlp(dense, group)
-    _C.wgrad_set_defer(True)
-    _C.wgrad_begin(0, 0)
+    grads = _C.GradBuffer()
+    zb = _route(parallelize_mlp(dense, group), grads)
+    grads.set_defer(True)
+    grads.begin(0, 0)
     _, gx_zb = _run(zb, x, upstream)
-    _C.wgrad_set_defer(False)
+    grads.set_defer(False)
     assert torch.equal(gx_zb, gx)
-    assert _C.wgrad_pending() == depth
-    _C.wgrad_flush(0, 0)
+    assert grads.pending == depth
+    grads.flush(0, 0)
     for p_ref, p in zip(par.parameters(), zb.parameters()):
         assert torch.equal(p.grad, p_ref.grad)
     return {"kinds": kinds}

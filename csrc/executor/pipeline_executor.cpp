@@ -7,9 +7,6 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "executor/mse_loss.h"
-#include "tp/linear_chain.h"
-#include "tp/weight_grad_store.h"
 
 namespace hybrid {
 
@@ -22,46 +19,50 @@ std::string where(int pp_rank, const Action& a) {
 bool is_backward_type(ActionType t) { return t == ActionType::B || t == ActionType::I || t == ActionType::W; }
 
 // Scope of a stage's last gradient action: every gradient write in it is the step's last for that parameter,
-// so the C++ paths that announce final gradients (weight_grad_store.h) feed the DP sync, which launches a
-// bucket's all-reduce as soon as all of it is announced. Disarmed on exit, also when the action throws.
+// so the C++ paths that announce final gradients (GradBuffer::grad_final) feed the DP sync, which launches a
+// bucket's collective as soon as all of it is announced. Disarmed on exit, also when the action throws.
 class ArmedGradSync {
  public:
-  ArmedGradSync(std::shared_ptr<DpGradSync> sync, const std::vector<int>& buckets) : sync_(std::move(sync)) {
+  ArmedGradSync(GradBuffer& grads, std::shared_ptr<DpGradSync> sync, const std::vector<int>& buckets)
+      : grads_(grads), sync_(std::move(sync)) {
     sync_->arm(buckets);
-    set_grad_final_listener([sync = sync_](const at::Tensor& grad) { sync->notify(grad); });
+    grads_.set_grad_final_listener([sync = sync_](const at::Tensor& grad) { sync->notify(grad); });
   }
   ~ArmedGradSync() {
-    set_grad_final_listener({});
+    grads_.set_grad_final_listener({});
     sync_->disarm();
   }
   ArmedGradSync(const ArmedGradSync&) = delete;
   ArmedGradSync& operator=(const ArmedGradSync&) = delete;
 
  private:
+  GradBuffer& grads_;
   std::shared_ptr<DpGradSync> sync_;
 };
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn,
-                                   LossFn loss_fn, std::map<ChannelKey, Channel> send_channels,
+PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig config,
+                                   std::map<int, std::shared_ptr<StageProgram>> programs, LossSpec loss,
+                                   std::map<ChannelKey, Channel> send_channels,
                                    std::map<ChannelKey, Channel> recv_channels,
                                    std::vector<TensorSpec> stage_input_specs,
-                                   std::vector<TensorSpec> stage_output_specs, at::Device device,
-                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets,
-                                   std::map<int, NativeStage> native_stages)
+                                   std::vector<TensorSpec> stage_output_specs, at::Device device, GradBufferPtr grads,
+                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets)
     : actions_(std::move(actions)),
       config_(config),
-      stage_fn_(std::move(stage_fn)),
-      loss_fn_(std::move(loss_fn)),
+      programs_(std::move(programs)),
+      loss_(std::move(loss)),
       send_channels_(std::move(send_channels)),
       recv_channels_(std::move(recv_channels)),
       input_specs_(std::move(stage_input_specs)),
       output_specs_(std::move(stage_output_specs)),
       device_(device),
+      grads_(std::move(grads)),
       dp_sync_(std::move(dp_sync)),
-      stage_buckets_(std::move(stage_buckets)),
-      native_stages_(std::move(native_stages)) {
+      stage_buckets_(std::move(stage_buckets)) {
+  if (!grads_) throw std::invalid_argument("executor needs the engine's GradBuffer");
+  if (!loss_.builtin_mse && !loss_.fn) throw std::invalid_argument("executor needs a loss");
   if (static_cast<int>(input_specs_.size()) != config_.num_stages ||
       static_cast<int>(output_specs_.size()) != config_.num_stages) {
     throw std::invalid_argument("executor needs one input and one output spec per stage (" +
@@ -80,16 +81,16 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
       last_w_micro_[a.stage] = a.micro;
     }
   }
-  for (const auto& [stage, native] : native_stages_) {
-    if (stage < 0 || stage >= config_.num_stages || stage_owner(stage, config_.pp_size) != config_.pp_rank) {
-      throw std::invalid_argument("native stage " + std::to_string(stage) + " is not a stage of pipeline rank " +
+  for (int stage = 0; stage < config_.num_stages; ++stage) {
+    const bool mine = stage_owner(stage, config_.pp_size) == config_.pp_rank;
+    auto it = programs_.find(stage);
+    if (mine && (it == programs_.end() || !it->second)) {
+      throw std::invalid_argument("no stage program for stage " + std::to_string(stage) + " of pipeline rank " +
                                   std::to_string(config_.pp_rank));
     }
-    if (native.relu.empty() || native.params.size() != 2 * native.relu.size()) {
-      throw std::invalid_argument("native stage " + std::to_string(stage) + ": " +
-                                  std::to_string(native.relu.size()) + " layers need " +
-                                  std::to_string(2 * native.relu.size()) + " params, got " +
-                                  std::to_string(native.params.size()));
+    if (!mine && it != programs_.end()) {
+      throw std::invalid_argument("stage program for stage " + std::to_string(stage) +
+                                  ", which is not a stage of pipeline rank " + std::to_string(config_.pp_rank));
     }
   }
   // Without W actions, I computes everything (there is nothing to defer to).
@@ -97,12 +98,9 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   if (!config_.merge_weight_grads) config_.overwrite_weight_grads = false;
 }
 
-PipelineExecutor::MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
+MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
 
-const NativeStage* PipelineExecutor::native_stage(int stage) const {
-  auto it = native_stages_.find(stage);
-  return it == native_stages_.end() ? nullptr : &it->second;
-}
+StageProgram& PipelineExecutor::program(const Action& a) const { return *programs_.at(a.stage); }
 
 const std::vector<int>* PipelineExecutor::final_grad_buckets(int stage, size_t index) const {
   if (!dp_sync_) return nullptr;
@@ -161,7 +159,8 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   const MicroBatchFn inputs = checked(input_fn, "input");
   const MicroBatchFn targets = checked(target_fn, "target");
   std::vector<at::Tensor> losses(holds_last ? config_.num_micro : 0);
-  step_ = {&inputs, &targets, loss_multiplier, &losses};
+  StepLoss loss(loss_, targets, loss_multiplier, losses);
+  step_ = {&inputs, holds_last ? &loss : nullptr};
   trace_.clear();
   device_spans_.clear();
   const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
@@ -181,7 +180,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
       const std::vector<int>* grads_final = final_grad_buckets(a.stage, i);
       {
         std::optional<ArmedGradSync> armed;
-        if (grads_final) armed.emplace(dp_sync_, *grads_final);
+        if (grads_final) armed.emplace(*grads_, dp_sync_, *grads_final);
         execute(a);
       }
       if (traced && device_trace) {
@@ -209,7 +208,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
     micro_.clear();
     recvs_.clear();
     sends_.clear();
-    WeightGradStore::instance().clear();
+    grads_->wgrad().clear();
     throw;
   }
   step_ = {};
@@ -241,9 +240,9 @@ void PipelineExecutor::execute(const Action& a) {
       MicroState& s = state(a.stage, a.micro);
       if (!s.output.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no F ran)");
       post_send(a, TensorKind::Activation, s.output.detach());
-      // A native stage's backward needs only what it saved (with recompute: the input), not the output: the
-      // pending send keeps it alive until the transfer is done.
-      if (native_stage(a.stage) != nullptr) s.output.reset();
+      // A program whose backward needs only what it saved (a native chain: with recompute, the input) drops the
+      // output: the pending send keeps it alive until the transfer is done.
+      if (!program(a).needs_output_for_backward()) s.output.reset();
       break;
     }
     case ActionType::SEND_B: {
@@ -259,136 +258,27 @@ void PipelineExecutor::execute(const Action& a) {
 }
 
 void PipelineExecutor::forward(const Action& a) {
-  if (const NativeStage* native = native_stage(a.stage)) {
-    native_forward(a, *native);
-    return;
-  }
   MicroState& s = state(a.stage, a.micro);
-  if (is_first_stage(a.stage)) {
-    s.input = (*step_.inputs)(a.micro);
-  } else {
-    // A fresh leaf: backward leaves the gradient for upstream in its .grad.
-    s.input = take_recv(a, TensorKind::Activation).requires_grad_(true);
-  }
-  at::Tensor output = stage_fn_(a.stage, s.input);
-  if (is_last_stage(a.stage)) {
-    at::Tensor loss = loss_fn_(output, (*step_.targets)(a.micro));
-    if (loss.numel() != 1) {
-      throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
-    }
-    step_.losses->at(a.micro) = loss.detach();
-    s.loss = loss * step_.loss_multiplier;
-  } else {
-    s.output = output;
-  }
+  const at::Tensor input =
+      is_first_stage(a.stage) ? (*step_.inputs)(a.micro) : take_recv(a, TensorKind::Activation);
+  program(a).forward(s, a.micro, input, is_first_stage(a.stage), is_last_stage(a.stage) ? step_.loss : nullptr);
+  s.forwarded = true;
 }
 
 void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
-  if (const NativeStage* native = native_stage(a.stage)) {
-    native_backward(a, *native, defer_weight_grads);
-    return;
-  }
   MicroState& s = state(a.stage, a.micro);
-  at::Tensor root;
-  at::Tensor root_grad;
-  if (is_last_stage(a.stage)) {
-    root = s.loss;
-  } else {
-    root = s.output;
-    root_grad = take_recv(a, TensorKind::Gradient);
-  }
-  if (!root.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
-  if (root.requires_grad()) {
-    std::optional<DeferWeightGrads> defer;
-    if (defer_weight_grads) defer.emplace(WgradKey{a.stage, a.micro});
-    if (root_grad.defined()) {
-      torch::autograd::backward({root}, {root_grad});
-    } else {
-      torch::autograd::backward({root});
-    }
-  }
-  if (!is_first_stage(a.stage)) {
-    at::Tensor grad = s.input.grad();
-    // An input the stage ignores still owes upstream a gradient: zeros keep the channels in step.
-    s.input_grad = grad.defined() ? grad : at::zeros_like(s.input);
-  }
-  s.input.reset();
-  s.output.reset();
-  s.loss.reset();
-}
-
-void PipelineExecutor::native_forward(const Action& a, const NativeStage& stage) {
-  MicroState& s = state(a.stage, a.micro);
-  at::NoGradGuard no_grad;
-  const at::Tensor input =
-      is_first_stage(a.stage) ? (*step_.inputs)(a.micro) : take_recv(a, TensorKind::Activation);
-  if (is_last_stage(a.stage) && stage.recompute) {
-    // The backward reruns this forward anyway, and nothing downstream waits for the output: the whole forward,
-    // the loss and the target's draw move there, and only the input waits for it (no output gradient kept).
-    s.saved = {input};
-    s.forward_deferred = true;
-    return;
-  }
-  at::Tensor output = chain_forward(input, stage.params, stage.relu, stage.recompute, s.saved);
-  if (!is_last_stage(a.stage)) {
-    s.output = output;
-    return;
-  }
-  s.output_grad = loss_grad(a, output);
-}
-
-at::Tensor PipelineExecutor::loss_grad(const Action& a, const at::Tensor& output) {
-  const at::Tensor target = (*step_.targets)(a.micro);
-  if (config_.native_mse && output.sizes() == target.sizes()) {
-    LossAndGrad loss = mse_loss_and_grad(output, target, step_.loss_multiplier);
-    step_.losses->at(a.micro) = loss.loss;
-    return loss.grad;
-  }
-  // Any other loss runs through autograd, from the stage output (a fresh leaf) to the loss only.
-  at::AutoGradMode grad_mode(true);
-  at::Tensor leaf = output.detach().requires_grad_(true);
-  at::Tensor loss = loss_fn_(leaf, target);
-  if (loss.numel() != 1) throw std::runtime_error(where(config_.pp_rank, a) + ": the loss function must return a scalar");
-  step_.losses->at(a.micro) = loss.detach();
-  at::Tensor scaled = loss * step_.loss_multiplier;
-  if (scaled.requires_grad()) torch::autograd::backward({scaled});
-  at::Tensor grad = leaf.grad();
-  return grad.defined() ? grad : at::zeros_like(leaf);  // a loss that ignores the output
-}
-
-void PipelineExecutor::native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads) {
-  MicroState& s = state(a.stage, a.micro);
-  if (s.saved.empty()) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
-  bool recompute = stage.recompute;
-  at::Tensor grad;
-  if (!is_last_stage(a.stage)) {
-    grad = take_recv(a, TensorKind::Gradient);
-  } else if (s.forward_deferred) {
-    std::vector<at::Tensor> saved;
-    {
-      at::NoGradGuard no_grad;
-      at::Tensor output = chain_forward(s.saved.at(0), stage.params, stage.relu, /*recompute=*/false, saved);
-      grad = loss_grad(a, output);
-    }
-    s.saved = std::move(saved);
-    recompute = false;  // the activations were just computed
-  } else {
-    grad = std::move(s.output_grad);
-  }
+  if (!s.forwarded) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
+  const at::Tensor output_grad = is_last_stage(a.stage) ? at::Tensor() : take_recv(a, TensorKind::Gradient);
   std::optional<DeferWeightGrads> defer;
-  if (defer_weight_grads) defer.emplace(WgradKey{a.stage, a.micro});
-  at::Tensor input_grad = chain_backward(grad, std::move(s.saved), stage.params, stage.relu, recompute,
-                                         /*want_input_grad=*/!is_first_stage(a.stage));
+  if (defer_weight_grads) defer.emplace(grads_->wgrad(), WgradKey{a.stage, a.micro});
+  at::Tensor input_grad = program(a).backward(s, a.micro, output_grad, is_first_stage(a.stage),
+                                              is_last_stage(a.stage) ? step_.loss : nullptr);
   if (!is_first_stage(a.stage)) s.input_grad = std::move(input_grad);
-  s.saved.clear();
-  s.output.reset();
-  s.output_grad.reset();
-  s.forward_deferred = false;
 }
 
 void PipelineExecutor::weight_grads(const Action& a) {
   if (!config_.merge_weight_grads) {
-    WeightGradStore::instance().flush(WgradKey{a.stage, a.micro});
+    grads_->flush(WgradKey{a.stage, a.micro});
     return;
   }
   // Merged: every W of this stage but the last is a no-op; the last computes all micro-batches at once.
@@ -397,7 +287,7 @@ void PipelineExecutor::weight_grads(const Action& a) {
   for (const Action& other : actions_) {
     if (other.type == ActionType::W && other.stage == a.stage) keys.push_back(WgradKey{a.stage, other.micro});
   }
-  WeightGradStore::instance().flush_merged(keys, config_.overwrite_weight_grads);
+  grads_->flush_merged(keys, config_.overwrite_weight_grads);
 }
 
 std::shared_ptr<c10::Event> PipelineExecutor::record_event() {

@@ -23,6 +23,9 @@
 
 #include "comm/collectives.h"
 #include "executor/dp_grad_sync.h"
+#include "executor/stage_program.h"
+#include "executor/step_loss.h"
+#include "grad/grad_buffer.h"
 #include "schedule/action.h"
 
 namespace hybrid {
@@ -39,16 +42,6 @@ struct TensorSpec {
   at::ScalarType dtype = at::kFloat;
 };
 
-// A stage the executor runs itself, without autograd: a chain of Linear (+ ReLU) layers (tp/linear_chain.h).
-// Its forward builds no graph and its backward runs on the executor's thread; on CUDA that saves the autograd
-// engine's hand-off to its device thread (and back) on every backward action, which sat on the pipeline's
-// critical path at small micro-batches.
-struct NativeStage {
-  std::vector<at::Tensor> params;  // weight_0, bias_0 (undefined: none), weight_1, ...
-  std::vector<bool> relu;          // ReLU after layer i
-  bool recompute = false;          // keep only the stage input until the backward
-};
-
 struct ExecutorConfig {
   int pp_rank = 0;
   int pp_size = 1;
@@ -61,9 +54,6 @@ struct ExecutorConfig {
   // the engine need not zero the gradient buffers before the step.
   bool overwrite_weight_grads = false;
   bool record_trace = false;
-  // The loss is the C++ mean squared error (executor/mse_loss.h): a native last stage then computes the loss
-  // and its gradient together, without autograd.
-  bool native_mse = false;
 };
 
 // One executed compute action, in microseconds from the step's start: device time (CUDA events on the
@@ -76,20 +66,19 @@ struct TraceEvent {
 
 class PipelineExecutor {
  public:
-  // Runs the forward of global stage `stage` on `input`; returns the stage output.
-  using StageFn = std::function<at::Tensor(int stage, const at::Tensor& input)>;
-  // Loss of one micro-batch on the last stage (a scalar); the executor multiplies by the loss multiplier.
-  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
   using ChannelKey = std::pair<int, int>;  // (peer pp rank, TensorKind)
   // A step's micro-batch `micro` (an input on the first stage, a target on the last), asked for when the
   // forward that consumes it runs: the data can be drawn then instead of being resident for the whole step.
   using MicroBatchFn = std::function<at::Tensor(int micro)>;
 
-  PipelineExecutor(std::vector<Action> actions, ExecutorConfig config, StageFn stage_fn, LossFn loss_fn,
+  // programs: one per stage of this rank. grads: the engine's gradient buffer (W actions flush it; the DP sync
+  // hears of final gradients through it). dp_sync may be null (no DP); stage_buckets: each stage's buckets.
+  PipelineExecutor(std::vector<Action> actions, ExecutorConfig config,
+                   std::map<int, std::shared_ptr<StageProgram>> programs, LossSpec loss,
                    std::map<ChannelKey, Channel> send_channels, std::map<ChannelKey, Channel> recv_channels,
                    std::vector<TensorSpec> stage_input_specs, std::vector<TensorSpec> stage_output_specs,
-                   at::Device device, std::shared_ptr<DpGradSync> dp_sync,
-                   std::map<int, std::vector<int>> stage_buckets, std::map<int, NativeStage> native_stages = {});
+                   at::Device device, GradBufferPtr grads, std::shared_ptr<DpGradSync> dp_sync,
+                   std::map<int, std::vector<int>> stage_buckets);
 
   // One step. `inputs` has num_micro tensors on a rank holding stage 0 (else empty); `targets` likewise on
   // the rank holding the last stage. Returns the per-micro-batch losses (unmultiplied, detached) on the
@@ -107,32 +96,14 @@ class PipelineExecutor {
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const ExecutorConfig& config() const { return config_; }
   const std::shared_ptr<DpGradSync>& dp_sync() const { return dp_sync_; }
-  std::vector<int> native_stage_ids() const {
-    std::vector<int> ids;
-    for (const auto& entry : native_stages_) ids.push_back(entry.first);
-    return ids;
-  }
+  const std::map<int, std::shared_ptr<StageProgram>>& programs() const { return programs_; }
 
  private:
-  struct MicroState {
-    at::Tensor input;       // stage input (requires grad on all but the first stage, unless native)
-    at::Tensor output;      // stage output, root of this micro-batch's backward
-    at::Tensor loss;        // last stage: multiplied loss, root of the backward
-    at::Tensor input_grad;  // gradient to send upstream
-    // Native stages: what chain_backward needs, and on the last stage the gradient of the output (computed
-    // with the loss in the forward).
-    std::vector<at::Tensor> saved;
-    at::Tensor output_grad;
-    // Last stage with recompute: the forward (and the loss) runs in the backward; `saved` holds the input.
-    bool forward_deferred = false;
-  };
   // The running step's data sources, loss multiplier and losses: set for the duration of run_streamed (the
   // forwards draw from it, and so does a last-stage backward that runs its deferred forward).
   struct StepData {
     const MicroBatchFn* inputs = nullptr;
-    const MicroBatchFn* targets = nullptr;
-    double loss_multiplier = 1.0;
-    std::vector<at::Tensor>* losses = nullptr;
+    StepLoss* loss = nullptr;  // on the rank holding the last stage
   };
   StepData step_;
   struct PendingRecv {
@@ -148,12 +119,7 @@ class PipelineExecutor {
   void execute(const Action& a);
   void forward(const Action& a);
   void backward(const Action& a, bool defer_weight_grads);
-  void native_forward(const Action& a, const NativeStage& stage);
-  void native_backward(const Action& a, const NativeStage& stage, bool defer_weight_grads);
-  // The last stage's loss on `output` against its micro-batch's target (drawn now): records the unmultiplied
-  // loss in the step's losses and returns the gradient of loss * loss_multiplier with respect to the output.
-  at::Tensor loss_grad(const Action& a, const at::Tensor& output);
-  const NativeStage* native_stage(int stage) const;
+  StageProgram& program(const Action& a) const;
   void weight_grads(const Action& a);
   void post_recv(const Action& a, TensorKind kind);
   void post_send(const Action& a, TensorKind kind, const at::Tensor& tensor);
@@ -174,16 +140,16 @@ class PipelineExecutor {
 
   std::vector<Action> actions_;
   ExecutorConfig config_;
-  StageFn stage_fn_;
-  LossFn loss_fn_;
+  std::map<int, std::shared_ptr<StageProgram>> programs_;
+  LossSpec loss_;
   std::map<ChannelKey, Channel> send_channels_;
   std::map<ChannelKey, Channel> recv_channels_;
   std::vector<TensorSpec> input_specs_;
   std::vector<TensorSpec> output_specs_;
   at::Device device_;
+  GradBufferPtr grads_;
   std::shared_ptr<DpGradSync> dp_sync_;
   std::map<int, std::vector<int>> stage_buckets_;
-  std::map<int, NativeStage> native_stages_;
   // Index in actions_ of each stage's last backward-type action (B, I without W, or W): after it the
   // stage's gradients are final for the step and its DP buckets can be reduced.
   std::map<int, size_t> last_grad_action_;

@@ -2,17 +2,23 @@
 //
 // Forward is at::linear itself, so outputs match torch.nn.Linear bit for bit; so do gradients, because the
 // backward runs the same GEMMs autograd's own linear backward runs (dx = g W, dW = g^T x, db = sum of g's rows).
-// While WeightGradStore defers (see weight_grad_store.h), the backward returns dx only and stashes the rest.
+// With a GradBuffer (grad/grad_buffer.h), the weight gradient goes where the buffer routes it: stashed for a
+// later W action while its store defers, else accumulated into the weight's fp32 main grad if it has one;
+// otherwise (no buffer, or neither) it is returned to autograd as nn.Linear's would be.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
 
+#include "grad/grad_buffer.h"
+
 namespace hybrid {
 
 // x: [..., in], weight: [out, in], bias: [out] or none. Under autocast the operands are cast first (through
 // autocast's weight cache), and the cast weight, being no leaf, gets its gradient immediately.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// grads: the engine's gradient buffer, or null (plain autograd gradients).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const GradBufferPtr& grads = {});
 
 }  // namespace hybrid

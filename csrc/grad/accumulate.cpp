@@ -1,45 +1,8 @@
-#include "tp/main_grad.h"
+#include "grad/accumulate.h"
 
-#include <mutex>
-#include <unordered_map>
+#include <ATen/ExpandUtils.h>
 
 namespace hybrid {
-
-namespace {
-
-struct Registry {
-  std::mutex mutex;
-  // Keyed by the parameter's TensorImpl; the parameter itself is kept so the key cannot be reused.
-  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> buffers;
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
-}  // namespace
-
-void set_main_grad(const at::Tensor& param, const at::Tensor& buffer) {
-  TORCH_CHECK(param.sizes() == buffer.sizes(), "main grad of shape ", buffer.sizes(), " for a parameter of shape ",
-              param.sizes());
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.buffers[param.unsafeGetTensorImpl()] = {param, buffer};
-}
-
-at::Tensor* find_main_grad(const at::Tensor& param) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.buffers.find(param.unsafeGetTensorImpl());
-  return it == r.buffers.end() ? nullptr : &it->second.second;
-}
-
-void clear_main_grads() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.buffers.clear();
-}
 
 void addmm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Tensor& input_2d) {
   if (target.scalar_type() == grad_output_2d.scalar_type()) {
@@ -69,6 +32,23 @@ void mm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Ten
 
 void bias_grad_into(at::Tensor& target, const at::Tensor& grad_output_2d) {
   at::sum_out(target, grad_output_2d, {0}, /*keepdim=*/false, target.scalar_type());
+}
+
+at::Tensor linear_weight_grad(const at::Tensor& grad_output_2d, const at::Tensor& input_2d) {
+  return grad_output_2d.t().mm(input_2d);
+}
+
+at::Tensor linear_bias_grad(const at::Tensor& grad_output_2d, const at::Tensor& bias) {
+  return at::sum_to(grad_output_2d, bias.sizes());
+}
+
+void assign_grad(at::Tensor& target, const at::Tensor& param, at::Tensor grad) {
+  if (grad.strides() != param.strides() && param.is_non_overlapping_and_dense()) {
+    at::Tensor laid_out = at::empty_strided(param.sizes(), param.strides(), grad.options());
+    laid_out.copy_(grad);
+    grad = laid_out;
+  }
+  target = grad;
 }
 
 }  // namespace hybrid

@@ -1,0 +1,93 @@
+// A stage program: what the pipeline executor runs for one stage's F, B and I actions (W, the deferred weight
+// gradients, is the GradBuffer's flush and the same for every program). Two implementations:
+//
+//   NativeChainStage  a chain of Linear (+ ReLU) layers run by C++ with no autograd (tp/linear_chain.h); with
+//                     the built-in MSE on the last stage the output's gradient is computed with the loss.
+//   AutogradStage     any nn.Module, called through Python; its backward is torch's autograd from the stage
+//                     output (or the loss) to the stage input. Autocast, recomputation and torch.compile live
+//                     inside the callable (hybrid_engine/stages.py).
+//
+// Both defer weight gradients the same way: inside an I action the executor holds a DeferWeightGrads scope on
+// the engine's GradBuffer store, and every hybrid layer stashes instead of computing.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "executor/step_loss.h"
+#include "grad/grad_buffer.h"
+
+namespace hybrid {
+
+// What the executor keeps of one micro-batch on one stage between its F and its B (or I).
+struct MicroState {
+  bool forwarded = false;
+  at::Tensor input;       // autograd: the stage input (a leaf that collects its gradient)
+  at::Tensor output;      // the stage output until sent (autograd: the backward's root)
+  at::Tensor loss;        // autograd, last stage: the multiplied loss, the backward's root
+  at::Tensor input_grad;  // the gradient to send upstream
+  // Native: what chain_backward needs; on the last stage the output's gradient (computed with the loss); with
+  // recompute on the last stage the whole forward waits for the backward (`saved` holds the input only).
+  std::vector<at::Tensor> saved;
+  at::Tensor output_grad;
+  bool forward_deferred = false;
+  std::vector<int64_t> input_sizes;  // native, for an input of more than 2 dims (flattened to rows)
+};
+
+class StageProgram {
+ public:
+  virtual ~StageProgram() = default;
+  // F for one micro-batch. `input`: the received activation, or the first stage's micro-batch. `loss`: given on
+  // the last stage, which computes its micro-batch's loss (or defers it); elsewhere the program sets s.output.
+  virtual void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) = 0;
+  // B or I from the received output gradient (undefined on the last stage, where `loss` is given). Returns the
+  // input's gradient (undefined on the first stage) and drops what the micro-batch kept.
+  virtual at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
+                              StepLoss* loss) = 0;
+  // Whether the backward needs s.output (else SEND_F drops it once the transfer holds it).
+  virtual bool needs_output_for_backward() const = 0;
+  virtual bool native() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+class NativeChainStage : public StageProgram {
+ public:
+  // params: weight_0, bias_0 (undefined: none), weight_1, ...; relu[i]: ReLU after layer i.
+  NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute, GradBufferPtr grads);
+  void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
+  at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
+                      StepLoss* loss) override;
+  bool needs_output_for_backward() const override { return false; }
+  bool native() const override { return true; }
+  std::string describe() const override;
+
+ private:
+  at::Tensor run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,
+                         const std::vector<int64_t>& input_sizes) const;
+
+  std::vector<at::Tensor> params_;
+  std::vector<bool> relu_;
+  bool recompute_;
+  GradBufferPtr grads_;
+};
+
+class AutogradStage : public StageProgram {
+ public:
+  using Fn = std::function<at::Tensor(const at::Tensor& input)>;
+  AutogradStage(Fn fn, std::string description) : fn_(std::move(fn)), description_(std::move(description)) {}
+  void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
+  at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
+                      StepLoss* loss) override;
+  bool needs_output_for_backward() const override { return true; }
+  bool native() const override { return false; }
+  std::string describe() const override { return description_; }
+
+ private:
+  Fn fn_;
+  std::string description_;
+};
+
+}  // namespace hybrid

@@ -1,0 +1,87 @@
+// One engine's gradients: where each parameter's gradient lives, the deferred weight gradients (zero-bubble W),
+// and who is told when a gradient is final. Owned by the engine; the executor, hybrid::linear and the fused
+// chains reach it through the handle they were given, never through process-wide state, so two engines can live
+// in one process and closing one never disturbs the other.
+//
+// Buckets: flat tensors that hold a DP sync unit's gradients back to back (the engine lays them out, last layer
+// first; grad views of parameters, or fp32 main grads of half weights, point into them). The DP sync reduces a
+// bucket as a whole: all-reduced today; a distributed optimizer reduce-scatters it so each DP rank keeps the
+// summed shard it updates (bucket_shard below gives every rank the same split).
+//
+// Main grads (Megatron's name): with weights kept in fp16/bf16 for the step, a half weight's gradient is routed
+// to an fp32 view instead of its own .grad, and every C++ gradient writer accumulates there with one GEMM that
+// reads half inputs and sums in fp32 — summing micro-batches never rounds to half precision.
+//
+// Final-gradient announcements: a C++ path that writes a gradient itself (a fused chain, a W flush) calls
+// grad_final(param) right after the parameter's last write in that call. While the executor runs a stage's last
+// gradient action it installs a listener (the DP sync's notify) that may start reducing a bucket at once.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "grad/weight_grad_store.h"
+
+namespace hybrid {
+
+using GradFinalListener = std::function<void(const at::Tensor& grad)>;
+
+class GradBuffer : public torch::CustomClassHolder {
+ public:
+  explicit GradBuffer(std::vector<at::Tensor> buckets = {});
+
+  const std::vector<at::Tensor>& buckets() const { return buckets_; }
+  // [begin, end) elements of `bucket` that DP rank `rank` of `size` owns: equal contiguous pieces, the last one
+  // shorter when the size does not divide (what a reduce-scatter into shards uses).
+  std::pair<int64_t, int64_t> bucket_shard(int bucket, int rank, int size) const;
+
+  // Route `param`'s gradient into `buffer` (same shape, any float dtype) instead of param.grad.
+  void set_main_grad(const at::Tensor& param, const at::Tensor& buffer);
+  bool has_main_grad(const at::Tensor& param) const;
+  // The tensor `param`'s gradient accumulates into: its main grad, else param.grad (undefined until the first
+  // write allocates it).
+  at::Tensor& grad_target(const at::Tensor& param);
+
+  WeightGradStore& wgrad() { return wgrad_; }
+
+  // grad_target(weight) += grad_output^T input (in-place GEMM once the gradient exists) and likewise for bias;
+  // overwrite: write instead of adding (the caller knows this is the step's only contribution).
+  void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor& input_2d,
+                               const at::Tensor& weight, const at::Tensor& bias, bool overwrite = false);
+
+  // The W action. Each returns the parameters whose gradient it updated, each once, in first-stashed order,
+  // announcing each after its last write.
+  // The key's stashes one by one, in stash order; frees them. An unknown key is a no-op.
+  std::vector<at::Tensor> flush(WgradKey key);
+  // All stashes of several keys with one GEMM per parameter: rows of input and grad_output concatenated, so the
+  // GEMM's reduction dimension is the sum of the micro-batches' rows. Equal to flushing the keys one by one up to
+  // floating-point rounding order. overwrite: the keys hold every contribution of the step, so each gradient is
+  // written, not added to (the caller skips zeroing the gradients, and the GEMM skips reading them).
+  std::vector<at::Tensor> flush_merged(const std::vector<WgradKey>& keys, bool overwrite = false);
+  std::vector<at::Tensor> flush_all();  // every key, in key order
+
+  // An empty listener removes it. The listener runs under the buffer's listener lock: it must not set one.
+  void set_grad_final_listener(GradFinalListener listener);
+  void grad_final(const at::Tensor& param);
+
+ private:
+  std::vector<at::Tensor> buckets_;
+  mutable std::mutex routes_mutex_;  // backward may run on autograd's device thread (CUDA)
+  // Keyed by the parameter's TensorImpl; the parameter itself is kept so the key cannot be reused while routed.
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> main_grads_;
+  WeightGradStore wgrad_;
+  std::mutex listener_mutex_;
+  GradFinalListener listener_;
+  std::atomic<bool> listening_{false};  // lets grad_final skip the lock when nobody listens (most actions)
+};
+
+using GradBufferPtr = c10::intrusive_ptr<GradBuffer>;
+
+}  // namespace hybrid
