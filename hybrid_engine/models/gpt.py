@@ -157,8 +157,6 @@ class Embedding(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.word = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **factory))
         self.position = nn.Parameter(torch.empty(cfg.seq_len, cfg.hidden, **factory))
-        if cfg.tie_embeddings:
-            self.word.tied = TIED_EMBEDDINGS
         self.reset_parameters()
 
     def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
@@ -169,6 +167,8 @@ class Embedding(nn.Module):
         return {"word": word, "position": position}
 
     def reset_parameters(self) -> None:
+        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
+            self.word.tied = TIED_EMBEDDINGS
         if self.word.device.type == "meta":
             return
         full = self.full_weights(self.word.device, self.word.dtype)
@@ -268,6 +268,8 @@ class Head(nn.Module):
         return {"lm_head.weight": _draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)}
 
     def reset_parameters(self) -> None:
+        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
+            self.lm_head.weight.tied = TIED_EMBEDDINGS
         weight = self.ln_f.weight
         if weight.device.type == "meta":
             return
