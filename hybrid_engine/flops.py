@@ -50,7 +50,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 def gpt_param_count(cfg: GPTConfig) -> int:
     """Every parameter of the dense model (token and position embeddings included; a tied head counted once)."""
     h, v = cfg.hidden, cfg.vocab_size
-    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h)
+    block = 2 * 2 * h + 3 * h * h + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h)
     head = 2 * h + (0 if cfg.tie_embeddings else v * h)
     return v * h + cfg.seq_len * h + cfg.layers * block + head
 

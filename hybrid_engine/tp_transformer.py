@@ -263,7 +263,7 @@ class ParallelBlock(Block):
         h = cfg.hidden
         factory = {"device": device, "dtype": dtype}
         self.ln1 = LayerNorm(h, **factory)
-        self.attn_qkv = ColumnParallelLinear(h, 3 * h, mp_group, **factory, init=False)
+        self.attn_qkv = ColumnParallelLinear(h, 3 * h, mp_group, bias=False, **factory, init=False)
         self.attn_proj = RowParallelLinear(h, h, mp_group, **factory, init=False)
         self.ln2 = LayerNorm(h, **factory)
         self.mlp_fc1 = ColumnParallelLinear(h, 4 * h, mp_group, **factory, init=False)
@@ -294,7 +294,8 @@ class ParallelBlock(Block):
         for name in ("attn_qkv", "mlp_fc1"):
             layer = getattr(self, name)
             layer.weight.copy_(full[f"{name}.weight"].chunk(self.mp_size, dim=0)[self.mp_rank])
-            layer.bias.zero_()
+            if layer.bias is not None:
+                layer.bias.zero_()
         for name in ("attn_proj", "mlp_fc2"):
             layer = getattr(self, name)
             layer.weight.copy_(full[f"{name}.weight"].chunk(self.mp_size, dim=1)[self.mp_rank])

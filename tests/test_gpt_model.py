@@ -44,7 +44,8 @@ class RefBlock(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
+        self.q, self.k, self.v = (nn.Linear(h, h, bias=False) for _ in range(3))
+        self.o = nn.Linear(h, h)
         self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
     def forward(self, x):
@@ -82,10 +83,8 @@ def _load_reference(ref: RefGPT, model: nn.Sequential, cfg: GPTConfig) -> None:
     ref.pos.weight.copy_(model[0].position)
     for rb, block in zip(ref.blocks, model[1:-1]):
         w = block.attn_qkv.weight.view(cfg.heads, 3, d, cfg.hidden)
-        b = block.attn_qkv.bias.view(cfg.heads, 3, d)
         for j, m in enumerate((rb.q, rb.k, rb.v)):
             m.weight.copy_(w[:, j].reshape(cfg.hidden, cfg.hidden))
-            m.bias.copy_(b[:, j].reshape(cfg.hidden))
         for dst, src in ((rb.o, block.attn_proj), (rb.fc1, block.mlp_fc1), (rb.fc2, block.mlp_fc2),
                          (rb.ln1, block.ln1), (rb.ln2, block.ln2)):
             dst.weight.copy_(src.weight)
@@ -153,7 +152,7 @@ def test_initial_weights_depend_on_the_seed_only():
     assert torch.equal(a[0].word, deeper[0].word)
     # Blocks differ from each other; the statistics are GPT-2's.
     assert not torch.equal(a[1].attn_qkv.weight, a[2].attn_qkv.weight)
-    assert torch.all(a[1].attn_qkv.bias == 0) and torch.all(a[1].ln1.weight == 1) and torch.all(a[1].ln1.bias == 0)
+    assert a[1].attn_qkv.bias is None and torch.all(a[1].mlp_fc1.bias == 0) and torch.all(a[1].ln1.weight == 1) and torch.all(a[1].ln1.bias == 0)
     big = build_gpt(GPTConfig(vocab_size=512, layers=8, hidden=64, heads=4, seq_len=8))
     assert abs(big[0].word.std().item() - 0.02) < 1e-3
     assert abs(big[1].mlp_fc2.weight.std().item() - 0.02 / math.sqrt(16)) < 3e-4

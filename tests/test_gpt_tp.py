@@ -149,12 +149,59 @@ def _check_model(group, rank: int, size: int, cfg: GPTConfig, sp: bool) -> None:
     assert _rel_err(outs[-1], full[..., rank * part:(rank + 1) * part]) < TOL, "logits"
     # Every parameter's gradient, gathered back to the dense shape (vocabulary padding dropped).
     for (name, p), (_, q) in zip(par.named_parameters(), dense.named_parameters()):
-        assert is_mp_split(p) == (size > 1 and (name.endswith(("word", "lm_head.weight", "qkv.weight", "qkv.bias",
+        assert is_mp_split(p) == (size > 1 and (name.endswith(("word", "lm_head.weight", "qkv.weight",
                                                                 "fc1.weight", "fc1.bias", "proj.weight",
                                                                 "fc2.weight")))), name
         g = _grad_full(p, group)
         assert g.shape == q.shape, name
         assert _rel_err(g, q.grad) < TOL, name
+
+
+def _sum_tied_grads(model) -> None:
+    """What the engine does for tied embeddings (Megatron's embedding all-reduce between the first and the last
+    stage): both copies get the sum of their gradients. Under TP the two shards hold the same vocabulary rows."""
+    tied = [p for p in model.parameters() if getattr(p, "tied", None)]
+    if tied:
+        total = sum(p.grad for p in tied)
+        for p in tied:
+            p.grad = total.clone()
+
+
+def _train(model, loss_fn, steps: int) -> list[float]:
+    # SGD, not Adam: Adam scales every element's step to ~lr whatever its gradient's size, so the rounding
+    # differences of near-zero gradient elements (different GEMM splits) become lr-sized weight differences;
+    # SGD keeps weight differences at lr x gradient differences, which is what this test bounds.
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        tokens, targets = _data(GPTConfig(**CFG), seed=100 + step % 2)  # two batches, seen twice
+        opt.zero_grad()
+        loss = loss_fn(model(tokens), targets)
+        loss.backward()
+        _sum_tied_grads(model)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _tp_training_matches_dense(group, rank: int, size: int) -> None:
+    """A few SGD steps (momentum, weight decay): the TP + SP model's loss curve and final weights equal the dense
+    model's, tied and untied; the vocabulary padding rows stay zero."""
+    for tied in (False, True):
+        cfg = GPTConfig(**{**CFG, "tie_embeddings": tied})
+        dense = build_gpt(cfg)
+        par = parallelize_gpt(dense, group, sequence_parallel=True)
+        ref = _train(dense, gpt_loss, 4)
+        got = _train(par, lambda logits, t: vocab_parallel_cross_entropy(logits, t, group, cfg.vocab_size), 4)
+        assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(got, ref)), (tied, got, ref)
+        assert ref[-1] < ref[0]
+        for (name, p), q in zip(par.named_parameters(), dense.parameters()):
+            assert _rel_err(gather_full(p, group), q.detach()) < TOL, (tied, name)
+        if tied:
+            assert torch.equal(par[0].word, par[-1].lm_head.weight)
+        pad_from = cfg.vocab_size - par[-1].vocab_start
+        if pad_from < par[-1].lm_head.weight.shape[0]:
+            assert torch.all(par[-1].lm_head.weight[pad_from:] == 0) and torch.all(par[0].word[pad_from:] == 0)
 
 
 def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
@@ -165,6 +212,7 @@ def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
     for sp in (False, True):
         for tied in (False, True):
             _check_model(group, rank, mp, GPTConfig(**{**CFG, "tie_embeddings": tied}), sp)
+    _tp_training_matches_dense(group, rank, mp)
 
     cfg = GPTConfig(**CFG)
     dense = build_gpt(cfg)

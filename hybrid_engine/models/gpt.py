@@ -20,6 +20,12 @@ parameters (they may sit on different pipeline stages), both tagged `param.tied 
 trains the model must sum their gradients before the update (Megatron's embedding all-reduce between the
 first and last stage), after which they stay equal.
 
+No QKV bias (as in PaLM, LLaMA, Megatron's default add_qkv_bias=False): the key bias has an exactly zero true
+gradient (it shifts every score of a query by the same amount, and softmax ignores that), so its computed
+gradient is rounding noise that Adam normalises into lr-sized updates which differ from grid to grid -- it
+would break the rule that every grid reproduces the 1-rank weights, and it models nothing. The other
+projections keep their biases, as in GPT-2.
+
 QKV layout: the fused QKV projection's output features are ordered (head, {q, k, v}, head_dim), Megatron's
 layout, so that a contiguous row slice of the weight holds whole heads with their q, k and v (column-parallel
 with whole heads per rank needs no reshuffle, and a gathered checkpoint is this dense layout on every grid).
@@ -195,7 +201,7 @@ class Block(nn.Module):
         h = cfg.hidden
         factory = {"device": device, "dtype": dtype}
         self.ln1 = LayerNorm(h, **factory)
-        self.attn_qkv = Dense(h, 3 * h, **factory)
+        self.attn_qkv = Dense(h, 3 * h, bias=False, **factory)
         self.attn_proj = Dense(h, h, **factory)
         self.ln2 = LayerNorm(h, **factory)
         self.mlp_fc1 = Dense(h, 4 * h, **factory)
