@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _C
-from .models.gpt import LN_EPS, TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm, causal_attention
+from .models.gpt import LN_EPS, TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm
 from .tp_layers import ColumnParallelLinear, RowParallelLinear, _mark, _rank_and_size
 
 __all__ = [
@@ -335,7 +335,7 @@ class ParallelBlock(Block):
         if not self.sequence_parallel:
             return super().attention(x)
         qkv = self._sp_column(self._sp_layer_norm(x, self.ln1), self.attn_qkv)
-        return self._sp_row(causal_attention(qkv, self.heads_local), self.attn_proj)
+        return self._sp_row(self.attention_core(qkv), self.attn_proj)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if not self.sequence_parallel:

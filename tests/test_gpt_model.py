@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hybrid_engine.data import open_dataset
 from hybrid_engine.balance import balanced_partition, describe_layout, stage_costs
 from hybrid_engine.models import materialize
 from hybrid_engine.models.gpt import (
@@ -19,11 +20,21 @@ from hybrid_engine.models.gpt import (
     GPTConfig,
     Head,
     build_gpt,
+    generate,
     gpt_loss,
     layer_costs,
 )
 
 CFG = GPTConfig(vocab_size=37, layers=2, hidden=16, heads=4, seq_len=8, seed=3)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: these shapes are tiny, and on a shared machine two spinning threads cost 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -248,3 +259,47 @@ def test_balanced_partition_minimises_the_largest_stage():
         balanced_partition([1, 1], 3)
     line = describe_layout(["embedding", "block 1", "block 2", "head"], [0.02, 1, 1, 1.1], [[0, 1], [2, 3]])
     assert line.splitlines()[0].startswith("stage 0: embedding .. block 1 (2 layers")
+
+
+def test_selective_recompute_of_the_attention_core_gives_the_same_gradients():
+    model = build_gpt(CFG)
+    _perturb(model)
+    tokens, targets = _tokens(CFG)
+    gpt_loss(model(tokens), targets).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    for block in model[1:-1]:
+        block.recompute_attention_core = True
+    gpt_loss(model(tokens), targets).backward()
+    for a, b in zip(model.parameters(), plain):
+        assert torch.equal(a.grad, b)
+
+
+def test_generate_continues_a_prompt():
+    model = build_gpt(CFG)
+    prompt = torch.tensor([[1, 2, 3]])
+    out = generate(model, prompt, 10, temperature=0)
+    assert out.shape == (1, 13) and torch.equal(out[:, :3], prompt)
+    assert torch.equal(out, generate(model, prompt, 10, temperature=0))  # beyond seq_len: the context slides
+    assert torch.equal(generate(model, prompt, 5, seed=1), generate(model, prompt, 5, seed=1))
+
+
+def test_learns_the_markov_corpus_to_near_its_entropy_floor():
+    """The built-in corpus's point: a small GPT's validation loss falls from ln 256 to near the source's entropy
+    rate (the lowest loss any model can reach). 300 AdamW steps of 16 x 32 tokens on one core: about 3 s."""
+    ds = open_dataset(None, 32, seed=0, markov_tokens=1 << 17)
+    floor = ds.source.entropy_rate_nats()
+    cfg = GPTConfig(vocab_size=256, layers=1, hidden=32, heads=2, seq_len=32, seed=0)
+    model = build_gpt(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.0)
+    for step in range(300):
+        x, y = ds.batch(step, 16)
+        loss = gpt_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    batches = ds.val_batches(64)
+    with torch.no_grad():
+        val = sum(gpt_loss(model(x), y).item() for x, y in (ds.val_batch(i, 64) for i in range(batches))) / batches
+    # Stated margin: within 0.25 nats of the floor (from 5.55 at the start); measured 1.01 against 0.86.
+    assert floor < val < floor + 0.25, (val, floor)

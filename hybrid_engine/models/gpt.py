@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .mlp import _generator, stream_seed
 
@@ -52,6 +53,7 @@ __all__ = [
     "gpt_loss",
     "causal_attention",
     "layer_costs",
+    "generate",
     "TIED_EMBEDDINGS",
 ]
 
@@ -239,10 +241,18 @@ class Block(nn.Module):
         self.ln1.reset_to_identity()
         self.ln2.reset_to_identity()
 
-    # The two halves are separate methods so a tensor-parallel or sequence-parallel subclass (or selective
-    # recompute) can wrap them.
+    # Selective recompute (Korthikanti et al. 2022, Megatron's --recompute-granularity selective): keep every
+    # activation but the attention core's, recomputed in backward. Set per block by whoever builds the stage.
+    recompute_attention_core = False
+
+    def attention_core(self, qkv: torch.Tensor) -> torch.Tensor:
+        if self.recompute_attention_core and torch.is_grad_enabled() and qkv.requires_grad:
+            return checkpoint(causal_attention, qkv, self.heads_local, use_reentrant=False)
+        return causal_attention(qkv, self.heads_local)
+
+    # The two halves are separate methods so a tensor-parallel or sequence-parallel subclass can replace them.
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn_proj(causal_attention(self.attn_qkv(self.ln1(x)), self.heads_local))
+        return self.attn_proj(self.attention_core(self.attn_qkv(self.ln1(x))))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp_fc2(F.gelu(self.mlp_fc1(self.ln2(x))))
@@ -297,6 +307,27 @@ def build_gpt(cfg: GPTConfig, device: torch.device | str = "cpu", dtype: torch.d
     layers += [Block(cfg, i, device=device, dtype=dtype) for i in range(1, cfg.layers + 1)]
     layers.append(Head(cfg, device=device, dtype=dtype))
     return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def generate(model: nn.Sequential, prompt: torch.Tensor, new_tokens: int, temperature: float = 1.0,
+             seed: int = 0) -> torch.Tensor:
+    """Continue `prompt` (int64 [b, t]) by `new_tokens` tokens with a dense GPT (the whole Sequential in one
+    process): sample from softmax(logits / temperature) with a generator seeded by `seed`, or take the argmax
+    when temperature is 0. The context is cropped to the last seq_len tokens. Returns [b, t + new_tokens]."""
+    seq_len = model[0].cfg.seq_len
+    device = prompt.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = prompt
+    for _ in range(new_tokens):
+        logits = model(out[:, -seq_len:])[:, -1].float()
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=gen)
+        out = torch.cat([out, nxt], dim=1)
+    return out
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
