@@ -43,6 +43,8 @@ from .models.gpt import LN_EPS, TIED_EMBEDDINGS, Block, Embedding, GPTConfig, He
 from .tp_layers import ColumnParallelLinear, RowParallelLinear, _mark, _rank_and_size
 
 __all__ = [
+    "check_gpt_parallel",
+    "boundary_shape",
     "padded_vocab_size",
     "ParallelEmbedding",
     "ParallelBlock",
@@ -53,6 +55,25 @@ __all__ = [
     "scatter_along_sequence",
     "reduce_scatter_along_sequence",
 ]
+
+
+def check_gpt_parallel(cfg: GPTConfig, mp_size: int, sequence_parallel: bool = False) -> None:
+    """Raise ValueError (one line) if `cfg` cannot be split over `mp_size` ranks; call before any collective."""
+    if mp_size < 1:
+        raise ValueError(f"model-parallel size must be >= 1, got {mp_size}")
+    if cfg.heads % mp_size:
+        raise ValueError(f"GPT heads {cfg.heads} is not divisible by the model-parallel size {mp_size}")
+    if sequence_parallel and cfg.seq_len % mp_size:
+        raise ValueError(f"--sequence-parallel: seq-len {cfg.seq_len} is not divisible by the model-parallel size "
+                         f"{mp_size}")
+
+
+def boundary_shape(cfg: GPTConfig, rows: int, mp_size: int, sequence_parallel: bool = False) -> tuple[int, int, int]:
+    """Shape of the hidden state a pipeline stage sends to the next: [rows, seq_len, hidden], or this rank's
+    sequence chunk [rows, seq_len / mp, hidden] under sequence parallelism. (The first stage's input is the
+    int64 tokens [rows, seq_len]; the last stage's output, the logits, is consumed by the loss in place.)"""
+    seq = cfg.seq_len // mp_size if sequence_parallel and mp_size > 1 else cfg.seq_len
+    return (rows, seq, cfg.hidden)
 
 
 def padded_vocab_size(vocab_size: int, mp_size: int) -> int:

@@ -19,6 +19,8 @@ from hybrid_engine.models import materialize
 from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
 from hybrid_engine.tp_layers import copy_placement, gather_full, is_mp_split, take_shard
 from hybrid_engine.tp_transformer import (
+    boundary_shape,
+    check_gpt_parallel,
     ParallelBlock,
     ParallelEmbedding,
     ParallelHead,
@@ -113,6 +115,18 @@ def test_single_rank_twins_equal_the_dense_layers_bit_for_bit():
     fresh = parallelize_gpt(build_gpt(cfg, device="meta"), None)
     for (name, p), q in zip(materialize(fresh, "cpu").named_parameters(), build_gpt(cfg).parameters()):
         assert torch.equal(p, q), name
+
+
+def test_grid_checks_and_boundary_shapes():
+    cfg = GPTConfig(**CFG)  # 4 heads, seq 8
+    check_gpt_parallel(cfg, 4, sequence_parallel=True)
+    with pytest.raises(ValueError, match="heads 4 is not divisible by the model-parallel size 3"):
+        check_gpt_parallel(cfg, 3)
+    with pytest.raises(ValueError, match="seq-len 6 is not divisible by the model-parallel size 4"):
+        check_gpt_parallel(GPTConfig(**{**CFG, "seq_len": 6}), 4, sequence_parallel=True)
+    check_gpt_parallel(GPTConfig(**{**CFG, "seq_len": 6}), 4)
+    assert boundary_shape(cfg, 3, 2) == (3, 8, 16)
+    assert boundary_shape(cfg, 3, 2, sequence_parallel=True) == (3, 4, 16)
 
 
 def test_padded_vocab_size():
@@ -235,6 +249,12 @@ def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
             for (name, p), q in zip(layer.named_parameters(), ref.parameters()):
                 assert torch.equal(gather_full(p, group), q), f"{type(layer).__name__}.{name}"
                 assert torch.equal(take_shard(q, p, group), p), f"{type(layer).__name__}.{name}"
+    # A checkpoint gathered from the shards loads, by name and shape, into the dense model of one process.
+    state = {name: gather_full(p, group) for name, p in built.state_dict(keep_vars=True).items()}
+    fresh = build_gpt(GPTConfig(**{**CFG, "seed": 99}))
+    fresh.load_state_dict(state, strict=True)
+    for p, q in zip(fresh.parameters(), dense.parameters()):
+        assert torch.equal(p, q)
     head = built[-1]
     if rank == mp - 1 and padded_vocab_size(cfg.vocab_size, mp) > cfg.vocab_size:
         assert torch.all(head.lm_head.weight[cfg.vocab_size - head.vocab_start:] == 0), "padding rows are zero"
