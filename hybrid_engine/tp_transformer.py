@@ -115,11 +115,11 @@ def _all_gather_seq(x: torch.Tensor, group, mp_size: int) -> torch.Tensor:
 
 def _reduce_scatter_seq(x: torch.Tensor, group, mp_rank: int, mp_size: int) -> torch.Tensor:
     _check_divisible(x.shape[1], mp_size)
-    chunks = [c.contiguous() for c in x.chunk(mp_size, dim=1)]
-    if dist.get_backend(group) == "gloo":  # gloo has no reduce_scatter: all-reduce, keep our chunk
+    if x.device.type == "cpu":  # gloo (the CPU backend) has no reduce_scatter: all-reduce, keep our chunk
         total = x.contiguous().clone()
         dist.all_reduce(total, group=group)
         return total.chunk(mp_size, dim=1)[mp_rank].contiguous()
+    chunks = [c.contiguous() for c in x.chunk(mp_size, dim=1)]
     out = torch.empty_like(chunks[mp_rank])
     dist.reduce_scatter(out, chunks, group=group)
     return out
