@@ -14,6 +14,10 @@ Parameter placement. Every parameter these layers (and `parallelize_mlp`) create
   False  replicated: every rank of the MP group holds the same full tensor and, after backward, the same gradient.
 A global gradient norm must sum the squares of split parameters over the MP group but count replicated ones
 once, not MP times (`is_mp_split` reads the flag; parameters without it count as replicated).
+A split parameter may also carry `param.mp_full_size`: the length of the full tensor along `mp_split_dim` when
+it is shorter than the concatenation of the slices (a vocabulary padded to a multiple of mp: the padding rows
+live in the last ranks' slices). `gather_full` drops the padding, `take_shard` pads with zeros, so checkpoints
+hold the unpadded tensor whatever the grid. Copy placement between tensors with `copy_placement`.
 
 Initial weights come from a dense nn.Linear through `from_dense`, sliced by the caller's rank in the MP group, so
 they depend only on the dense model (and its seed), never on the grid.
@@ -39,6 +43,8 @@ __all__ = [
     "is_mp_split",
     "gather_full",
     "take_shard",
+    "copy_placement",
+    "PLACEMENT_FLAGS",
     "ELEMENTWISE_MODULES",
 ]
 
@@ -73,6 +79,17 @@ def _mark(param: Optional[nn.Parameter], split: bool, dim: int = 0) -> None:
         param.mp_split_dim = dim if split else None
 
 
+PLACEMENT_FLAGS = ("mp_split", "mp_split_dim", "mp_full_size")
+
+
+def copy_placement(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """Give `dst` the placement flags of `src` (fp32 masters, optimizer-state aliases); returns `dst`."""
+    for flag in PLACEMENT_FLAGS:
+        if hasattr(src, flag):
+            setattr(dst, flag, getattr(src, flag))
+    return dst
+
+
 def gather_full(param: torch.Tensor, mp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """The full tensor of a (possibly MP-split) parameter; every rank of the MP group must call this."""
     _, mp_size = _rank_and_size(mp_group)
@@ -80,7 +97,11 @@ def gather_full(param: torch.Tensor, mp_group: Optional[dist.ProcessGroup]) -> t
         return param.detach().clone()
     parts = [torch.empty_like(param) for _ in range(mp_size)]
     dist.all_gather(parts, param.detach().contiguous(), group=mp_group)
-    return torch.cat(parts, dim=param.mp_split_dim)
+    full = torch.cat(parts, dim=param.mp_split_dim)
+    full_size = getattr(param, "mp_full_size", None)
+    if full_size is not None and full_size < full.shape[param.mp_split_dim]:
+        full = full.narrow(param.mp_split_dim, 0, full_size).contiguous()  # drop the padding rows
+    return full
 
 
 def take_shard(full: torch.Tensor, like: torch.Tensor, mp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
@@ -88,7 +109,13 @@ def take_shard(full: torch.Tensor, like: torch.Tensor, mp_group: Optional[dist.P
     mp_rank, mp_size = _rank_and_size(mp_group)
     if not is_mp_split(like) or mp_size == 1:
         return full
-    return full.chunk(mp_size, dim=like.mp_split_dim)[mp_rank]
+    dim = like.mp_split_dim
+    padded = like.shape[dim] * mp_size
+    if full.shape[dim] < padded and getattr(like, "mp_full_size", None) == full.shape[dim]:
+        pad = list(full.shape)
+        pad[dim] = padded - full.shape[dim]
+        full = torch.cat([full, full.new_zeros(pad)], dim=dim)  # padding rows start (and stay) zero
+    return full.chunk(mp_size, dim=dim)[mp_rank]
 
 
 def _dense_init(out_features: int, in_features: int, bias: bool, device, dtype) -> nn.Linear:
