@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .tp_layers import gather_full, take_shard
+from .tp_layers import copy_placement, gather_full, take_shard
 
 
 class EngineState:
@@ -51,10 +51,7 @@ class EngineState:
             optimizer[name] = {}
             for key, value in self.optimizer.state.get(stepped, {}).items():
                 if torch.is_tensor(value) and value.shape == stepped.shape:  # a per-element state: a shard
-                    alias = value.detach()
-                    alias.mp_split, alias.mp_split_dim = getattr(param, "mp_split", False), getattr(
-                        param, "mp_split_dim", None)
-                    value = gather_full(alias, self.groups.mp)
+                    value = gather_full(copy_placement(param, value.detach()), self.groups.mp)
                 optimizer[name][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
         scaler = getattr(self, "scaler", None)
         return {"weights": weights, "optimizer": optimizer, "scaler": scaler.state_dict() if scaler else None}

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from . import _C
+from .tp_layers import copy_placement
 
 
 class MasterWeights:
@@ -23,9 +24,7 @@ class MasterWeights:
         self.params = params
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in params]
         for master, param in zip(self.masters, params):
-            for flag in ("mp_split", "mp_split_dim"):
-                if hasattr(param, flag):
-                    setattr(master, flag, getattr(param, flag))
+            copy_placement(param, master)
 
     @torch.no_grad()
     def copy_to_model(self) -> None:
