@@ -34,10 +34,12 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
 void bind_executor(py::module_& m) {
   py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
                                                       "Sums flat gradient buckets over the DP group.")
-      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>>(), py::arg("buckets"),
-           py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt,
+      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>, bool>(), py::arg("buckets"),
+           py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt, py::arg("shard") = false,
            "wire_dtype: the dtype the buckets travel in (e.g. torch.bfloat16: half the bytes for fp32 gradients); "
-           "None: their own.")
+           "None: their own. shard: reduce-scatter (each DP rank's equal piece of a bucket gets the sum) instead "
+           "of all-reduce.")
+      .def_property_readonly("shard", &DpGradSync::shard)
       .def_property_readonly("wire_dtype", &DpGradSync::wire_dtype)
       .def(
           "launch", [](DpGradSync& sync, int bucket) { sync.launch(bucket); }, py::arg("bucket"),

@@ -28,6 +28,7 @@ from .precision import MasterWeights
 from .schedule import make_schedule
 from .stages import build_programs, plan_stages
 from .tp_layers import is_mp_split, parallelize_mlp
+from .zero import ShardedOptimizer
 
 # A step's data on one rank: the whole slice, a callable micro -> that micro-batch, or None (not consumed here).
 MicroBatches = torch.Tensor | Callable[[int], torch.Tensor] | None
@@ -100,18 +101,25 @@ class Engine(EngineState):
                                     groups.mp)
             self.stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
-        # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters.
-        self.masters = MasterWeights(self.parameters) if precision.half_weights else None
+        # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
+        # ZeRO-1 flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
+        sharded = data_parallel.zero == 1
+        self.masters = MasterWeights(self.parameters) if precision.half_weights and not sharded else None
         self.optimized = self.masters.masters if self.masters else self.parameters
-
-        stepped = dict(zip(map(id, self.parameters), self.optimized))
-        self.grads, self._stage_buckets = build_grad_buffer(
-            self.stages, stepped, precision.half_weights, int(data_parallel.bucket_mb * 2**20), self.device)
+        stepped = {id(p): None if sharded and precision.half_weights else o
+                   for p, o in zip(self.parameters, self.optimized)}
+        self.buffer_layout = build_grad_buffer(self.stages, stepped, precision.half_weights,
+                                               int(data_parallel.bucket_mb * 2**20), self.device,
+                                               pad_to=self.dp_size if sharded else 1)
+        self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         attach(self.stages, self.grads)
         self._programs = build_programs(self.plans, self.stages, precision, stages, self.device, self.grads)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
-        self.optimizer, self.update = optim.make_update(optimizer, self.optimized, self.masters, self.device)
+        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
+                                      self._clip_group_for_shards(), self.device) if sharded else None)
+        self.optimizer, self.update = ((self.zero.optimizer, self.zero) if self.zero is not None
+                                       else optim.make_update(optimizer, self.optimized, self.masters, self.device))
         self.optimizer_name = optim.describe(optimizer)
         self.scaler = make_loss_scaler(precision.amp, precision.loss_scale, precision.scale_window,
                                        precision.hysteresis)
@@ -167,7 +175,8 @@ class Engine(EngineState):
                 sends[(dst, code)] = entry
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
-        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype)
+        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
+                                shard=self.zero is not None)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
@@ -260,6 +269,8 @@ class Engine(EngineState):
         (its norm needs unscaled gradients) and any other update (it reads .grad) unscale in place and decide on
         the host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
         rank of every replica take the same decision."""
+        if self.zero is not None:
+            return self.zero.update(self.scaler, self.precision.clip_grad)
         buckets = list(self.grads.buckets)
         if self.scaler is not None and self.update.fuses_unscale and self.precision.clip_grad <= 0:
             found_inf = self.scaler.find_nonfinite(buckets, self.groups.model_parallel, self.device)
@@ -272,6 +283,28 @@ class Engine(EngineState):
         if not skipped:
             self.update.step()
         return None, skipped, grad_norm
+
+    def _clip_group_for_shards(self) -> dist.ProcessGroup | None:
+        """ZeRO-1 clipping sums squared norms over DP as well as PP: the group of every (dp, pp) with this rank's mp
+        coordinate. dist.new_group is collective over the world, so every rank creates every such group."""
+        if self.precision.clip_grad <= 0 or not dist.is_initialized():
+            return None
+        mine = None
+        for m in range(self.grid.mp_size):
+            ranks = [r for r in range(self.grid.world_size) if self.grid.coords(r).mp == m]
+            group = dist.new_group(ranks)
+            if self.groups.coords.mp == m:
+                mine = group
+        return mine
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of fp32 masters (copies of half weights) and optimizer state on this rank."""
+        if self.zero is not None:
+            return self.zero.state_bytes()
+        total = sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
+        for state in self.optimizer.state.values():
+            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
+        return total
 
     def _clip(self) -> float:
         split = [o.grad for p, o in zip(self.parameters, self.optimized) if is_mp_split(p)]

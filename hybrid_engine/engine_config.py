@@ -70,7 +70,7 @@ class StageConfig:
     """Run autograd stages' modules under torch.compile (native stages are already fused)."""
 
     def validate(self) -> None:
-        _choice(self.impl, STAGE_IMPLS, "stage implementation")
+        _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ class PrecisionConfig:
     """Clip the global gradient norm to this (0: off); MP-replicated parameters count once."""
 
     def validate(self) -> None:
-        _choice(self.amp, AMP_MODES, "amp")
-        _choice(self.implementation, AMP_IMPLS, "amp implementation")
+        _choice(self.amp, AMP_MODES, "precision.amp (--amp)")
+        _choice(self.implementation, AMP_IMPLS, "precision.implementation (--amp-impl)")
         if self.loss_scale is not None and self.amp != "fp16":
             raise ConfigError(f"a static loss scale applies to amp fp16 only, got amp {self.amp}")
 
@@ -120,9 +120,15 @@ class DataParallelConfig:
     grad_dtype: str = "fp32"
     """fp32 | bf16: the dtype gradients travel in (bf16 halves the bytes on the link, rounding each replica's
     gradient and their sum to bf16; accumulation stays fp32)."""
+    zero: int = 0
+    """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
+    (ZeRO-1, hybrid_engine/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
+    updated parameters all-gathered."""
 
     def validate(self) -> None:
-        _choice(self.grad_dtype, tuple(DP_GRAD_DTYPES), "DP gradient dtype")
+        if self.zero not in (0, 1):
+            raise ConfigError(f"data_parallel.zero (--zero) must be 0 or 1, got {self.zero}")
+        _choice(self.grad_dtype, tuple(DP_GRAD_DTYPES), "data_parallel.grad_dtype (--dp-grad-dtype)")
         if not self.bucket_mb > 0:
             raise ConfigError(f"the DP bucket size must be positive, got {self.bucket_mb} MiB")
 

@@ -18,6 +18,9 @@ class EngineState:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's layers as full tensors (gathered over MP) on the CPU, keyed like the whole model's
         state_dict ("<module index>.<name>"), whatever the grid. Every rank must call it (MP all-gathers)."""
+        if self.zero is not None:  # the sharded fp32 masters, gathered over DP too
+            weights, _ = self.zero.full_state(self._global_names(), with_optimizer=False)
+            return {name: weights[name] for name in self.checkpoint_names()}
         weights = dict(zip(map(id, self.parameters), self.optimized))  # fp32 masters when weights are half
         state: dict[str, torch.Tensor] = {}
         for s in self.stage_ids:
@@ -37,6 +40,9 @@ class EngineState:
                 out.append((f"{self.stage_layer_indices[s][int(local)]}.{leaf}", param, stepped[id(param)]))
         return out
 
+    def _global_names(self) -> dict[int, str]:
+        return {id(param): name for name, param, _ in self._checkpoint_tensors()}
+
     def checkpoint_names(self) -> list[str]:
         """Global names ("<module index>.<weight|bias>") of this rank's parameters."""
         return [name for name, _, _ in self._checkpoint_tensors()]
@@ -45,6 +51,11 @@ class EngineState:
         """This rank's training state in a grid-independent form, on the CPU: "weights" and per-parameter
         "optimizer" state as full tensors (gathered over MP) keyed by global parameter name, and the loss
         scaler's state (None without one). Every rank must call it (MP all-gathers, in the same order)."""
+        scaler = getattr(self, "scaler", None)
+        scaler_state = scaler.state_dict() if scaler else None
+        if self.zero is not None:
+            weights, optimizer = self.zero.full_state(self._global_names())
+            return {"weights": weights, "optimizer": optimizer, "scaler": scaler_state}
         weights, optimizer = {}, {}
         for name, param, stepped in self._checkpoint_tensors():
             weights[name] = gather_full(stepped, self.groups.mp).cpu()
@@ -53,14 +64,15 @@ class EngineState:
                 if torch.is_tensor(value) and value.shape == stepped.shape:  # a per-element state: a shard
                     value = gather_full(copy_placement(param, value.detach()), self.groups.mp)
                 optimizer[name][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
-        scaler = getattr(self, "scaler", None)
-        return {"weights": weights, "optimizer": optimizer, "scaler": scaler.state_dict() if scaler else None}
+        return {"weights": weights, "optimizer": optimizer, "scaler": scaler_state}
 
     @torch.no_grad()
     def load_checkpoint_state(self, weights: dict, optimizer: dict, scaler: dict | None) -> None:
         """Inverse of state_for_checkpoint, on any grid: every full tensor of this rank's parameters is sliced
         to this rank's MP shard. No collectives. A scaler state is restored only if this run has a scaler."""
-        for name, param, stepped in self._checkpoint_tensors():
+        if self.zero is not None:
+            self.zero.load_state(self._global_names(), weights, optimizer)
+        for name, param, stepped in ([] if self.zero is not None else self._checkpoint_tensors()):
             full = weights[name]
             stepped.copy_(take_shard(full, like=param, mp_group=self.groups.mp))
             if stepped is not param:

@@ -12,6 +12,8 @@ collective as soon as all of its gradients are final while the backward of earli
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn as nn
 
@@ -44,38 +46,59 @@ def _runs_under_cap(layers: list[list[nn.Parameter]], cap_elements: int) -> list
     return runs
 
 
-def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Tensor], half_weights: bool,
-                      cap_bytes: int, device: torch.device) -> tuple[_C.GradBuffer, dict[int, list[int]]]:
-    """The GradBuffer of `stages` and, per stage, its bucket ids.
+@dataclass
+class BufferLayout:
+    """What build_grad_buffer laid out: the C++ buffer, each stage's bucket ids, and each bucket's members as
+    (model parameter, element offset) in bucket order (a distributed optimizer lays its parameter buffers out
+    the same way)."""
 
-    stepped: id(model parameter) -> the tensor the optimizer steps (the parameter itself, or its fp32 master);
-    that tensor's .grad becomes a view into a bucket. half_weights: route each half weight's gradient to the
-    view too (its fp32 main grad)."""
+    grads: _C.GradBuffer
+    stage_buckets: dict[int, list[int]]
+    members: list[list[tuple[nn.Parameter, int]]] = field(default_factory=list)
+
+
+def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Tensor | None], half_weights: bool,
+                      cap_bytes: int, device: torch.device, pad_to: int = 1) -> BufferLayout:
+    """The GradBuffer of `stages`.
+
+    stepped: id(model parameter) -> the tensor whose .grad becomes the parameter's view into its bucket (the
+    parameter itself, or its fp32 master), or None where no tensor takes it (a sharded optimizer reads the
+    buckets directly); the bucket then has the parameter's dtype, or fp32 with half weights. half_weights: route
+    each half weight's gradient to its view (its fp32 main grad). pad_to: every bucket's length is a multiple of
+    it (a reduce-scatter over that many DP ranks splits it into equal shards)."""
+    def grad_dtype(p: nn.Parameter) -> torch.dtype:
+        owner = stepped[id(p)]
+        return owner.dtype if owner is not None else (torch.float32 if half_weights else p.dtype)
+
     buckets: list[torch.Tensor] = []
-    stage_buckets: dict[int, list[int]] = {}
+    layout = BufferLayout(grads=None, stage_buckets={})
     routes: list[tuple[nn.Parameter, torch.Tensor]] = []
     for s, stage in stages.items():
         by_dtype: dict[torch.dtype, list[list[nn.Parameter]]] = {}
         for layer in _layers_last_first(stage):
-            for dtype in dict.fromkeys(stepped[id(p)].dtype for p in layer):
-                by_dtype.setdefault(dtype, []).append([p for p in layer if stepped[id(p)].dtype == dtype])
-        stage_buckets[s] = []
+            for dtype in dict.fromkeys(grad_dtype(p) for p in layer):
+                by_dtype.setdefault(dtype, []).append([p for p in layer if grad_dtype(p) == dtype])
+        layout.stage_buckets[s] = []
         for dtype, layers in by_dtype.items():
             for run in _runs_under_cap(layers, cap_bytes // dtype.itemsize):
-                flat = torch.zeros(sum(p.numel() for p in run), dtype=dtype, device=device)
-                offset = 0
+                numel = sum(p.numel() for p in run)
+                flat = torch.zeros(-(-numel // pad_to) * pad_to, dtype=dtype, device=device)
+                members, offset = [], 0
                 for p in run:
                     view = flat[offset : offset + p.numel()].view_as(p)
-                    stepped[id(p)].grad = view
+                    if stepped[id(p)] is not None:
+                        stepped[id(p)].grad = view
                     if half_weights:
                         routes.append((p, view))
+                    members.append((p, offset))
                     offset += p.numel()
-                stage_buckets[s].append(len(buckets))
+                layout.stage_buckets[s].append(len(buckets))
+                layout.members.append(members)
                 buckets.append(flat)
-    grads = _C.GradBuffer(buckets)
+    layout.grads = _C.GradBuffer(buckets)
     for param, view in routes:
-        grads.set_main_grad(param, view)
-    return grads, stage_buckets
+        layout.grads.set_main_grad(param, view)
+    return layout
 
 
 def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer) -> None:

@@ -15,7 +15,7 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
                 optimizer: str | object = "sgd", lr: float = 1e-3, amp: str = "off", impl: str = "half-weights",
                 loss_scale: float | None = None, scale_window: int = 2000, hysteresis: int = 1,
                 clip_grad: float = 0.0, stage_impl: str = "auto", recompute: bool = False,
-                dp_bucket_mb: float = 256.0, dp_grad_dtype: str = "fp32", device: str = "cpu",
+                dp_bucket_mb: float = 256.0, dp_grad_dtype: str = "fp32", zero: int = 0, device: str = "cpu",
                 trace: bool = False) -> Engine:
     factory = optim.from_name(optimizer, lr) if isinstance(optimizer, str) else optimizer
     return Engine(
@@ -23,7 +23,7 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
         schedule=ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads),
         stages=StageConfig(stage_impl, recompute),
         precision=PrecisionConfig(amp, impl, loss_scale, scale_window, hysteresis, clip_grad),
-        data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype), device=device, trace=trace)
+        data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype, zero), device=device, trace=trace)
 
 
 class NonfiniteGradAt:

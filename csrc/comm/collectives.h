@@ -22,6 +22,11 @@ void all_reduce_max(at::Tensor& tensor, const GroupPtr& group);
 // Asynchronous in-place sum; the caller waits on the returned work (null for a trivial group).
 c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(at::Tensor& tensor, const GroupPtr& group);
 
+// Asynchronous sum of `tensor` over the group into this member's equal piece of it (in place: the piece at
+// rank * numel / size; the rest of `tensor` is left unspecified). numel must divide by the group size. Backends
+// without a reduce-scatter (gloo) all-reduce the whole tensor instead: the piece holds the same sum.
+c10::intrusive_ptr<c10d::Work> reduce_scatter_sum_async(at::Tensor& tensor, const GroupPtr& group);
+
 // Every member's `tensor`, indexed by rank within the group; waits. All members must pass the same shape.
 // A null group or a group of one returns {tensor}.
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const GroupPtr& group);

@@ -14,10 +14,11 @@ uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.da
 }  // namespace
 
 DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
-                       std::optional<at::ScalarType> wire_dtype)
+                       std::optional<at::ScalarType> wire_dtype, bool shard)
     : buckets_(std::move(buckets)),
       dp_group_(std::move(dp_group)),
       wire_dtype_(wire_dtype),
+      shard_(shard),
       launched_(buckets_.size(), false),
       armed_(buckets_.size(), false),
       announced_(buckets_.size()),
@@ -25,6 +26,9 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
   for (int b = 0; b < num_buckets(); ++b) {
     // Byte ranges locate an announced gradient in its bucket: the bucket must be one dense block.
     TORCH_CHECK(buckets_[b].is_contiguous(), "DP gradient bucket ", b, " is not contiguous");
+    TORCH_CHECK(!shard_ || is_trivial(dp_group_) || buckets_[b].numel() % dp_group_->getSize() == 0,
+                "DP gradient bucket ", b, " of ", buckets_[b].numel(), " elements does not split into ",
+                dp_group_->getSize(), " equal shards");
     if (buckets_[b].nbytes() > 0) by_address_[address(buckets_[b])] = b;
   }
   clear_step_locked();
@@ -51,7 +55,7 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   // all-reduce's stream waits for it like for any other producer.
   at::Tensor wire = wire_dtype_ && *wire_dtype_ != grads.scalar_type() ? grads.to(*wire_dtype_) : at::Tensor();
   at::Tensor& payload = wire.defined() ? wire : grads;
-  auto work = all_reduce_sum_async(payload, dp_group_);
+  auto work = shard_ ? reduce_scatter_sum_async(payload, dp_group_) : all_reduce_sum_async(payload, dp_group_);
   pending_.push_back({std::move(work), bucket, std::move(wire)});
 }
 

@@ -45,7 +45,11 @@ class DpGradSync {
  public:
   // buckets[i] is the flat gradient buffer of bucket i; group is the DP group (trivial group: no-op).
   // wire_dtype: the dtype buckets travel in (nullopt: their own); a bucket already of that dtype is sent as is.
-  DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {});
+  // shard: reduce-scatter instead of all-reduce (the distributed optimizer, ZeRO-1): afterwards each DP rank's
+  // equal piece of every bucket holds the sum, the rest of the bucket is unspecified. Every bucket's size must
+  // divide by the DP size (GradBuffer pads them).
+  DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {},
+             bool shard = false);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
@@ -62,6 +66,7 @@ class DpGradSync {
   // Launch whatever has not been launched (bucket order), wait for all. The buckets then hold the DP sum.
   void finish();
   std::optional<at::ScalarType> wire_dtype() const { return wire_dtype_; }
+  bool shard() const { return shard_; }
   // Forget launches of an aborted step.
   void reset();
 
@@ -85,6 +90,7 @@ class DpGradSync {
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
   std::optional<at::ScalarType> wire_dtype_;
+  bool shard_ = false;
   std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
 
   // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.
