@@ -1,0 +1,198 @@
+"""Checkpoint safety (issue #15: 3, 4, 6, 9, 11; issue #16: 12), in one process and without a process group:
+a run holds its --save directory; nothing outside a checkpoint directory is read, followed or revealed; a
+malformed manifest is one clear error; no checkpoint with non-finite state is published; a failed save names
+its cause and leaves nothing behind; pruning removes only complete checkpoints that hybrid_engine wrote."""
+import errno
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hybrid_engine import checkpoint
+from hybrid_engine.checkpoint import CheckpointError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = {"model": {"name": "large_linear_model", "dim": 4, "depth": 1, "seed": 0}, "optimizer": "sgd"}
+
+
+class OneRankEngine:
+    """What checkpoint.save asks of an engine, for one rank that owns every parameter."""
+
+    def __init__(self, weights: dict, optimizer: dict | None = None):
+        self.weights, self.optimizer = weights, optimizer or {k: {} for k in weights}
+        self.groups = SimpleNamespace(coords=SimpleNamespace(dp=0, pp=0, mp=0))
+        self.grid = SimpleNamespace(dp_size=1, pp_size=1, mp_size=1, order="mp-dp-pp")
+        self.device, self.schedule_name, self.num_stages, self.pp_size = torch.device("cpu"), "1f1b", 1, 1
+
+    def state_for_checkpoint(self) -> dict:
+        return {"weights": self.weights, "optimizer": self.optimizer, "scaler": None}
+
+
+def _engine(value: float = 0.5) -> OneRankEngine:
+    return OneRankEngine({"0.weight": torch.full((4, 4), float(value)), "0.bias": torch.full((4,), float(value))},
+                         {"0.weight": {"momentum_buffer": torch.zeros(4, 4)}, "0.bias": {}})
+
+
+def _save(root, step: int, engine=None, keep: int = 3) -> str:
+    return checkpoint.save(engine or _engine(step), str(root), step, RUN, keep=keep)
+
+
+def _latest(root) -> str:
+    return (root / "latest").read_text().strip()
+
+
+# -------------------------------------------------------------------------------- #15.4 nothing escapes
+@pytest.fixture
+def saved(tmp_path):
+    root = tmp_path / "ckpt"
+    _save(root, 1)
+    _save(root, 2)
+    return root
+
+
+def test_latest_naming_a_path_outside_the_directory_is_refused(saved, tmp_path):
+    victim = tmp_path / "victim"
+    _save(victim, 4)
+    for name in ("../victim/step_000004", str(victim / "step_000004"), "step_2", "step_000002/../step_000001"):
+        (saved / "latest").write_text(name + "\n")
+        with pytest.raises(CheckpointError, match=r"latest does not hold a checkpoint name \(step_NNNNNN\)"):
+            checkpoint.open_checkpoint(str(saved))
+
+
+def test_a_step_directory_symlinked_elsewhere_is_refused(saved, tmp_path):
+    victim = tmp_path / "victim"
+    _save(victim, 4)
+    os.symlink(victim / "step_000004", saved / "step_000004")
+    (saved / "latest").write_text("step_000004\n")
+    with pytest.raises(CheckpointError, match="step_000004 is a symbolic link, not a checkpoint directory"):
+        checkpoint.open_checkpoint(str(saved))
+    (saved / "latest").unlink()  # no pointer: the newest complete checkpoint, never through a link
+    assert checkpoint.open_checkpoint(str(saved)).path == str(saved / "step_000002")
+
+
+def test_latest_symlinked_to_a_file_does_not_reveal_it(saved, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2\n")
+    (saved / "latest").unlink()
+    os.symlink(secret, saved / "latest")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.open_checkpoint(str(saved))
+    assert "is a symbolic link" in str(err.value) and "hunter2" not in str(err.value)
+    (saved / "latest").unlink()
+    secret.rename(saved / "latest")  # a regular file with other content: not echoed either
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.open_checkpoint(str(saved))
+    assert "hunter2" not in str(err.value)
+
+
+def _opens_within(path: str, seconds: float = 10.0):
+    """open_checkpoint(path) in a thread: a FIFO or a character device must never block it."""
+    outcome = []
+
+    def attempt():
+        try:
+            outcome.append(checkpoint.open_checkpoint(path))
+        except CheckpointError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():  # unblock it: a writer opens the FIFO (the test has failed anyway)
+        for fifo in ("latest", "manifest.json"):
+            if os.path.exists(os.path.join(path, fifo)) and not os.path.isfile(os.path.join(path, fifo)):
+                try:
+                    os.close(os.open(os.path.join(path, fifo), os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+        pytest.fail(f"open_checkpoint({path}) blocked")
+    return outcome[0]
+
+
+def test_latest_that_is_a_fifo_or_a_device_never_blocks(saved):
+    (saved / "latest").unlink()
+    os.mkfifo(saved / "latest")
+    error = _opens_within(str(saved))
+    assert isinstance(error, CheckpointError) and "is not a regular file" in str(error)
+    (saved / "latest").unlink()
+    os.symlink("/dev/zero", saved / "latest")  # (/proc/kmsg in the issue: root only)
+    error = _opens_within(str(saved))
+    assert isinstance(error, CheckpointError) and "is a symbolic link" in str(error)
+
+
+def _edit_manifest(ckpt_dir, edit) -> None:
+    path = ckpt_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_manifest_shard_names_outside_the_checkpoint_are_refused(saved, tmp_path):
+    (tmp_path / "rank_00000.pt").write_bytes((saved / "step_000002" / "rank_00000.pt").read_bytes())
+    for name in ("../../rank_00000.pt", "/etc/shadow", "/etc/passwd", "rank_0.pt", "manifest.json"):
+        def rename(m):
+            m["files"] = {name: 100}
+            for p in m["params"].values():
+                p["file"] = name
+
+        _edit_manifest(saved / "step_000002", rename)
+        with pytest.raises(CheckpointError) as err:
+            checkpoint.open_checkpoint(str(saved))
+        message = str(err.value)
+        assert "is malformed" in message and "shard name" in message, message
+        assert "bytes" not in message  # no file's size is revealed
+
+
+def test_a_shard_or_manifest_that_is_a_symlink_is_refused(saved, tmp_path):
+    step = saved / "step_000002"
+    elsewhere = tmp_path / "elsewhere.pt"
+    (step / "rank_00000.pt").rename(elsewhere)
+    os.symlink(elsewhere, step / "rank_00000.pt")
+    with pytest.raises(CheckpointError, match="rank_00000.pt is a symbolic link"):
+        checkpoint.open_checkpoint(str(saved))
+    (step / "manifest.json").rename(tmp_path / "manifest.json")
+    os.symlink(tmp_path / "manifest.json", step / "manifest.json")
+    with pytest.raises(CheckpointError, match="manifest.json is a symbolic link"):
+        checkpoint.open_checkpoint(str(step))
+
+
+def test_an_oversized_manifest_or_pointer_is_not_read(saved):
+    with open(saved / "latest", "ab") as f:
+        f.truncate(1 << 20)  # sparse: costs nothing
+    with pytest.raises(CheckpointError, match=r"latest is larger than 4096 bytes"):
+        checkpoint.open_checkpoint(str(saved))
+    with open(saved / "step_000002" / "manifest.json", "ab") as f:
+        f.truncate(65 << 20)
+    with pytest.raises(CheckpointError, match=r"manifest.json is larger than 67108864 bytes"):
+        checkpoint.open_checkpoint(str(saved / "step_000002"))
+
+
+# ---------------------------------------------------------------------- #16.12 a malformed manifest
+@pytest.mark.parametrize("edit, problem", [
+    (lambda m: m.pop("files"), "'files' is missing"),
+    (lambda m: m.update(files=["rank_00000.pt"]), "'files' is not an object"),
+    (lambda m: m.update(files={"rank_00000.pt": "big"}), "the size of rank_00000.pt is not a whole number"),
+    (lambda m: m.update(model=["large_linear_model"]), "'model' is not an object"),
+    (lambda m: m.update(step="two"), "'step' is not a whole number"),
+    (lambda m: m.update(step=-1), "'step' is not a whole number"),
+    (lambda m: m.update(optimizer=None), "'optimizer' is not a string"),
+    (lambda m: m["grid"].pop("pp"), "'grid' has no whole number 'pp'"),
+    (lambda m: m.update(params={}), "'params' is empty"),
+    (lambda m: m["params"]["0.weight"].update(shape="4x4"), "parameter 0.weight: 'shape' is not a list"),
+    (lambda m: m["params"]["0.weight"].update(dtype="int8"), "parameter 0.weight: dtype 'int8'"),
+    (lambda m: m["params"]["0.weight"].update(file="rank_00001.pt"),
+     "parameter 0.weight: its shard rank_00001.pt is not among 'files'"),
+])
+def test_a_malformed_manifest_is_one_clear_error(saved, edit, problem):
+    _edit_manifest(saved / "step_000002", edit)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.open_checkpoint(str(saved))
+    assert f"{saved / 'step_000002' / 'manifest.json'} is malformed ({problem}" in str(err.value), str(err.value)
