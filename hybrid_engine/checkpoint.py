@@ -52,6 +52,7 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")  # the names the engine writes, and no others
 _SHARD = re.compile(r"^rank_\d{5,}\.pt$")
+_LEFTOVER = re.compile(r"^\.(tmp|old)_step_\d{6,}_[0-9a-f]{8}$")
 
 
 class CheckpointError(ConfigError):
@@ -370,9 +371,47 @@ def _write_shard(path: str, shard: dict, crash: bool) -> int:
     return os.path.getsize(path)
 
 
+def _non_finite(shard: dict) -> str | None:
+    """What in a shard's weights or optimizer state is not finite (None: all of it is); one pass of isfinite."""
+    for name, tensor in shard["weights"].items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"the weights are not finite ({name}"
+    for name, state in shard["optimizer"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"the optimizer state is not finite ({name} {key}"
+    return None
+
+
+def _cause(exc: BaseException) -> str:
+    """The cause of a failed write in words: the OS error behind it where there is one (torch's zip writer
+    reports a full disk as a RuntimeError whose context is the OSError), else the exception's first line."""
+    seen, link = [], exc
+    while link is not None and link not in seen:
+        seen.append(link)
+        link = link.__cause__ or link.__context__
+    for link in seen:
+        if isinstance(link, OSError) and link.strerror:
+            return link.strerror
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _still_latest(root: str) -> str:
+    try:
+        previous = latest_path(root)
+    except CheckpointError:
+        previous = None
+    if previous is None:
+        return f"{root} holds no earlier checkpoint"
+    return f"{os.path.join(root, LATEST)} still names {os.path.basename(previous)}"
+
+
 def save(engine, root: str, step: int, run_info: dict, keep: int = 3, crash_in_save: bool = False) -> str:
     """Collective over the world: write the checkpoint of `step` completed steps under `root`, atomically;
-    keep the newest `keep`. run_info: {"model": {...}, "optimizer": name} (recorded in the manifest)."""
+    keep the newest `keep`. run_info: {"model": {...}, "optimizer": name} (recorded in the manifest).
+    Nothing is published (and nothing pruned) unless every rank's state is finite and on disk; otherwise the
+    temporary directory is removed and every rank raises the same CheckpointError."""
     rank, world = _world()
     state = engine.state_for_checkpoint()  # MP all-gathers: every rank, same order
     coords = engine.groups.coords
@@ -382,26 +421,35 @@ def save(engine, root: str, step: int, run_info: dict, keep: int = 3, crash_in_s
              "optimizer": state["optimizer"] if owner else {}}
     tmp_name = _from_rank0(f".tmp_{step_dir_name(step)}_{uuid.uuid4().hex[:8]}")
     tmp = os.path.join(root, tmp_name)
+    file = os.path.join(tmp, shard_name(rank))
     report = {"file": shard_name(rank), "bytes": 0, "params": {}, "error": None}
-    try:
-        os.makedirs(tmp, exist_ok=True)
-        report["bytes"] = _write_shard(os.path.join(tmp, shard_name(rank)), shard, crash_in_save)
-        report["params"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in shard["weights"].items()}
-    except OSError as exc:
-        report["error"] = f"saving checkpoint step {step}: cannot write {os.path.join(tmp, shard_name(rank))}: {exc}"
-    reports = _all_gather(report)  # also the barrier: nothing is published before every shard is on disk
-    _raise_first([r["error"] for r in reports])
-    final = os.path.join(root, step_dir_name(step))
-    error = None
-    if rank == 0:
+    bad = _non_finite(shard)  # the state is on the CPU already: one isfinite pass, before any byte is written
+    if bad:
+        report["error"] = f"{bad} on rank {rank}): an update diverged (lower --lr)"
+    else:
         try:
-            _publish(root, tmp, final, step, engine, run_info, reports, world)
-            prune(root, keep, protect=step_dir_name(step))
-        except OSError as exc:
-            error = f"saving checkpoint step {step}: cannot publish {final}: {exc}"
-    error = _from_rank0(error)
+            os.makedirs(tmp, exist_ok=True)
+            report["bytes"] = _write_shard(file, shard, crash_in_save)
+            report["params"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")]
+                                for k, v in shard["weights"].items()}
+        except Exception as exc:  # noqa: BLE001 - OSError, or torch's RuntimeError around one (a full disk)
+            report["error"] = f"cannot write {file}: {_cause(exc)}"
+    reports = _all_gather(report)  # also the barrier: nothing is published before every shard is on disk
+    final = os.path.join(root, step_dir_name(step))
+    error = next((r["error"] for r in reports if r["error"]), None)
+    if error is None:  # the same on every rank: all of them gathered the same reports
+        if rank == 0:
+            try:
+                _publish(root, tmp, final, step, engine, run_info, reports, world)
+            except Exception as exc:  # noqa: BLE001 - as above
+                error = f"cannot publish {final}: {_cause(exc)}"
+            else:
+                prune(root, keep, protect=step_dir_name(step))
+        error = _from_rank0(error)
     if error:
-        raise CheckpointError(error)
+        if rank == 0:  # every rank is past writing: remove the half-made checkpoint, keep `latest` as it is
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"checkpoint of step {step} not written: {error}; {_still_latest(root)}")
     return final
 
 
@@ -444,9 +492,12 @@ def _param_order(name: str) -> tuple[int, str]:
 
 
 def prune(root: str, keep: int, protect: str) -> None:
-    """Remove all but the newest `keep` checkpoints (never `protect`) and leftovers of interrupted saves."""
-    doomed = [name for _, name in _step_dirs(root)[:-keep] if name != protect]
-    doomed += [n for n in os.listdir(root) if n.startswith((".tmp_step_", ".old_step_"))]
+    """Remove all but the newest `keep` complete checkpoints (never `protect`) and leftovers of interrupted
+    saves. Only what this engine wrote is touched: a step_N directory without a valid manifest (a user's, or a
+    stray empty one) is neither removed nor counted."""
+    complete = [name for _, name in _step_dirs(root) if _complete(root, name)]
+    doomed = [name for name in complete[:-keep] if name != protect]
+    doomed += [n for n in os.listdir(root) if _LEFTOVER.match(n) and not os.path.islink(os.path.join(root, n))]
     for name in doomed:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 

@@ -196,3 +196,74 @@ def test_a_malformed_manifest_is_one_clear_error(saved, edit, problem):
     with pytest.raises(CheckpointError) as err:
         checkpoint.open_checkpoint(str(saved))
     assert f"{saved / 'step_000002' / 'manifest.json'} is malformed ({problem}" in str(err.value), str(err.value)
+
+
+# ------------------------------------------------------------------------- #15.6 non-finite state
+@pytest.mark.parametrize("poison, what", [
+    (lambda e: e.weights["0.bias"].__setitem__(1, float("nan")), "the weights are not finite (0.bias on rank 0)"),
+    (lambda e: e.weights["0.weight"].fill_(float("inf")), "the weights are not finite (0.weight on rank 0)"),
+    (lambda e: e.optimizer["0.weight"]["momentum_buffer"].__setitem__((0, 0), float("-inf")),
+     "the optimizer state is not finite (0.weight momentum_buffer on rank 0)"),
+])
+def test_a_checkpoint_with_non_finite_state_is_never_published(saved, poison, what):
+    engine = _engine(3.0)
+    poison(engine)
+    with pytest.raises(CheckpointError) as err:
+        _save(saved, 3, engine, keep=1)
+    assert str(err.value).startswith(f"checkpoint of step 3 not written: {what}"), str(err.value)
+    assert f"{saved / 'latest'} still names step_000002" in str(err.value)
+    assert _latest(saved) == "step_000002"  # the good checkpoint stays latest, and nothing is pruned
+    assert sorted(os.listdir(saved)) == ["latest", "step_000001", "step_000002"]
+    assert checkpoint.open_checkpoint(str(saved)).step == 2
+
+
+# ----------------------------------------------------------------------------------- #15.9 a full disk
+class _FullDisk(io.FileIO):
+    """A shard file on a disk that fills up after 1000 bytes, as torch's zip writer meets it."""
+
+    def write(self, data):
+        if self.tell() + len(memoryview(data)) > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(data)
+
+
+def test_a_full_disk_is_named_and_leaves_no_temporary_behind(saved, monkeypatch):
+    real_open = open
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        return _FullDisk(path, "w") if str(path).endswith(".pt") else real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    big = OneRankEngine({"0.weight": torch.ones(64, 64), "0.bias": torch.ones(64)})
+    for _ in range(2):  # each failed save cleans up after itself
+        with pytest.raises(CheckpointError) as err:
+            _save(saved, 3, big)
+        assert "No space left on device" in str(err.value), str(err.value)
+        assert str(err.value).startswith("checkpoint of step 3 not written: cannot write ")
+        assert sorted(os.listdir(saved)) == ["latest", "step_000001", "step_000002"]
+        assert _latest(saved) == "step_000002"
+
+
+def test_an_error_without_an_os_cause_keeps_its_first_line(saved, monkeypatch):
+    def broken(obj, f):
+        raise RuntimeError("\nPytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(checkpoint.torch, "save", broken)
+    with pytest.raises(CheckpointError, match="RuntimeError: PytorchStreamWriter failed writing file data/0"):
+        _save(saved, 3)
+    assert sorted(os.listdir(saved)) == ["latest", "step_000001", "step_000002"]
+
+
+# ----------------------------------------------------------------------- #15.11 prune only our own
+def test_pruning_leaves_what_hybrid_engine_did_not_write(tmp_path):
+    (tmp_path / "step_000000").mkdir()
+    (tmp_path / "step_000000" / "notes.txt").write_text("my notes")
+    (tmp_path / "step_999999").mkdir()  # a stray empty directory with a checkpoint's name
+    (tmp_path / ".tmp_step_mine").mkdir()  # not a name a save uses
+    for step in range(1, 5):
+        _save(tmp_path, step, keep=2)
+    assert (tmp_path / "step_000000" / "notes.txt").read_text() == "my notes"
+    assert sorted(os.listdir(tmp_path)) == [".tmp_step_mine", "latest", "step_000000", "step_000003",
+                                            "step_000004", "step_999999"]
+    (tmp_path / "latest").unlink()  # no pointer: the newest *complete* checkpoint, not the stray directory
+    assert checkpoint.latest_path(str(tmp_path)) == str(tmp_path / "step_000004")
