@@ -49,6 +49,57 @@ def _latest(root) -> str:
     return (root / "latest").read_text().strip()
 
 
+# ------------------------------------------------------------------------------------------- #15.3 the lock
+def test_a_second_run_cannot_hold_a_save_directory_in_use(tmp_path):
+    first = checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+    try:
+        with pytest.raises(CheckpointError) as err:  # one rank: refused at once, before any collective
+            checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+        assert str(err.value).startswith(f"--save {tmp_path} is in use by another run "
+                                         f"(pid {os.getpid()} on {socket.gethostname()})")
+        # a run of several ranks: rank 0 finds out, the others do not try (one flock per file); the ranks learn
+        # rank 0's outcome in one collective after the process group exists (agree_on_directory_holds)
+        second = checkpoint.hold_directory(str(tmp_path), rank=0, world_size=2)
+        assert second.error is not None and "is in use by another run" in second.error
+        assert checkpoint.hold_directory(str(tmp_path), rank=1, world_size=2).error is None
+    finally:
+        first.release()
+    checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1).release()  # released: free again
+
+
+def test_the_lock_dies_with_the_run_that_held_it(tmp_path):
+    code = ("import sys, time; from hybrid_engine import checkpoint; "
+            f"checkpoint.hold_directory({str(tmp_path)!r}, rank=0, world_size=1); print('held', flush=True); "
+            "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=f"in use by another run \\(pid {proc.pid} on "):
+            checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1).release()
+
+
+def test_agreeing_on_the_hold_raises_rank_0s_error_on_one_rank(tmp_path):
+    first = checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+    try:
+        checkpoint.hold_directory(str(tmp_path), rank=0, world_size=2)  # deferred: the error waits for agreement
+        with pytest.raises(CheckpointError, match="is in use by another run"):
+            checkpoint.agree_on_directory_holds()
+    finally:
+        first.release()
+    checkpoint.agree_on_directory_holds()  # nothing pending: no error
+
+
+def test_a_symlinked_lock_file_is_refused(tmp_path):
+    (tmp_path / "elsewhere").write_text("")
+    os.symlink(tmp_path / "elsewhere", tmp_path / ".lock")
+    with pytest.raises(CheckpointError, match="cannot hold --save .*lock"):
+        checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+
+
 # -------------------------------------------------------------------------------- #15.4 nothing escapes
 @pytest.fixture
 def saved(tmp_path):
