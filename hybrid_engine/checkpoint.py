@@ -8,6 +8,7 @@ Layout of a save directory (it must be visible to every rank: one filesystem, or
                                 full shape and the shard holding it, every shard's size in bytes
         rank_00000.pt ...       one shard per rank (torch.save, loaded with weights_only=True)
     DIR/.tmp_step_000012_<id>/  a save in progress (or one a crash interrupted: ignored, removed by the next save)
+    DIR/.lock                   flock'ed by rank 0 of the run that saves here, for its lifetime (hold_directory)
 
 "step" counts completed optimizer steps: step_000010 resumes at step index 10, and because the batch of a step
 depends only on (seed, step), a resumed run sees exactly the batches the uninterrupted run would have seen.
@@ -23,11 +24,23 @@ same grid, where it means the same thing) and the fp16 loss scaler's state (the 
 Atomic save. Every rank writes its shard into a fresh temporary directory and fsyncs it; the ranks agree that
 all shards are complete (one all_gather); only then rank 0 writes the manifest, renames the directory into
 place, and replaces `latest` (write a temporary file, fsync, os.replace). A crash at any point leaves `latest`
-on the previous complete checkpoint. Then all but the newest `keep` checkpoints and leftovers of interrupted
-saves are removed; the checkpoint just written is never removed.
+on the previous complete checkpoint. Then all but the newest `keep` complete checkpoints (a step_N directory
+with a valid manifest: nothing else is counted or removed) and leftovers of interrupted saves are removed; the
+checkpoint just written is never removed. Nothing is published when any rank's weights or optimizer state are
+not finite, or any rank cannot write its shard: the temporary directory is removed and every rank raises the
+same error, naming the cause (the OS error behind torch's), with `latest` untouched.
+
+One run per directory. Rank 0 holds an flock on DIR/.lock from before the first collective to its exit (the
+kernel drops it however the process ends); a second run's rank 0 fails to take it and every rank of that run
+stops before training (agree_on_directory_holds).
+
+Nothing outside. Only names the engine writes are followed (`latest` holds step_NNNNNN; manifest shards are
+rank_NNNNN.pt), each inside its directory; only regular files are read (no symbolic links, FIFOs or devices:
+O_NOFOLLOW | O_NONBLOCK), `latest` up to 4 KiB and the manifest up to 64 MiB, and the manifest is checked
+field by field. Every tensor read must have the shape and dtype the manifest records.
 
 Agreement. Loading is checked on every rank before any collective (`open_checkpoint`, `check_compatible`:
-manifest, format, shapes, shard sizes; the same files give every rank the same answer), and reading the shards
+manifest, format, fields, shapes, shard sizes; the same files give every rank the same answer), and reading the shards
 ends with one all_gather of the outcome, so a bad checkpoint stops every rank with the same CheckpointError,
 never leaves some ranks waiting in a collective.
 """
@@ -410,7 +423,8 @@ def hold_directory(path: str, rank: int | None = None, world_size: int | None = 
     if error and world_size == 1:
         raise CheckpointError(error)
     hold = DirectoryHold(path, fd, error)
-    _HOLDS.append(hold)
+    if fd is not None or error:  # a lock to keep, or an outcome to agree on
+        _HOLDS.append(hold)
     return hold
 
 

@@ -61,7 +61,9 @@ def test_a_second_run_cannot_hold_a_save_directory_in_use(tmp_path):
         # rank 0's outcome in one collective after the process group exists (agree_on_directory_holds)
         second = checkpoint.hold_directory(str(tmp_path), rank=0, world_size=2)
         assert second.error is not None and "is in use by another run" in second.error
-        assert checkpoint.hold_directory(str(tmp_path), rank=1, world_size=2).error is None
+        second.release()  # (no agreement pending for the next test)
+        other = checkpoint.hold_directory(str(tmp_path), rank=1, world_size=2)
+        assert other.error is None and other.fd is None
     finally:
         first.release()
     checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1).release()  # released: free again
