@@ -576,7 +576,9 @@ def _publish(root, tmp, final, step, engine, run_info, reports, world) -> None:
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
-    if os.path.exists(final):  # the same step saved again after a restart: move the old one aside first
+    if os.path.lexists(final):  # the same step saved again after a restart: move the old one aside first
+        if os.path.islink(final) or not os.path.isdir(final) or not _complete(root, os.path.basename(final)):
+            raise OSError(errno.EEXIST, f"{final} exists and is not a hybrid_engine checkpoint")
         os.rename(final, os.path.join(root, f".old_{os.path.basename(final)}_{uuid.uuid4().hex[:8]}"))
     os.rename(tmp, final)
     _fsync_dir(root)

@@ -320,3 +320,16 @@ def test_pruning_leaves_what_hybrid_engine_did_not_write(tmp_path):
                                             "step_000004", "step_999999"]
     (tmp_path / "latest").unlink()  # no pointer: the newest *complete* checkpoint, not the stray directory
     assert checkpoint.latest_path(str(tmp_path)) == str(tmp_path / "step_000004")
+
+
+def test_a_save_never_moves_aside_a_directory_it_did_not_write(tmp_path):
+    # step_N of the same step is moved aside (and later removed) only when it is an earlier save of ours
+    (tmp_path / "step_000003").mkdir()
+    (tmp_path / "step_000003" / "notes.txt").write_text("my notes")
+    _save(tmp_path, 2)
+    with pytest.raises(CheckpointError, match="step_000003 exists and is not a hybrid_engine checkpoint"):
+        _save(tmp_path, 3)
+    assert (tmp_path / "step_000003" / "notes.txt").read_text() == "my notes"
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_000002", "step_000003"]
+    _save(tmp_path, 2)  # the same step again (a restart): the earlier save of it is replaced
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_000002", "step_000003"]
