@@ -418,8 +418,11 @@ def hold_directory(path: str, rank: int | None = None, world_size: int | None = 
                 else:
                     error = f"cannot hold --save {path}: flock on {lock} failed ({exc.strerror})"
             else:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+                try:  # who holds it, for the error of a second run; the flock alone is the claim
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+                except OSError:
+                    pass
     if error and world_size == 1:
         raise CheckpointError(error)
     hold = DirectoryHold(path, fd, error)

@@ -333,3 +333,17 @@ def test_a_save_never_moves_aside_a_directory_it_did_not_write(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_000002", "step_000003"]
     _save(tmp_path, 2)  # the same step again (a restart): the earlier save of it is replaced
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_000002", "step_000003"]
+
+
+def test_a_save_directory_that_cannot_hold_a_lock_is_refused_before_training(tmp_path):
+    if os.geteuid() == 0:  # root writes into a read-only directory anyway: make the lock's name unusable instead
+        (tmp_path / ".lock").mkdir()
+        expected = "cannot hold --save .*: the lock file .*/.lock cannot be opened"
+    else:
+        tmp_path.chmod(0o500)
+        expected = r"cannot hold --save .*: the lock file .*/.lock cannot be opened \(Permission denied\)"
+    try:
+        with pytest.raises(CheckpointError, match=expected):
+            checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
+    finally:
+        tmp_path.chmod(0o700)
