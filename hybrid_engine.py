@@ -151,6 +151,7 @@ def checkpoint_to_start_from(args: argparse.Namespace) -> checkpoint.Checkpoint 
             os.makedirs(args.save, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"--save {args.save}: cannot create the directory ({exc.strerror})") from None
+        checkpoint.hold_directory(args.save)  # rank 0 holds DIR/.lock for the run; agreed on after init
         existing = checkpoint.latest_path(args.save)
         if existing and not args.resume:
             raise ConfigError(f"--save {args.save} already holds checkpoints (latest {existing}); pass --resume "
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     init_distributed(env, device, args.comm_timeout)
     if heartbeat is not None:
         heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
+    checkpoint.agree_on_directory_holds()  # --save DIR in use by another run: every rank stops here, exit 2
     groups = build_groups(grid, env.rank)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))

@@ -110,3 +110,39 @@ def test_checkpoint_of_a_different_model_shape(saved):
 def test_nan_loss_stops_every_rank_naming_the_step():
     fails_on_every_rank(("--pp", "2", *SMALL), "loss is NaN at step 2: training stopped",
                         extra_env={"HYBRID_ENGINE_TEST_NAN_AT_STEP": "2"}, code=1)
+
+
+def test_checkpoint_path_escaping_the_save_directory(saved, tmp_path):
+    root = shutil.copytree(saved, tmp_path / "ckpt")
+    shutil.copytree(saved, tmp_path / "victim")  # another run's weights: never loaded through `latest`
+    (root / "latest").write_text("../victim/step_000002\n")
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
+                        f"{root / 'latest'} does not hold a checkpoint name (step_NNNNNN)")
+
+
+def test_checkpoint_manifest_malformed(saved, tmp_path):
+    import json
+
+    root = shutil.copytree(saved, tmp_path / "ckpt")
+    manifest = root / "step_000002" / "manifest.json"
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "files"}))
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
+                        f"{manifest} is malformed ('files' is missing): damaged, or not written by hybrid_engine")
+
+
+def test_checkpoint_tensor_of_the_wrong_shape(saved, tmp_path):
+    import json
+
+    import torch
+
+    root = shutil.copytree(saved, tmp_path / "ckpt")
+    shard, manifest = root / "step_000002" / "rank_00000.pt", root / "step_000002" / "manifest.json"
+    state = torch.load(shard, weights_only=True)
+    state["weights"]["0.weight"] = torch.zeros(32)  # copy_ would broadcast it into the 32 x 32 weight
+    torch.save(state, shard)
+    record = json.loads(manifest.read_text())
+    record["files"]["rank_00000.pt"] = shard.stat().st_size
+    manifest.write_text(json.dumps(record))
+    fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
+                        f"checkpoint shard {shard} holds 0.weight as shape [32] float32; the manifest says shape "
+                        "[32, 32] float32")

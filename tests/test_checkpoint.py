@@ -135,3 +135,46 @@ def test_latest_pointing_nowhere_is_an_error(saved, tmp_path):
         f.write("step_000099\n")
     with pytest.raises(CheckpointError, match="names 'step_000099', which does not exist"):
         checkpoint.open_checkpoint(root)
+
+
+# ------------------------------------------------------------------- #15.8 tensors that do not fit the manifest
+def _replace_tensor(root: str, shard: str, name: str, tensor, key: str | None = None) -> None:
+    """Put `tensor` in place of parameter `name` (or of its optimizer state `key`) in a shard, and record the
+    shard's new size in the manifest, so that only the tensor itself is wrong."""
+    step = os.path.join(root, "step_000002")
+    state = torch.load(os.path.join(step, shard), weights_only=True)
+    if key is None:
+        state["weights"][name] = tensor
+    else:
+        state["optimizer"][name][key] = tensor
+    torch.save(state, os.path.join(step, shard))
+    manifest = json.loads(open(os.path.join(step, "manifest.json")).read())
+    manifest["files"][shard] = os.path.getsize(os.path.join(step, shard))
+    with open(os.path.join(step, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+@pytest.mark.parametrize("tensor, described", [
+    (torch.zeros(32), "shape [32] float32"),
+    (torch.tensor(0.5), "shape [] float32"),
+    (torch.zeros(32, 1), "shape [32, 1] float32"),
+    (torch.zeros(32, 32, dtype=torch.float64), "shape [32, 32] float64"),
+])
+def test_a_weight_of_the_wrong_shape_or_dtype_is_refused(saved, tmp_path, tensor, described):
+    # copy_ would broadcast a [32], a scalar or a [32, 1] into a 32 x 32 weight and carry on with other losses
+    root = _copy(saved, tmp_path)
+    _replace_tensor(root, "rank_00000.pt", "0.weight", tensor)
+    message = run_ranks(1, try_load, (1, 1, 1), SMALL, root)[0]
+    assert message == (f"checkpoint shard {root}/step_000002/rank_00000.pt holds 0.weight as {described}; the "
+                       "manifest says shape [32, 32] float32: damaged, or not written by hybrid_engine")
+
+
+def test_optimizer_state_of_the_wrong_shape_stops_every_rank_alike(saved, tmp_path):
+    # only rank 1 (stage 1) reads rank_00001.pt, yet both ranks stop with its error
+    root = _copy(saved, tmp_path)
+    _replace_tensor(root, "rank_00001.pt", "2.weight", torch.zeros(32), key="exp_avg")
+    messages = run_ranks(2, try_load, (1, 2, 1), SMALL, root)
+    assert messages[0] == messages[1] == (
+        f"checkpoint shard {root}/step_000002/rank_00001.pt holds optimizer state exp_avg of 2.weight as "
+        "shape [32] float32; the manifest says shape [32, 32] float32: damaged, or not written by hybrid_engine "
+        "(rank 1)")

@@ -1,0 +1,106 @@
+"""Checkpoints through the real driver under torchrun (issue #15: 3, 6, 9), 2 CPU ranks, the issue's model:
+two runs never share a --save directory; a diverged update never replaces the good checkpoint; a disk that
+refuses a shard names the cause and leaves nothing behind. Each failure is one line on every rank, exit 2."""
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+
+import torch
+
+from launch_utils import DRIVER, REPO, free_port, torchrun
+
+MODEL = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--quiet")
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+
+
+def _one_rank(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DRIVER), *MODEL, *args], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=90, **kwargs)
+
+
+def _error_lines(run: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in run.stderr.splitlines() if ln.startswith("hybrid_engine:")]
+
+
+def _every_rank_says(run: subprocess.CompletedProcess, expected: str, nproc: int = 2) -> str:
+    lines = _error_lines(run)
+    assert run.returncode != 0
+    assert len(lines) == nproc, run.stderr
+    assert all(ln.startswith("hybrid_engine: error: ") and expected in ln for ln in lines), lines
+    assert "exitcode  : 2" in run.stderr  # torchrun's report of the first rank to leave
+    assert 'hybrid_engine.py", line' not in run.stderr and 'checkpoint.py", line' not in run.stderr  # ours: none
+    return lines[0]
+
+
+def test_a_second_run_on_a_save_directory_in_use_stops_before_training(tmp_path):
+    root = tmp_path / "ckpt"
+    first = subprocess.Popen([sys.executable, str(DRIVER), *MODEL, "--steps", "1000000", "--save", str(root)],
+                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline()  # the grid table: the first run is past its checks and holds DIR
+        first.send_signal(signal.SIGSTOP)  # still holding it, without spending the CPU the second run needs
+        second = torchrun(2, "--pp", "2", *MODEL, "--steps", "2", "--save", str(root), timeout=90)
+        line = _every_rank_says(second, f"--save {root} is in use by another run (pid {first.pid} on "
+                                        f"{socket.gethostname()})")
+        assert "step " not in second.stdout  # stopped before training
+        assert sorted(os.listdir(root)) == [".lock"]
+        assert line.endswith("two runs must not share a checkpoint directory (wait for it to end, or choose "
+                             "another directory)")
+    finally:
+        first.kill()
+        first.wait()
+    # the lock dies with the run that held it: the directory is free at once, nothing stale to clean up
+    third = _one_rank("--steps", "2", "--save", str(root))
+    assert third.returncode == 0, third.stderr
+    assert (root / "latest").read_text().strip() == "step_000002"
+
+
+def _blow_up_last_layer(root) -> None:
+    """Make the last weight of step_000002 large (1e6, finite): the next update at --lr 1e38 overflows."""
+    step = root / "step_000002"
+    state = torch.load(step / "rank_00000.pt", weights_only=True)
+    state["weights"]["6.weight"].fill_(1e6)
+    torch.save(state, step / "rank_00000.pt")
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["files"]["rank_00000.pt"] = (step / "rank_00000.pt").stat().st_size
+    (step / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_diverged_update_never_replaces_the_good_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    assert _one_rank("--steps", "2", "--save", str(root)).returncode == 0
+    _blow_up_last_layer(root)
+    # step 2's loss is finite, its update makes the weights infinite; saving step 3 must not publish them
+    run = torchrun(2, "--pp", "2", *MODEL, "--steps", "4", "--save", str(root), "--save-every", "1",
+                   "--keep-checkpoints", "1", "--resume", "--lr", "1e38", timeout=90)
+    _every_rank_says(run, "checkpoint of step 3 not written: the weights are not finite (")
+    assert _error_lines(run)[0].endswith(f"{root / 'latest'} still names step_000002")
+    assert (root / "latest").read_text().strip() == "step_000002"
+    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002"]  # nothing pruned, nothing left over
+
+
+def _file_size_limit(limit: int):
+    def apply():  # in the child, before exec: writes past `limit` bytes fail with EFBIG instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_refused_write_is_named_and_leaves_the_previous_checkpoint(tmp_path):
+    # a disk that takes no more than 4 KiB per file (RLIMIT_FSIZE): torch's zip writer fails as on a full disk
+    # (a RuntimeError whose context is the OSError); the line names the OS error, the temporary is removed
+    root = tmp_path / "ckpt"
+    assert _one_rank("--steps", "2", "--save", str(root)).returncode == 0
+    for _ in range(2):  # each failed save cleans up after itself
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               str(DRIVER), "--pp", "2", *MODEL, "--steps", "4", "--save", str(root), "--resume"]
+        run = subprocess.run(cmd, cwd=REPO, env=dict(ENV, GLOO_SOCKET_IFNAME="lo"), capture_output=True,
+                             text=True, timeout=90, preexec_fn=_file_size_limit(4096))
+        line = _every_rank_says(run, "checkpoint of step 4 not written: cannot write ")
+        assert "rank_0000" in line and line.endswith(f": File too large; {root / 'latest'} still names step_000002")
+        assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002"]
+
