@@ -98,7 +98,20 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
     layout.grads = _C.GradBuffer(buckets)
     for param, view in routes:
         layout.grads.set_main_grad(param, view)
+        # hybrid_engine's layers write this main grad themselves; any other module's parameter (a LayerNorm, an
+        # embedding) gets its half-precision gradient from autograd: fold it into the fp32 main grad as soon as
+        # it lands, micro-batch by micro-batch, as Megatron's main_grad hook does.
+        param.register_post_accumulate_grad_hook(_fold_into(view))
     return layout
+
+
+def _fold_into(main_grad: torch.Tensor):
+    def fold(param: torch.Tensor) -> None:
+        if param.grad is not None:  # None: the layer wrote its main grad itself
+            main_grad.add_(param.grad)
+            param.grad = None
+
+    return fold
 
 
 def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer) -> None:
