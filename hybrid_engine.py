@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
     init_distributed(env, device, args.comm_timeout)
     if heartbeat is not None:
         heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
-    groups = build_groups(grid, env.rank)
+    groups = build_groups(grid, env.rank, timeout_s=args.comm_timeout)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))
     if env.rank == 0:
