@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -254,6 +255,42 @@ def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
     assert len(lines) == 1 and lines[0].startswith(f"hybrid_engine: rank 0: {LOST_FROZEN}"), err
 
 
+def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
+    # issue #15.2: rank 0 serves the store, so the store freezes too; no survivor may wait on it (a TCPStore call
+    # on a server that never answers blocks whatever its timeout)
+    procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    try:
+        assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        _, err = procs[1].communicate(timeout=TIMEOUT + SLACK)
+    finally:
+        _kill_all(p.pid for p in procs)
+        for p in procs:
+            p.wait()
+    assert procs[1].returncode == 1, err
+    lines = _rank_lines(err, 1)
+    assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 1: the rendezvous store is unreachable "
+                                                   "(without torchrun it lives in rank 0, so rank 0 was probably "
+                                                   "lost)"), err
+
+
+def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
+    # issue #15.10: something holds MASTER_PORT, accepts connections and never answers
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+        procs = [subprocess.Popen([sys.executable, str(DRIVER), *HANG_MODEL, "--comm-timeout", "5"], cwd=REPO,
+                                  text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+        results = _finish(procs, timeout=5 + 40)
+    for rank, (code, err) in enumerate(results):
+        assert code == 1, err
+        lines = [ln for ln in err.splitlines() if ln.startswith("hybrid_engine:")]
+        assert len(lines) == 1 and "rendezvous store" in lines[0] and "MASTER_PORT" in lines[0], err
+        assert "Traceback" not in err, err
+    assert f"127.0.0.1:{port}" in results[1][1]
 
 
 
