@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
     init_distributed(env, device, args.comm_timeout)
     if heartbeat is not None:
-        heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
+        heartbeat.start(args.comm_timeout)  # lets the others name this rank if it is lost (hybrid_engine/faults.py)
     groups = build_groups(grid, env.rank, timeout_s=args.comm_timeout)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))

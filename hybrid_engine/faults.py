@@ -14,6 +14,9 @@ store (the key/value server that torchrun's agent, or rank 0 without torchrun, a
 from a daemon thread, and notes its own exit when it leaves on purpose. On failure a survivor watches the
 counters for a moment: a rank that stopped ticking and left no exit note was lost. (Without torchrun the store
 lives in rank 0, so when rank 0 is the one lost the survivors can only say the store went with it.)
+Under torchrun the heartbeat also watches the launcher: when torchrun's agent dies (SIGKILL), its workers would
+otherwise train on; each says so and exits once its parent process is gone or the agent's store has not
+answered for --comm-timeout seconds.
 
 A TCPStore client blocks forever, whatever its timeout, on a server that accepts connections and never answers
 (a frozen rank 0, another program on MASTER_PORT), in connecting and in every call. So every store connection
@@ -144,7 +147,8 @@ def rendezvous_store(rank: int, world_size: int, timeout_s: float):
 
 class Heartbeat:
     """Ticks this rank's counter in the rendezvous store and keeps watching everyone's; tells which peers went
-    silent without an exit note. Disabled (every method a no-op) for one rank or without MASTER_ADDR/PORT.
+    silent without an exit note. Disabled (every method a no-op) for one rank or without MASTER_ADDR/PORT. Under
+    torchrun it also ends this rank when the launcher is gone (see the module docstring).
 
     The thread also keeps what it last saw, so a survivor can still name the lost rank after the store itself is
     gone (without torchrun the store lives in rank 0, which may have left already) or stopped answering (a frozen
@@ -160,6 +164,10 @@ class Heartbeat:
         self.enabled = world_size > 1 and bool(self.host and self.port and self.port.isdigit())
         # Without torchrun, rank 0's process serves the store (torchrun's agent serves it otherwise).
         self.hosts_store = rank == 0 and not uses_agent_store()
+        # torchrun's agent is this process's parent: when that changes, the agent is gone (checked from start())
+        self.launcher_pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        self.reporter: SigtermReporter | None = None  # who claims this rank's exit (set by SigtermReporter)
+        self.timeout_s = 60.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,12 +182,17 @@ class Heartbeat:
     def _keys(self) -> list[str]:
         return [f"{self.prefix}{kind}/{r}" for kind in ("beat", "exit") for r in range(self.world_size)]
 
-    def start(self) -> "Heartbeat":
+    def start(self, timeout_s: float = 60.0) -> "Heartbeat":
+        """Start ticking; `timeout_s` (--comm-timeout) is how long torchrun's store may stay silent before this
+        rank takes the launcher for gone."""
+        self.timeout_s = timeout_s
         now = time.monotonic()
         self._changed, self._last_read = [now] * self.world_size, now  # the store just answered (the rendezvous)
         if self.enabled:
             self._thread = threading.Thread(target=self._tick, name="hybrid_engine-heartbeat", daemon=True)
             self._thread.start()
+        if self.launcher_pid is not None:
+            threading.Thread(target=self._watch_launcher, name="hybrid_engine-launcher", daemon=True).start()
         return self
 
     def _tick(self) -> None:
@@ -209,6 +222,22 @@ class Heartbeat:
         """The store answered this rank's heartbeat within `within_s` seconds (default: four ticks and a second)."""
         within_s = 4 * self.interval_s + 1.0 if within_s is None else within_s
         return time.monotonic() - self._last_read < within_s
+
+    def _watch_launcher(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if os.getppid() != self.launcher_pid:  # re-parented to init or a subreaper: the agent died
+                return self._launcher_gone("torchrun was killed")
+            if self.enabled and uses_agent_store() and not self.store_answers(self.timeout_s):
+                return self._launcher_gone(f"its rendezvous store has not answered for {self.timeout_s:g} s")
+
+    def _launcher_gone(self, why: str) -> None:
+        """Nobody will stop this rank any more (no agent to send SIGTERM, no store to rendezvous a restart): stop,
+        saying so once. A checkpoint being written is left as the atomic save leaves any crash."""
+        if self.reporter is not None and not self.reporter.leaving(1):
+            return  # the main thread is leaving on its own and says why
+        say(f"hybrid_engine: rank {self.rank}: the launcher is gone ({why}); stopping")
+        sys.stdout.flush()
+        os._exit(1)
 
     def stop(self) -> None:
         """End the thread before the interpreter exits: a thread caught inside a store call at exit aborts the
@@ -267,6 +296,8 @@ class SigtermReporter:
     def __init__(self, rank: int, heartbeat: Heartbeat | None = None):
         self.rank = rank
         self.heartbeat = heartbeat
+        if heartbeat is not None:
+            heartbeat.reporter = self
         self._lock = threading.Lock()
         self._leaving_code: int | None = None
         self._reported = False

@@ -274,6 +274,29 @@ def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
                                                    "lost)"), err
 
 
+def test_killed_torchrun_leaves_no_rank_running(tmp_path):
+    # issue #15.7: SIGKILL of the launcher alone (not its workers); they must notice and stop
+    root = tmp_path / "ckpt"
+    launcher = _torchrun_popen(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT), "--save", str(root),
+                                   "--save-every", "1"), tmp_path)
+    workers = {}
+    try:
+        workers = _workers(launcher, 2, tmp_path)
+        launcher.kill()
+        launcher.wait()
+        gone = _wait_for(lambda: not any(_alive(pid) for pid in workers.values()), TIMEOUT + SLACK)
+        running = [rank for rank, pid in workers.items() if _alive(pid)]
+    finally:
+        _kill_all(workers.values())
+    assert gone, f"ranks {running} still running after torchrun was killed"
+    err = (tmp_path / "err").read_text()
+    for rank in workers:
+        lines = _rank_lines(err, rank)
+        assert lines == [f"hybrid_engine: rank {rank}: the launcher is gone (torchrun was killed); stopping"], err
+    latest = (root / "latest").read_text().strip()  # the atomic save: latest names a complete checkpoint
+    assert (root / latest / "manifest.json").is_file()
+
+
 def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
     # issue #15.10: something holds MASTER_PORT, accepts connections and never answers
     with socket.socket() as silent:
