@@ -11,8 +11,9 @@ every process group gives up after --comm-timeout (hybrid_engine/grid.py), and t
 
 `Heartbeat` is what lets a survivor name the lost rank itself: every rank ticks a counter in the rendezvous
 store (the key/value server that torchrun's agent, or rank 0 without torchrun, already runs) four times a second
-from a daemon thread, and notes its own exit when it leaves on purpose. On failure a survivor watches the
-counters for a moment: a rank that stopped ticking and left no exit note was lost. (Without torchrun the store
+from a daemon thread, and notes its own exit when it leaves on purpose (with why: done or reporting a failure,
+or stopped by SIGTERM). On failure a survivor watches the counters for a moment: a rank that stopped ticking and
+left no exit note was lost; a rank whose note says SIGTERM is named as stopped by it. (Without torchrun the store
 lives in rank 0, so when rank 0 is the one lost the survivors can only say the store went with it.)
 Under torchrun the heartbeat also watches the launcher: when torchrun's agent dies (SIGKILL), its workers would
 otherwise train on; each says so and exits once its parent process is gone or the agent's store has not
@@ -23,10 +24,10 @@ A TCPStore client blocks forever, whatever its timeout, on a server that accepts
 made here is bounded (`store_client`, `rendezvous_store`), and a survivor judges the store by when it last
 answered, never by waiting on it.
 
-`SigtermReporter` makes SIGTERM (torchrun's way of stopping the survivors) print that line too. A Python signal
-handler runs only when the main thread returns to the interpreter, which a rank blocked in a collective may not
-do for --comm-timeout seconds; so the handler only wakes a thread (signal.set_wakeup_fd), and the thread
-reports and exits at once.
+`SigtermReporter` makes SIGTERM (torchrun's way of stopping the survivors, or anyone's `kill`) print one line
+too. A Python signal handler runs only when the main thread returns to the interpreter, which a rank blocked in a
+collective may not do for --comm-timeout seconds; so the handler only wakes a thread (signal.set_wakeup_fd), and
+the thread reports and exits at once.
 
 Test hooks (environment variables read by the driver; they fire only on a run's first attempt, i.e. when
 torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset, so a restarted run does not fail again):
@@ -70,6 +71,9 @@ def kill_self() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+EXIT_LEFT, EXIT_SIGTERM = 1, 2  # exit notes: left on purpose (done, or reporting a failure); stopped by SIGTERM
 
 
 class RendezvousError(Exception):
@@ -173,7 +177,7 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._beats: list[int] = [0] * world_size
         self._changed: list[float] = [0.0] * world_size  # when each peer's counter last moved (monotonic)
-        self._exited: list[bool] = [False] * world_size
+        self._exited: list[int] = [0] * world_size  # each peer's exit note (EXIT_*; 0: none)
         self._last_read = 0.0  # when the store last answered (monotonic)
 
     def _client(self, timeout_s: float = 5.0):
@@ -214,7 +218,7 @@ class Heartbeat:
                     for r in range(self.world_size):
                         if values[r] != self._beats[r]:
                             self._beats[r], self._changed[r] = values[r], now
-                        self._exited[r] = values[self.world_size + r] > 0
+                        self._exited[r] = values[self.world_size + r]
                     self._last_read = now
             self._stop.wait(self.interval_s)
 
@@ -246,13 +250,13 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def note_exit(self) -> None:
-        """This rank leaves on purpose (done, bad input, or reporting a failure): it was not lost. Bounded: the
-        store may be gone or frozen."""
+    def note_exit(self, why: int = EXIT_LEFT) -> None:
+        """This rank leaves on purpose (EXIT_LEFT: done, bad input, or reporting a failure; EXIT_SIGTERM): it was
+        not lost. Bounded: the store may be gone or frozen."""
         if self._thread is None:
             return  # never ticked: no peer is watching for this rank's note
         try:
-            bounded(lambda: self._client(2.0).add(f"{self.prefix}exit/{self.rank}", 1), 3.0)
+            bounded(lambda: self._client(2.0).set(f"{self.prefix}exit/{self.rank}", str(why)), 3.0)
         except Exception:  # noqa: BLE001
             pass
 
@@ -269,15 +273,23 @@ class Heartbeat:
                     if r != self.rank and not self._exited[r] and self._changed[r] <= self._last_read - silence_s]
 
     def describe_loss(self) -> str | None:
-        """'lost rank 3 (...)' after watching the peers for a moment; None if no peer was found lost (or this rank
-        never started its heartbeat: it failed before the process group existed)."""
+        """'lost rank 3 (...)' and/or 'rank 1 stopped by SIGTERM' after watching the peers for a moment; None if no
+        peer was found lost (or this rank never started its heartbeat: it failed before the process group
+        existed)."""
         if self._thread is None:
             return None
         lost = self.silent_ranks()
+        with self._lock:
+            sigtermed = [r for r in range(self.world_size) if r != self.rank and self._exited[r] == EXIT_SIGTERM]
         answers = self.store_answers()
+        parts = []
         if lost:
-            return (f"lost rank {', '.join(map(str, lost))} (no heartbeat and no exit note: killed, crashed, out of "
-                    f"memory or frozen){'' if answers else ' (the rendezvous store is gone too)'}")
+            parts.append(f"lost rank {', '.join(map(str, lost))} (no heartbeat and no exit note: killed, crashed, "
+                         "out of memory or frozen)")
+        if sigtermed:
+            parts.append(f"rank {', '.join(map(str, sigtermed))} stopped by SIGTERM")
+        if parts:
+            return "; ".join(parts) + ("" if answers else " (the rendezvous store is gone too)")
         if not answers:
             return ("the rendezvous store is unreachable (without torchrun it lives in rank 0, so rank 0 was "
                     "probably lost)")
@@ -290,8 +302,10 @@ class Heartbeat:
 
 
 class SigtermReporter:
-    """On SIGTERM, print one line naming the lost rank and exit 143 at once, even if the main thread is
-    blocked in a collective. After `leaving()` (this rank is exiting on its own) a SIGTERM exits silently."""
+    """On SIGTERM, print one line (what this rank received, and any peer found lost) and exit 143 at once, even if
+    the main thread is blocked in a collective. After `leaving()` (this rank is exiting on its own) a SIGTERM
+    exits silently. The line does not say who sent the signal: a rank cannot know (torchrun sends it to every
+    rank once one fails, but so does a user's `kill`)."""
 
     def __init__(self, rank: int, heartbeat: Heartbeat | None = None):
         self.rank = rank
@@ -329,11 +343,13 @@ class SigtermReporter:
             if self._reported:  # the main thread has said what happened (e.g. waiting for peers to say it too)
                 os._exit(self._leaving_code)
             return  # the main thread is writing its report; let it finish
-        why = "the launcher stopped this rank with SIGTERM (torchrun does so when another rank fails)"
+        why = "received SIGTERM"
         if self.heartbeat is not None:
-            self.heartbeat.note_exit()
+            self.heartbeat.note_exit(EXIT_SIGTERM)
             lost = self.heartbeat.describe_loss()
-            why = f"{lost}; {why}" if lost else why
+            if lost:
+                why = f"{lost}; {why}" + (" (torchrun sends it to every rank once one fails)"
+                                          if self.heartbeat.launcher_pid is not None else "")
         say(f"hybrid_engine: rank {self.rank}: stopped: {why}")
         sys.stdout.flush()
         os._exit(143)

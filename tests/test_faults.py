@@ -94,7 +94,7 @@ def test_sigterm_reaches_a_rank_blocked_in_a_collective():
             p.kill()
             p.wait()
     assert procs[0].returncode == 143
-    assert f"hybrid_engine: rank 0: stopped: {LOST}" in err and "with SIGTERM" in err, err
+    assert f"hybrid_engine: rank 0: stopped: {LOST}" in err and "; received SIGTERM" in err, err
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
@@ -315,6 +315,21 @@ def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
         assert "Traceback" not in err, err
     assert f"127.0.0.1:{port}" in results[1][1]
 
+
+def test_sigterm_to_one_rank_is_named_by_the_rank_and_by_the_survivor():
+    # issue #15.11: nobody but the test sent the SIGTERM; the rank says what it got, the survivor names it
+    procs = _plain_ranks(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    try:
+        assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
+        procs[1].send_signal(signal.SIGTERM)
+        results = _finish(procs, timeout=TIMEOUT + SLACK)
+    finally:
+        _kill_all(p.pid for p in procs)
+    (code0, err0), (code1, err1) = results
+    assert code1 == 143 and _rank_lines(err1, 1) == ["hybrid_engine: rank 1: stopped: received SIGTERM"], err1
+    assert code0 == 1, err0
+    lines = _rank_lines(err0, 0)
+    assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 0: rank 1 stopped by SIGTERM; "), err0
 
 
 @pytest.fixture(autouse=True)
