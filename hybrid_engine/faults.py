@@ -200,19 +200,14 @@ class Heartbeat:
         return self
 
     def _tick(self) -> None:
-        keys = self._keys()
-        store = None
-        while not self._stop.is_set():
-            try:
-                if store is None:  # its own connection: the main thread's store calls never wait on ours
-                    store = self._client()
-                    for key in keys:
-                        store.add(key, 0)  # exist from now on, so multi_get never waits for a late rank's first tick
+        try:
+            store = self._client()  # its own connection: the main thread's store calls never wait on ours
+            keys = self._keys()
+            for key in keys:
+                store.add(key, 0)  # exist from now on, so multi_get never waits for a late rank's first tick
+            while not self._stop.is_set():
                 store.add(f"{self.prefix}beat/{self.rank}", 1)
                 values = [int(v) for v in store.multi_get(keys)]
-            except Exception:  # noqa: BLE001 - the store is gone: keep what was last seen, try again next tick
-                store = None
-            else:
                 now = time.monotonic()
                 with self._lock:
                     for r in range(self.world_size):
@@ -220,25 +215,35 @@ class Heartbeat:
                             self._beats[r], self._changed[r] = values[r], now
                         self._exited[r] = values[self.world_size + r]
                     self._last_read = now
-            self._stop.wait(self.interval_s)
+                self._stop.wait(self.interval_s)
+        except Exception:  # noqa: BLE001 - the store is gone: keep what was last seen (its silence is the signal)
+            pass
 
     def store_answers(self, within_s: float | None = None) -> bool:
         """The store answered this rank's heartbeat within `within_s` seconds (default: four ticks and a second)."""
         within_s = 4 * self.interval_s + 1.0 if within_s is None else within_s
         return time.monotonic() - self._last_read < within_s
 
-    def _watch_launcher(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if os.getppid() != self.launcher_pid:  # re-parented to init or a subreaper: the agent died
-                return self._launcher_gone("torchrun was killed")
-            if self.enabled and uses_agent_store() and not self.store_answers(self.timeout_s):
-                return self._launcher_gone(f"its rendezvous store has not answered for {self.timeout_s:g} s")
+    def launcher_gone(self) -> str | None:
+        """Why torchrun's agent is taken for gone ('torchrun was killed', ...), or None (or not under torchrun)."""
+        if self.launcher_pid is None:
+            return None
+        if os.getppid() != self.launcher_pid:  # re-parented to init or a subreaper: the agent died
+            return "torchrun was killed"
+        if self.enabled and uses_agent_store() and not self.store_answers(self.timeout_s):
+            return f"its rendezvous store has not answered for {self.timeout_s:g} s"
+        return None
 
-    def _launcher_gone(self, why: str) -> None:
-        """Nobody will stop this rank any more (no agent to send SIGTERM, no store to rendezvous a restart): stop,
-        saying so once. A checkpoint being written is left as the atomic save leaves any crash."""
+    def _watch_launcher(self) -> None:
+        """Nobody will stop this rank once the launcher is gone (no agent to send SIGTERM, no store to rendezvous a
+        restart): stop, saying so once. A checkpoint being written is left as the atomic save leaves any crash."""
+        why = None
+        while why is None:
+            if self._stop.wait(self.interval_s):
+                return  # this rank is done
+            why = self.launcher_gone()
         if self.reporter is not None and not self.reporter.leaving(1):
-            return  # the main thread is leaving on its own and says why
+            return  # the main thread is leaving on its own and says why (describe_loss names the launcher too)
         say(f"hybrid_engine: rank {self.rank}: the launcher is gone ({why}); stopping")
         sys.stdout.flush()
         os._exit(1)
@@ -253,8 +258,8 @@ class Heartbeat:
     def note_exit(self, why: int = EXIT_LEFT) -> None:
         """This rank leaves on purpose (EXIT_LEFT: done, bad input, or reporting a failure; EXIT_SIGTERM): it was
         not lost. Bounded: the store may be gone or frozen."""
-        if self._thread is None:
-            return  # never ticked: no peer is watching for this rank's note
+        if self._thread is None or not self.store_answers() or self.launcher_gone():
+            return  # never ticked (no peer is watching for this rank's note), or nobody would read it
         try:
             bounded(lambda: self._client(2.0).set(f"{self.prefix}exit/{self.rank}", str(why)), 3.0)
         except Exception:  # noqa: BLE001
@@ -273,9 +278,12 @@ class Heartbeat:
                     if r != self.rank and not self._exited[r] and self._changed[r] <= self._last_read - silence_s]
 
     def describe_loss(self) -> str | None:
-        """'lost rank 3 (...)' and/or 'rank 1 stopped by SIGTERM' after watching the peers for a moment; None if no
-        peer was found lost (or this rank never started its heartbeat: it failed before the process group
-        existed)."""
+        """'lost rank 3 (...)' and/or 'rank 1 stopped by SIGTERM' after watching the peers for a moment, or 'the
+        launcher is gone (...)'; None if no peer was found lost (or this rank never started its heartbeat: it failed
+        before the process group existed)."""
+        launcher = self.launcher_gone()
+        if launcher is not None:  # its workers then fail one after another: that is not for them to name
+            return f"the launcher is gone ({launcher})"
         if self._thread is None:
             return None
         lost = self.silent_ranks()
@@ -291,6 +299,8 @@ class Heartbeat:
         if parts:
             return "; ".join(parts) + ("" if answers else " (the rendezvous store is gone too)")
         if not answers:
+            if uses_agent_store():
+                return "the rendezvous store is unreachable (torchrun's agent serves it)"
             return ("the rendezvous store is unreachable (without torchrun it lives in rank 0, so rank 0 was "
                     "probably lost)")
         return None

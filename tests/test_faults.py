@@ -290,9 +290,10 @@ def test_killed_torchrun_leaves_no_rank_running(tmp_path):
         _kill_all(workers.values())
     assert gone, f"ranks {running} still running after torchrun was killed"
     err = (tmp_path / "err").read_text()
-    for rank in workers:
+    for rank in workers:  # the line of its launcher watch, or of its own error when a peer's exit came first
         lines = _rank_lines(err, rank)
-        assert lines == [f"hybrid_engine: rank {rank}: the launcher is gone (torchrun was killed); stopping"], err
+        assert len(lines) == 1 and lines[0].startswith(f"hybrid_engine: rank {rank}: the launcher is gone (torchrun "
+                                                       "was killed)"), err
     latest = (root / "latest").read_text().strip()  # the atomic save: latest names a complete checkpoint
     assert (root / latest / "manifest.json").is_file()
 
