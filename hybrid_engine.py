@@ -183,14 +183,14 @@ def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    store = None
+    # reached (or served, by rank 0 without torchrun) within timeout_s, or one line: a plain TCPStore client waits
+    # forever on a MASTER_PORT that another program holds
+    store = faults.rendezvous_store(env.rank, env.world_size, timeout_s)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
         # run finds the dead attempt's gloo/NCCL addresses under the same keys and fails connecting to them.
-        store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size, is_master=False,
-            timeout=datetime.timedelta(seconds=timeout_s)))
+        store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", store)
     dist.init_process_group(
         backend,
         store=store,
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), device)
     init_distributed(env, device, args.comm_timeout)
     if heartbeat is not None:
-        heartbeat.start()  # lets the other ranks name this one if it is lost (hybrid_engine/faults.py)
+        heartbeat.start(args.comm_timeout)  # lets the others name this rank if it is lost (hybrid_engine/faults.py)
     checkpoint.agree_on_directory_holds()  # --save DIR in use by another run: every rank stops here, exit 2
-    groups = build_groups(grid, env.rank)
+    groups = build_groups(grid, env.rank, timeout_s=args.comm_timeout)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))
     if env.rank == 0:
@@ -385,6 +385,8 @@ def run() -> int:
         return leave(2, f"hybrid_engine: error: {exc}", wait_for_peers=True)
     except TrainingStopped as exc:
         return leave(1, f"hybrid_engine: error: {exc}", wait_for_peers=True)
+    except faults.RendezvousError as exc:  # no store: no peer to name or to wait for
+        return leave(1, f"hybrid_engine: rank {rank}: {exc}", wait_for_peers=False)
     except Exception as exc:  # noqa: BLE001 - the driver's job is to turn any failure into one clear line
         if os.environ.get("HYBRID_ENGINE_DEBUG"):
             heartbeat.stop()

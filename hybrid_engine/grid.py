@@ -5,12 +5,17 @@ same order; each rank then keeps the ones it belongs to. Pipeline traffic gets i
 per (sender, receiver, kind): a channel carries one direction of one kind of tensor, so sends and receives
 on it pair up first-in first-out and traffic on one channel can never block another (see
 hybrid_engine/schedule.py for the ordering that the simulator checks).
+
+Every group waits for a missing peer as long as the world group does (--comm-timeout), never torch's default
+for `new_group` (30 minutes): a frozen peer must end the others within the timeout, as a dead one does.
 """
 from __future__ import annotations
 
+import datetime
 import socket
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -64,16 +69,33 @@ def pipeline_channel_pairs(pp: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def build_groups(grid: _C.ProcessGrid, rank: int) -> GridGroups:
-    """Create every group of the grid on every rank (same order everywhere) and return this rank's."""
+def world_timeout() -> datetime.timedelta:
+    """How long the world group's collectives wait for a peer (init_process_group's `timeout`)."""
+    world = dist.group.WORLD
+    for device in ("cuda", "cpu"):
+        try:
+            return world._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001 - no backend for this device, or a torch without these attributes
+            continue
+    return dist.default_pg_timeout
+
+
+def build_groups(grid: _C.ProcessGrid, rank: int, *, timeout_s: float | None = None) -> GridGroups:
+    """Create every group of the grid on every rank (same order everywhere) and return this rank's. Each group's
+    collectives give up after `timeout_s` seconds (default: the world group's timeout)."""
+    timeout = world_timeout() if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+
+    def new_group(ranks: list[int]) -> dist.ProcessGroup:
+        return dist.new_group(ranks, timeout=timeout)
+
     mine: dict[str, dist.ProcessGroup] = {}
     for axis in ("mp", "dp", "pp"):
         for ranks in grid.groups(axis):
-            group = dist.new_group(ranks)
+            group = new_group(ranks)
             if rank in ranks:
                 mine[axis] = group
     for ranks in grid.model_parallel_groups():
-        group = dist.new_group(ranks)
+        group = new_group(ranks)
         if rank in ranks:
             mine["model_parallel"] = group
 
@@ -82,7 +104,7 @@ def build_groups(grid: _C.ProcessGrid, rank: int) -> GridGroups:
         for src, dst in pipeline_channel_pairs(grid.pp_size):
             for kind in (ACTIVATION, GRADIENT):
                 members = sorted((pp_ranks[src], pp_ranks[dst]))
-                group = dist.new_group(members)
+                group = new_group(members)
                 if rank in members:
                     peer = pp_ranks[dst] if rank == pp_ranks[src] else pp_ranks[src]
                     channels[(src, dst, kind)] = Channel(group, members.index(peer))

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,7 +94,7 @@ def test_sigterm_reaches_a_rank_blocked_in_a_collective():
             p.kill()
             p.wait()
     assert procs[0].returncode == 143
-    assert f"hybrid_engine: rank 0: stopped: {LOST}" in err and "with SIGTERM" in err, err
+    assert f"hybrid_engine: rank 0: stopped: {LOST}" in err and "; received SIGTERM" in err, err
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
@@ -145,6 +146,191 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {root / 'step_000002'} at step 2" in resumed.stdout
     assert sorted(p.name for p in root.iterdir()) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
+
+
+# --- hangs and orphans (issue #15): bounded by a small --comm-timeout, every process killed in a finally ---
+
+HANG_MODEL = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--steps", "100000")
+TIMEOUT = 8  # --comm-timeout of the tests below
+SLACK = 20  # a loaded CI machine: the bound only catches a hang, it is not a timing
+LOST_FROZEN = "lost rank 1 (no heartbeat and no exit note: killed, crashed, out of memory or frozen)"
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                kids.append(int(entry))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _rank_of(pid: int) -> int:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"RANK"])
+
+
+def _torchrun_popen(nproc: int, args: tuple, tmp_path, **hooks) -> subprocess.Popen:
+    """torchrun in the background, its (and its workers') stdout/stderr in tmp_path/out and tmp_path/err."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+           str(DRIVER), *args]
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(**hooks), stdout=out, stderr=err)
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _workers(launcher: subprocess.Popen, nproc: int, tmp_path) -> dict[int, int]:
+    """rank -> pid of torchrun's workers, once they are training (step 2 printed)."""
+    assert _wait_for(lambda: "step    2" in (tmp_path / "out").read_text() or launcher.poll() is not None, 90), \
+        (tmp_path / "err").read_text()
+    kids = _children(launcher.pid)
+    assert len(kids) == nproc, (kids, (tmp_path / "err").read_text())
+    return {_rank_of(pid): pid for pid in kids}
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _rank_lines(err: str, rank: int) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith(f"hybrid_engine: rank {rank}:")]
+
+
+def test_frozen_rank_under_torchrun_ends_the_others_naming_it(tmp_path):
+    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout
+    launcher = _torchrun_popen(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), tmp_path)
+    workers = {}
+    try:
+        workers = _workers(launcher, 2, tmp_path)
+        os.kill(workers[1], signal.SIGSTOP)
+        assert _wait_for(lambda: not _alive(workers[0]), TIMEOUT + SLACK), "rank 0 still running: hung"
+    finally:
+        _kill_all([*workers.values(), launcher.pid])
+        launcher.wait(timeout=30)
+    lines = _rank_lines((tmp_path / "err").read_text(), 0)
+    assert len(lines) == 1 and LOST_FROZEN in lines[0], (tmp_path / "err").read_text()
+
+
+def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
+    # issue #15.2 with no torchrun to tear anything down
+    procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    try:
+        assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        _, err = procs[0].communicate(timeout=TIMEOUT + SLACK)
+    finally:
+        _kill_all(p.pid for p in procs)
+        for p in procs:
+            p.wait()
+    assert procs[0].returncode == 1, err
+    lines = _rank_lines(err, 0)
+    assert len(lines) == 1 and lines[0].startswith(f"hybrid_engine: rank 0: {LOST_FROZEN}"), err
+
+
+def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
+    # issue #15.2: rank 0 serves the store, so the store freezes too; no survivor may wait on it (a TCPStore call
+    # on a server that never answers blocks whatever its timeout)
+    procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    try:
+        assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        _, err = procs[1].communicate(timeout=TIMEOUT + SLACK)
+    finally:
+        _kill_all(p.pid for p in procs)
+        for p in procs:
+            p.wait()
+    assert procs[1].returncode == 1, err
+    lines = _rank_lines(err, 1)
+    assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 1: the rendezvous store is unreachable "
+                                                   "(without torchrun it lives in rank 0, so rank 0 was probably "
+                                                   "lost)"), err
+
+
+def test_killed_torchrun_leaves_no_rank_running(tmp_path):
+    # issue #15.7: SIGKILL of the launcher alone (not its workers); they must notice and stop
+    root = tmp_path / "ckpt"
+    launcher = _torchrun_popen(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT), "--save", str(root),
+                                   "--save-every", "1"), tmp_path)
+    workers = {}
+    try:
+        workers = _workers(launcher, 2, tmp_path)
+        launcher.kill()
+        launcher.wait()
+        gone = _wait_for(lambda: not any(_alive(pid) for pid in workers.values()), TIMEOUT + SLACK)
+        running = [rank for rank, pid in workers.items() if _alive(pid)]
+    finally:
+        _kill_all(workers.values())
+    assert gone, f"ranks {running} still running after torchrun was killed"
+    err = (tmp_path / "err").read_text()
+    for rank in workers:  # the line of its launcher watch, or of its own error when a peer's exit came first
+        lines = _rank_lines(err, rank)
+        assert len(lines) == 1 and lines[0].startswith(f"hybrid_engine: rank {rank}: the launcher is gone (torchrun "
+                                                       "was killed)"), err
+    latest = (root / "latest").read_text().strip()  # the atomic save: latest names a complete checkpoint
+    assert (root / latest / "manifest.json").is_file()
+
+
+def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
+    # issue #15.10: something holds MASTER_PORT, accepts connections and never answers
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+        procs = [subprocess.Popen([sys.executable, str(DRIVER), *HANG_MODEL, "--comm-timeout", "5"], cwd=REPO,
+                                  text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+        results = _finish(procs, timeout=5 + 40)
+    for rank, (code, err) in enumerate(results):
+        assert code == 1, err
+        lines = [ln for ln in err.splitlines() if ln.startswith("hybrid_engine:")]
+        assert len(lines) == 1 and "rendezvous store" in lines[0] and "MASTER_PORT" in lines[0], err
+        assert "Traceback" not in err, err
+    assert f"127.0.0.1:{port}" in results[1][1]
+
+
+def test_sigterm_to_one_rank_is_named_by_the_rank_and_by_the_survivor():
+    # issue #15.11: nobody but the test sent the SIGTERM; the rank says what it got, the survivor names it
+    procs = _plain_ranks(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    try:
+        assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
+        procs[1].send_signal(signal.SIGTERM)
+        results = _finish(procs, timeout=TIMEOUT + SLACK)
+    finally:
+        _kill_all(p.pid for p in procs)
+    (code0, err0), (code1, err1) = results
+    assert code1 == 143 and _rank_lines(err1, 1) == ["hybrid_engine: rank 1: stopped: received SIGTERM"], err1
+    assert code0 == 1, err0
+    lines = _rank_lines(err0, 0)
+    assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 0: rank 1 stopped by SIGTERM; "), err0
 
 
 @pytest.fixture(autouse=True)

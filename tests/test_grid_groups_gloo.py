@@ -55,3 +55,43 @@ def test_cpp_all_reduce_over_each_grid_group_sums_its_members():
         for axis in AXES:
             assert sums[axis][0] == grid.group_of(rank, axis)
         assert sums["model_parallel"][0] == grid.model_parallel_group_of(rank)
+
+
+def _all_reduce_with_a_silent_peer(rank: int, world_size: int, timeout_s: float | None) -> str | None:
+    """Rank 1 never joins rank 0's all-reduce over their DP group; rank 0 must get an error, not wait on."""
+    from hybrid_engine.grid import build_groups
+
+    groups = build_groups(_C.ProcessGrid(2, 1, 1), rank, timeout_s=timeout_s)
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.wait(["rank0_done"])  # silent until rank 0 gave up
+        return None
+    try:
+        _C.all_reduce_sum(torch.ones(1), groups.dp)
+        outcome = "completed without its peer"
+    except RuntimeError as exc:
+        outcome = str(exc)
+    store.set("rank0_done", "1")
+    return outcome
+
+
+def test_grid_groups_give_up_on_a_silent_peer_after_the_given_timeout():
+    # issue #15.2: without `timeout=`, new_group waits torch's default 30 minutes (here: run_ranks' 60 s) for it
+    outcome = run_ranks(2, _all_reduce_with_a_silent_peer, 2.0, timeout=60)[0]
+    assert "Timed out" in outcome and "2000ms" in outcome, outcome
+
+
+
+def _group_timeouts(rank: int, world_size: int) -> list[float]:
+    from hybrid_engine.grid import build_groups, world_timeout
+
+    groups = build_groups(_C.ProcessGrid(1, 2, 1), rank)
+    members = [groups.dp, groups.pp, groups.mp, groups.model_parallel] + [c.group for c in groups.channels.values()]
+    timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in members]
+    return [world_timeout().total_seconds(), *timeouts]
+
+
+def test_grid_groups_default_to_the_world_groups_timeout():
+    # run_ranks' world group waits 45 s; so does every grid group when build_groups is given no timeout
+    for timeouts in run_ranks(2, _group_timeouts, timeout=45):
+        assert timeouts == [45.0] * len(timeouts), timeouts
