@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="dtype of the gradients on the wire in the DP all-reduce: bf16 halves the bytes, rounding "
                         "each replica's gradient and their sum to bf16 (accumulation stays fp32)")
 
+    g.add_argument("--zero", type=int, choices=(0, 1), default=0,
+                   help="1: the distributed optimizer (ZeRO-1): optimizer state and fp32 masters sharded over DP, "
+                        "gradient buckets reduce-scattered, updated weights all-gathered")
+
     s = p.add_argument_group("pipeline schedule")
     s.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     s.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved only)")
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None, heartbeat: faults.Heartbeat | None = Non
         stages=StageConfig("autograd" if args.no_fuse or args.autograd_stages else "auto", args.recompute),
         precision=PrecisionConfig(args.amp, args.amp_impl, args.loss_scale, args.scale_window, args.hysteresis,
                                   args.clip_grad),
-        data_parallel=DataParallelConfig(grad_dtype=args.dp_grad_dtype), device=device,
+        data_parallel=DataParallelConfig(grad_dtype=args.dp_grad_dtype, zero=args.zero), device=device,
         trace=args.trace is not None)
     data = SyntheticRegression(args.dim, args.seed, device)
     per_dp = args.batch_size // grid.dp_size

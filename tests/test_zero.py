@@ -159,3 +159,23 @@ def test_checkpoint_state_reshards_across_dp_sizes_and_zero(before, after):
     resumed = run_ranks(dp_b, resume_state, dp_b, zero_b, saved, 2, 4, timeout=120)
     for losses in resumed:
         assert saved["losses"] + losses == pytest.approx(straight, rel=1e-5)
+
+
+def _losses(stdout: str) -> list[float]:
+    import re
+    return [float(x) for x in re.findall(r"loss ([0-9.]+)", stdout)]
+
+
+def test_driver_zero_flag_trains_like_the_replicated_run_and_its_checkpoint_loads_unsharded(tmp_path):
+    from launch_utils import torchrun
+
+    common = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--optimizer", "adam",
+              "--lr", "0.01", "--steps", "4")
+    plain = torchrun(2, "--dp", "2", "--zero", "0", *common)
+    sharded = torchrun(2, "--dp", "2", "--zero", "1", *common, "--save", str(tmp_path / "ckpt"), "--save-every", "2")
+    assert plain.returncode == 0 and sharded.returncode == 0, sharded.stderr[-2000:]
+    assert "ZeRO-1" in sharded.stdout  # the choice is announced
+    assert _losses(sharded.stdout) == pytest.approx(_losses(plain.stdout), rel=1e-5)
+    resumed = torchrun(1, "--zero", "0", *common, "--load", str(tmp_path / "ckpt" / "step_000002"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _losses(resumed.stdout) == pytest.approx(_losses(sharded.stdout)[2:], rel=1e-5)
