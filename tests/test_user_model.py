@@ -36,9 +36,10 @@ def huber(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.smooth_l1_loss(output, target)
 
 
-def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(factory=None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PyTorch on one process, the whole batch per step (the engine's mean over micro-batches and DP)."""
     model = user_model()
-    opt = adamw(model.parameters())
+    opt = (factory or adamw)(model.parameters())
     losses = []
     for step in range(STEPS):
         x, y = batch(step)
@@ -106,22 +107,8 @@ def train_bf16(rank: int, world: int, impl: str) -> dict:
 def test_every_parameter_trains_with_bf16_half_weights():
     """With half weights, parameters that autograd (not hybrid_engine's layers) writes — the LayerNorm's — are
     folded into their fp32 main grads too; the curve stays close to the fp32 reference."""
-    want_losses, _ = reference_sgd()
+    want_losses, _ = reference(lambda params: torch.optim.SGD(params, lr=0.1))
     for impl in ("half-weights", "autocast"):
         for out in run_ranks(2, train_bf16, impl, timeout=120):
             assert all(moved > 0 for moved in out["moved"].values()), (impl, out["moved"])
             assert out["losses"] == pytest.approx(want_losses, rel=2e-2), impl
-
-
-def reference_sgd() -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = user_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        x, y = batch(step)
-        opt.zero_grad()
-        loss = huber(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, model.state_dict()

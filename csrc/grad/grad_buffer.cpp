@@ -94,19 +94,18 @@ void GradBuffer::accumulate_linear_grads(const at::Tensor& grad_output_2d, const
   }
 }
 
-std::vector<at::Tensor> GradBuffer::flush(WgradKey key) {
-  std::vector<WgradEntry> entries = wgrad_.take({key});
+std::vector<at::Tensor> GradBuffer::write_weight_grads(size_t count, const WriteFn& write, bool overwrite) {
   LastWrites last;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    last.see(entries[i].weight, i);
-    last.see(entries[i].bias, i);
+  for (size_t i = 0; i < count; ++i) {
+    last.see(write(i, /*just_params=*/true).weight, i);
+    last.see(write(i, /*just_params=*/true).bias, i);
   }
   TouchedParams touched;
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const WgradEntry& e = entries[i];
-    accumulate_linear_grads(e.grad_output, e.input, e.weight, e.bias);
-    for (const at::Tensor& p : {e.weight, e.bias}) {
+  for (size_t i = 0; i < count; ++i) {
+    const WgradEntry w = write(i, /*just_params=*/false);  // built here, freed before the next write
+    accumulate_linear_grads(w.grad_output, w.input, w.weight, w.bias, overwrite);
+    for (const at::Tensor& p : {w.weight, w.bias}) {
       if (last.is_last(p, i)) grad_final(p);
       touched.add(p);
     }
@@ -114,9 +113,20 @@ std::vector<at::Tensor> GradBuffer::flush(WgradKey key) {
   return touched.params;
 }
 
+std::vector<at::Tensor> GradBuffer::flush(WgradKey key) {
+  std::vector<WgradEntry> entries = wgrad_.take({key});
+  return write_weight_grads(
+      entries.size(),
+      [&entries](size_t i, bool just_params) {
+        WgradEntry& e = entries[i];
+        return just_params ? WgradEntry{{}, {}, e.weight, e.bias} : std::move(e);
+      },
+      false);
+}
+
 std::vector<at::Tensor> GradBuffer::flush_merged(const std::vector<WgradKey>& keys, bool overwrite) {
   std::vector<WgradEntry> entries = wgrad_.take(keys);
-  // Group by (weight, bias) identity, in first-stashed order.
+  // Group by (weight, bias) identity, in first-stashed order; each group's rows become one GEMM's K dimension.
   struct Group {
     at::Tensor weight, bias;
     std::vector<at::Tensor> inputs, grad_outputs;
@@ -133,27 +143,20 @@ std::vector<at::Tensor> GradBuffer::flush_merged(const std::vector<WgradKey>& ke
     g.grad_outputs.push_back(std::move(e.grad_output));
   }
   entries.clear();
-
-  LastWrites last;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    last.see(groups[i].weight, i);
-    last.see(groups[i].bias, i);
-  }
-  TouchedParams touched;
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    Group& g = groups[i];
-    at::Tensor input = g.inputs.size() == 1 ? g.inputs[0] : at::cat(g.inputs, 0);
-    at::Tensor grad_output = g.grad_outputs.size() == 1 ? g.grad_outputs[0] : at::cat(g.grad_outputs, 0);
-    g.inputs.clear();
-    g.grad_outputs.clear();
-    accumulate_linear_grads(grad_output, input, g.weight, g.bias, overwrite);
-    for (const at::Tensor& p : {g.weight, g.bias}) {
-      if (last.is_last(p, i)) grad_final(p);
-      touched.add(p);
-    }
-  }
-  return touched.params;
+  // One group's rows are concatenated just before its GEMM and its stashes dropped with it: at most one extra
+  // copy is alive at a time.
+  return write_weight_grads(
+      groups.size(),
+      [&groups](size_t i, bool just_params) {
+        Group& g = groups[i];
+        if (just_params) return WgradEntry{{}, {}, g.weight, g.bias};
+        WgradEntry w{g.inputs.size() == 1 ? g.inputs[0] : at::cat(g.inputs, 0),
+                     g.grad_outputs.size() == 1 ? g.grad_outputs[0] : at::cat(g.grad_outputs, 0), g.weight, g.bias};
+        g.inputs.clear();
+        g.grad_outputs.clear();
+        return w;
+      },
+      overwrite);
 }
 
 std::vector<at::Tensor> GradBuffer::flush_all() {

@@ -72,6 +72,12 @@ class GradBuffer : public torch::CustomClassHolder {
   void grad_final(const at::Tensor& param);
 
  private:
+  // write(i, just_params) gives the i-th weight-gradient write (just_params: only its weight and bias, for
+  // finding each parameter's last write). Runs them in order, announcing every parameter after its last write;
+  // returns the parameters, each once, in first-written order.
+  using WriteFn = std::function<WgradEntry(size_t i, bool just_params)>;
+  std::vector<at::Tensor> write_weight_grads(size_t count, const WriteFn& write, bool overwrite);
+
   std::vector<at::Tensor> buckets_;
   mutable std::mutex routes_mutex_;  // backward may run on autograd's device thread (CUDA)
   // Keyed by the parameter's TensorImpl; the parameter itself is kept so the key cannot be reused while routed.
