@@ -1,5 +1,5 @@
 """How checkpoint code agrees across ranks: one rank's error reaches every rank, so all leave together or none
-does, and no rank is left waiting in a collective. Without a process group (one process) each is a no-op."""
+does, and no rank is left waiting in a collective. Without a process group (one process) none of them communicates."""
 from __future__ import annotations
 
 import torch.distributed as dist
