@@ -43,6 +43,11 @@ class EngineState:
     def _global_names(self) -> dict[int, str]:
         return {id(param): name for name, param, _ in self._checkpoint_tensors()}
 
+    @property
+    def schedule_name(self) -> str:
+        """The schedule's name, as checkpoint manifests record it ("schedule")."""
+        return self.schedule.name
+
     def checkpoint_names(self) -> list[str]:
         """Global names ("<module index>.<weight|bias>") of this rank's parameters."""
         return [name for name, _, _ in self._checkpoint_tensors()]

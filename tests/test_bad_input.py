@@ -26,6 +26,8 @@ def fails_on_every_rank(args, expected: str, nproc: int = 2, extra_env: dict | N
     assert all(expected in ln for ln in lines), lines
     assert f"exitcode  : {code}" in run.stderr  # torchrun's report of the first rank to leave
     assert 'hybrid_engine.py", line' not in run.stderr and "checkpoint.py\", line" not in run.stderr
+    assert not any(f'{name}.py", line' in run.stderr for name in ("checkpoint_files", "checkpoint_lock",
+                                                                  "checkpoint_agree"))  # split out of checkpoint.py
     return lines[0]
 
 
