@@ -188,10 +188,6 @@ class Engine(EngineState):
 
     # ----------------------------------------------------------------------------------------- the step
     @property
-    def schedule_name(self) -> str:
-        return self.schedule.name
-
-    @property
     def holds_first_stage(self) -> bool:
         return 0 in self.stage_ids
 
