@@ -1,10 +1,12 @@
-"""Leave together on a configuration error.
+"""Leave together on an error every rank finds, and say it once.
 
 torchrun ends every worker as soon as the first one exits. A bad configuration is found by every rank, but
 ranks reach the check at different times (importing torch takes seconds on a loaded machine), so the first
 rank to exit would kill the others before they could say what is wrong. Each failing rank therefore checks
-in at torchrun's rendezvous store (a key/value server the launcher already runs; no process group and no
-collective is involved) and exits once every rank has checked in, or after a short grace period.
+in at the rendezvous store (a key/value server the launcher, or rank 0, already runs; no process group and no
+collective is involved) with its message, and leaves once every rank has checked in, or after a short grace
+period. An error every rank found alike is then printed by the lowest of them alone; a rank whose error is its
+own prints it, naming itself.
 """
 from __future__ import annotations
 
@@ -13,22 +15,42 @@ import os
 import time
 
 
-def wait_for_all_ranks(rank: int, world_size: int, grace_s: float = 20.0) -> None:
-    """Return once all `world_size` ranks have called this, or after `grace_s` (never blocks longer)."""
+def _store(world_size: int, grace_s: float):
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if world_size <= 1 or not host or not port:
-        return
+        return None
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, int(port), world_size, is_master=False,
+                         timeout=datetime.timedelta(seconds=grace_s), wait_for_workers=False)
+
+
+def _run_key() -> str:
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"hybrid_engine/config_error/{run}"
+
+
+def agree_on_error(rank: int, world_size: int, message: str, grace_s: float = 20.0) -> tuple[bool, bool]:
+    """Check in with `message` and wait until all `world_size` ranks have, or `grace_s` passed (never longer).
+    Returns (speak, alike): whether this rank prints the message (no lower rank checked in with the same one),
+    and whether every rank checked in with it. Without a store (one rank, no launcher): (True, True)."""
     deadline = time.monotonic() + grace_s
     try:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(host, int(port), world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=grace_s), wait_for_workers=False)
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        key = f"hybrid_engine/config_error/{run}"
-        arrived = store.add(key, 1)
+        store = _store(world_size, grace_s)
+        if store is None:
+            return True, True
+        key = _run_key()
+        store.set(f"{key}/message/{rank}", message)
+        arrived = store.add(f"{key}/count", 1)
         while arrived < world_size and time.monotonic() < deadline:
             time.sleep(0.05)
-            arrived = store.add(key, 0)
-    except Exception:  # noqa: BLE001 - no store reachable: nothing to coordinate with, just leave
-        return
+            arrived = store.add(f"{key}/count", 0)
+        same = []
+        for r in range(world_size):
+            name = f"{key}/message/{r}"
+            if r == rank or (store.check([name]) and store.get(name).decode(errors="replace") == message):
+                same.append(r)
+        return same[0] == rank, len(same) == world_size
+    except Exception:  # noqa: BLE001 - no store reachable: nothing to coordinate with, just speak and leave
+        return True, False
+
