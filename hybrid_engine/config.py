@@ -246,6 +246,8 @@ def check_numbers(cfg: RunConfig) -> None:
     """Every number a user gives, range-checked with a message that names the real problem, before anything
     is built (a huge --dim would otherwise fail deep in torch after setup, a huge --lookahead in pybind)."""
     p, m, s, pr = cfg.parallel, cfg.model, cfg.schedule, cfg.precision
+    if p.dp is not None and p.dp < 1:
+        raise ConfigError(f"--dp must be >= 1, got {p.dp}")
     for flag, value in (("--dp", p.dp), ("--pp", p.pp), ("--mp", p.mp)):
         if value is not None and value > MAX_RANKS:
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")
@@ -267,7 +269,7 @@ def check_numbers(cfg: RunConfig) -> None:
         raise ConfigError(f"--batch-size {cfg.data.batch_size} is too large (at most {MAX_INT})")
     for flag, value in (("--micro-batches", s.micro_batches), ("--virtual-stages", s.virtual_stages),
                         ("--lookahead", s.lookahead)):
-        if value > MAX_INT:
+        if abs(value) > MAX_INT:  # the C++ core takes an int
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_INT})")
     if cfg.optimizer.name not in optim.NAMES:
         raise ConfigError(f"--optimizer must be one of {', '.join(optim.NAMES)}, got {cfg.optimizer.name!r}")

@@ -125,6 +125,8 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--loss-scale", "0", "--amp", "fp16"), "--loss-scale must be a positive loss scale"),
     (("--keep-checkpoints", "0"), "--keep-checkpoints >= 1"),
     (("--pp", "0"), "--pp must be >= 1, got 0"),
+    (("--dp", "-1099511627776"), "--dp must be >= 1"),
+    (("--micro-batches", "-1099511627776"), "--micro-batches -1099511627776 is too large"),
     (("--micro-batches", "0"), "micro-batches must be >= 1 (got 0)"),
     (("--order", "mp-dp"), "grid order 'mp-dp' must name dp, pp and mp once each"),
     (("--resume",), "--resume and --save-every need --save DIR"),
