@@ -81,3 +81,16 @@ def test_a_resumed_run_times_the_steps_its_summary_says_it_timed(tmp_path):
     assert f"median step {times[6] * 1e3:.2f} ms after 2 warm-up steps" in out, out
     out = driver("--steps", "8", "--resume", "--warmup", "0")
     assert "no warm-up steps left out" in out
+
+
+def test_adamw_from_the_command_line_trains_and_resumes_bit_for_bit(tmp_path):
+    def losses(*args: str) -> list[str]:
+        done = subprocess.run([sys.executable, str(DRIVER), *SMALL, "--optimizer", "adamw", *args], cwd=REPO,
+                              env=_env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return [line.split()[3] for line in done.stdout.splitlines() if line.startswith("step ")]
+
+    straight = losses("--steps", "5")
+    first = losses("--steps", "3", "--save", str(tmp_path / "ckpt"))
+    rest = losses("--steps", "5", "--save", str(tmp_path / "ckpt"), "--resume")
+    assert first + rest == straight and len(straight) == 5
