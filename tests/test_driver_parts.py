@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from hybrid_engine import cli
+from hybrid_engine.flags import parse_config
 from hybrid_engine.config import ConfigError
 from hybrid_engine.exit_together import agree_on_error
 from hybrid_engine.fault_plan import FaultPlan
@@ -111,7 +111,7 @@ def test_the_summary_names_the_warm_up_steps_it_really_left_out():
 
 
 def run_config(*flags: str):
-    return cli.parse_config(list(flags))
+    return parse_config(list(flags))
 
 
 def test_output_paths_are_created_or_refused_before_setup(tmp_path):

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from hybrid_engine import cli
+from hybrid_engine.flags import build_parser, parse_config
 from hybrid_engine.config import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.engine_config import ScheduleConfig, StageConfig
 
@@ -42,7 +43,7 @@ quiet = true
 
 
 def test_toml_file_fills_every_table(tmp_path):
-    cfg = cli.parse_config(["--config", write(tmp_path, RUN)])
+    cfg = parse_config(["--config", write(tmp_path, RUN)])
     assert (cfg.parallel.pp, cfg.parallel.comm_timeout, cfg.model.dim, cfg.model.depth) == (2, 15.0, 64, 4)
     assert cfg.schedule == ScheduleConfig(name="zb1", micro_batches=8, merge_weight_grads=True)
     assert cfg.stages == StageConfig(impl="autograd")
@@ -51,7 +52,7 @@ def test_toml_file_fills_every_table(tmp_path):
 
 
 def test_flags_override_the_file_and_only_flags_given_do(tmp_path):
-    cfg = cli.parse_config(["--config", write(tmp_path, RUN), "--dim", "128", "--schedule", "1f1b",
+    cfg = parse_config(["--config", write(tmp_path, RUN), "--dim", "128", "--schedule", "1f1b",
                             "--no-merge-wgrad", "--no-quiet", "--lr", "0.5"])
     assert cfg.model.dim == 128 and cfg.model.depth == 4  # depth: from the file, not the flag's default
     assert cfg.schedule.name == "1f1b" and cfg.schedule.micro_batches == 8 and not cfg.schedule.merge_weight_grads
@@ -60,7 +61,7 @@ def test_flags_override_the_file_and_only_flags_given_do(tmp_path):
 
 
 def test_no_flags_and_no_file_give_the_dataclass_defaults():
-    assert cli.parse_config([]) == RunConfig()
+    assert parse_config([]) == RunConfig()
 
 
 @pytest.mark.parametrize("text,message", [
@@ -75,26 +76,26 @@ def test_no_flags_and_no_file_give_the_dataclass_defaults():
 def test_a_bad_file_is_one_line_naming_the_key(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=None) as info:
-        cli.parse_config(["--config", path])
+        parse_config(["--config", path])
     assert message in str(info.value) and path in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_a_missing_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="cannot read it"):
-        cli.parse_config(["--config", str(tmp_path / "none.toml")])
+        parse_config(["--config", str(tmp_path / "none.toml")])
 
 
 def test_stage_impl_replaces_the_old_stage_flags():
-    assert cli.parse_config(["--stage-impl", "autograd", "--recompute", "--compile"]).stages == \
+    assert parse_config(["--stage-impl", "autograd", "--recompute", "--compile"]).stages == \
         StageConfig(impl="autograd", recompute=True, compile=True)
     for old in ("--no-fuse", "--autograd-stages"):
         with pytest.raises(ConfigError, match="unrecognized arguments"):
-            cli.parse_config([old])
+            parse_config([old])
 
 
 def validate(*flags: str, world: int = 1, device: str = "cpu"):
-    return cli.parse_config(list(flags)).validate(world, device)
+    return parse_config(list(flags)).validate(world, device)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -145,7 +146,7 @@ def test_the_largest_sane_numbers_pass():
 
 def test_without_a_launcher_a_grid_of_several_ranks_says_how_to_launch():
     argv = ["--dp", "2", "--pp", "2", "--mp", "2"]
-    cfg = cli.parse_config(argv)
+    cfg = parse_config(argv)
     with pytest.raises(ConfigError) as info:
         cli.validate_launch(cfg, LaunchEnv(0, 1, 0, launched=False), "cpu", argv, "hybrid_engine.py")
     assert str(info.value) == ("grid dp x pp x mp = 2 x 2 x 2 = 8 != world size 1 (this is one process: to start 8 "
@@ -156,13 +157,13 @@ def test_without_a_launcher_a_grid_of_several_ranks_says_how_to_launch():
 
 
 def test_help_lists_every_flag_once_with_its_real_default_and_the_launch_examples():
-    text = cli.build_parser("hybrid_engine.py").format_help()
+    text = build_parser("hybrid_engine.py").format_help()
     assert "(default: None)" not in text and "(default: False)" not in text and "default: %" not in text
     for piece in ("--comm-timeout SECONDS", "(default 60.0)", "{sgd,adam,adamw}", "{auto,native,autograd}",
                   "mp-dp-pp, mp-pp-dp", "torchrun --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2",
                   "HYBRID_ENGINE_DEBUG=1", "HYBRID_ENGINE_TEST_NAN_AT_STEP", "--config TOML"):
         assert piece in text, piece
-    parser = cli.build_parser()
+    parser = build_parser()
     for action in parser._actions:
         if action.option_strings and action.dest not in ("help", "config"):
             assert action.help.count("(default") == 1, action.option_strings  # exactly once, ours
@@ -171,6 +172,6 @@ def test_help_lists_every_flag_once_with_its_real_default_and_the_launch_example
 def test_optimizer_config_makes_a_factory():
     import torch
 
-    factory = cli.parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer.factory()
+    factory = parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer.factory()
     opt = factory([torch.nn.Parameter(torch.zeros(2))])
     assert isinstance(opt, torch.optim.AdamW) and math.isclose(opt.param_groups[0]["lr"], 0.25)
