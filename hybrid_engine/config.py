@@ -164,16 +164,27 @@ class RunConfig:
     """Everything one run needs; each field is one table of a `--config` TOML file."""
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """[parallel]: the grid, the device, the communication timeout."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """[model]: which model, its sizes and seed."""
     data: DataConfig = field(default_factory=DataConfig)
+    """[data]: the global batch, streamed or not."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """[optimizer]: name and learning rate."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    """[training]: steps, warm-up, how often to log."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """[checkpoint]: where and how often to save, what to resume or load."""
     reporting: ReportingConfig = field(default_factory=ReportingConfig)
+    """[reporting]: metrics file, quiet, trace."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """[schedule]: the engine's pipeline schedule (engine_config.py)."""
     stages: StageConfig = field(default_factory=StageConfig)
+    """[stages]: how each stage computes (engine_config.py)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """[precision]: mixed precision and the loss scaler (engine_config.py)."""
     data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    """[data_parallel]: gradient buckets and their wire dtype (engine_config.py)."""
 
     @staticmethod
     def from_tables(tables: dict, source: str = "the configuration") -> "RunConfig":
