@@ -46,4 +46,8 @@ class InterruptReporter:
             self.heartbeat.note_exit()  # interrupted on purpose: the others must not call this rank lost
         faults.say(f"hybrid_engine: rank {self.rank}: interrupted {self.state.describe()}")
         sys.stdout.flush()
+        if self.heartbeat is not None:
+            # Without torchrun this process may serve the store: stay a moment, so that the other ranks (also
+            # interrupted) leave their exit notes instead of c10d's connection-reset warnings.
+            self.heartbeat.linger()
         os._exit(130)
