@@ -141,7 +141,8 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     def leave_agreed(code: int, message: str) -> int:
         claim(code)
-        heartbeat.note_exit()
+        if dist.is_initialized():  # the heartbeat runs (and others watch it) only once the process group exists
+            heartbeat.note_exit()
         heartbeat.stop()
         speak, alike = agree_on_error(rank, world, message)
         if speak:
@@ -150,6 +151,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
             time.sleep(0.2)  # let the rank that speaks go first
         reporter.reported()
         if world > 1:
+            heartbeat.linger()  # without torchrun this rank may serve the store the others are still reading
             # Leave now: torchrun stops the other ranks with SIGTERM once one has exited, and the interpreter's
             # teardown (seconds with torch loaded) restores the default handler, so a rank still tearing down
             # would be reported as killed by SIGTERM instead of exiting with this code like the others.

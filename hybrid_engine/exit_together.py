@@ -12,17 +12,35 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 
 
-def _store(world_size: int, grace_s: float):
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections there (a plain socket: c10d logs a stack for every failed try)."""
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _store(rank: int, world_size: int, deadline: float):
+    """The rendezvous store: torchrun's agent's, or rank 0's process group's. Ranks started by hand that fail
+    before the process group exists find none: rank 0 then serves one on MASTER_PORT itself."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if world_size <= 1 or not host or not port:
         return None
     import torch.distributed as dist
 
-    return dist.TCPStore(host, int(port), world_size, is_master=False,
-                         timeout=datetime.timedelta(seconds=grace_s), wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
+    if rank == 0 and not _listening(host, int(port)):
+        return dist.TCPStore(host, int(port), world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    while not _listening(host, int(port)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no rendezvous store")
+        time.sleep(0.05)
+    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout, wait_for_workers=False)
 
 
 def _run_key() -> str:
@@ -36,7 +54,7 @@ def agree_on_error(rank: int, world_size: int, message: str, grace_s: float = 20
     and whether every rank checked in with it. Without a store (one rank, no launcher): (True, True)."""
     deadline = time.monotonic() + grace_s
     try:
-        store = _store(world_size, grace_s)
+        store = _store(rank, world_size, deadline)
         if store is None:
             return True, True
         key = _run_key()

@@ -94,3 +94,31 @@ def test_adamw_from_the_command_line_trains_and_resumes_bit_for_bit(tmp_path):
     first = losses("--steps", "3", "--save", str(tmp_path / "ckpt"))
     rest = losses("--steps", "5", "--save", str(tmp_path / "ckpt"), "--resume")
     assert first + rest == straight and len(straight) == 5
+
+
+def _by_hand(args: tuple, per_rank_env: list[dict]) -> list[tuple[int, str]]:
+    """Ranks started by hand (no launcher): [(exit code, stderr)] per rank."""
+    env = _env(WORLD_SIZE=str(len(per_rank_env)))
+    procs = [subprocess.Popen([sys.executable, str(DRIVER), *args], cwd=REPO, text=True,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r), **extra},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r, extra in enumerate(per_rank_env)]
+    try:
+        return [(p.wait(timeout=50), p.communicate()[1]) for p in procs]  # the timeout catches a hang
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_ranks_started_by_hand_say_a_shared_mistake_once_and_all_exit_2():
+    results = _by_hand(("--batch-size", "0"), [{}, {}])
+    assert [code for code, _ in results] == [2, 2]
+    assert results[0][1].splitlines() == ["hybrid_engine: error: --batch-size must be >= 1, got 0"]
+    assert results[1][1] == ""  # silent: rank 0 said it
+
+
+def test_a_mistake_only_one_rank_makes_is_said_by_that_rank_naming_itself():
+    results = _by_hand((*SMALL, "--comm-timeout", "25"), [{}, {"LOCAL_RANK": "x"}])
+    code, err = results[1]
+    assert code == 2
+    assert err.splitlines() == ["hybrid_engine: rank 1: error: environment variable LOCAL_RANK='x' is not an integer"]
+    assert results[0][0] != 0  # rank 0 waited for rank 1 in vain, and said so in its own line
