@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (~7 min, 2 GPUs) after the native-stage and fused-unscale changes: the GPU unit tests, then
 # each issue-#6 target's two sides in one job (engine beside base and peer), the engine's native stages
-# against the autograd stages they replace (--autograd-stages: the A/B), data parallelism (1 GPU, dp=2 strong
+# against the autograd stages they replace (job 5 ran --autograd-stages, the fused chain as one autograd node, which
+# is gone; --stage-impl autograd now runs stages module by module through autograd: the A/B), data parallelism (1 GPU, dp=2 strong
 # and weak), L in bf16 with mp=2 against DTensor TP, and traced 1F1B runs of L and X (the measured bubble).
 # Logs, metrics and traces land in ${OUT:-/tmp/he_out}/ab_pass.tgz; experiments/pass_results.py ab turns them
 # into a results file.
@@ -18,11 +19,11 @@ Lw="--dim 8192 --depth 16 --batch-size 2048 --micro-batches 8 --steps 8 --warmup
 X="--dim 8192 --depth 16 --batch-size 16384 --micro-batches 8 --steps 4 --warmup 1 --seed 0"
 BEST="--schedule zb1 --merge-wgrad --lookahead 1"
 engine C_fp16_zb1m 2 --pp 2 $C --amp fp16 $BEST
-engine C_fp16_zb1m_autograd 2 --pp 2 $C --amp fp16 $BEST --autograd-stages
+engine C_fp16_zb1m_autograd 2 --pp 2 $C --amp fp16 $BEST --stage-impl autograd
 program C_fp16_peer 2 peer_torch_pipelining.py --mode 1f1b $C --amp fp16
 program C_fp16_base 1 baseline_practical10.py $C --amp fp16
 engine L_fp16_zb1m 2 --pp 2 $L --amp fp16 $BEST
-engine L_fp16_zb1m_autograd 2 --pp 2 $L --amp fp16 $BEST --autograd-stages
+engine L_fp16_zb1m_autograd 2 --pp 2 $L --amp fp16 $BEST --stage-impl autograd
 program L_fp16_peer 2 peer_torch_pipelining.py --mode 1f1b $L --amp fp16
 program L_fp16_base 1 baseline_practical10.py $L --amp fp16
 engine L_fp16_single 1 $L --amp fp16

@@ -76,7 +76,7 @@ ENGINE_VARIANT = {
     "": (),
     "autocast": ("--amp-impl", "autocast"),
     "recompute": ("--recompute",),
-    "nofuse": ("--no-fuse",),
+    "nofuse": ("--stage-impl", "autograd"),  # was --no-fuse: stages module by module through autograd
 }
 ENGINE_ALWAYS = ("--quiet",)
 ENGINE_TRACE = "--trace"  # optional: the driver's own measured timeline (last step), for these modes at pp > 1

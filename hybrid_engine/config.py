@@ -1,13 +1,35 @@
-"""Run configuration checks that need no process group: every rank runs them before the first collective,
-so a bad configuration ends every rank with the same one-line message instead of a hang."""
+"""A run's typed configuration: one frozen dataclass per concern, each field documented, validated once.
+
+The engine's own configuration (schedule, stages, precision, data parallel) lives in engine_config.py; this file
+adds what a run needs around the engine (grid, model, data, optimizer, training loop, checkpoints, reporting)
+and `RunConfig`, which holds them all. The command line (hybrid_engine/cli.py) and a TOML file (`--config
+run.toml`, one table per field of RunConfig: `[parallel]`, `[schedule]`, ...) both fill a RunConfig.
+
+`RunConfig.validate` runs on every rank before the first collective, so a bad configuration ends every rank
+with the same one-line message instead of a hang. Schedule names and rules come from the C++ core
+(ScheduleConfig.validate); the checks here name the flag a user typed.
+"""
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import _C
+from . import optim
+from .engine_config import (SCHEDULES, ConfigError, DataParallelConfig, PrecisionConfig,  # noqa: F401
+                            ScheduleConfig, StageConfig)
 
-from .engine_config import SCHEDULES, ConfigError  # noqa: F401  (one list of names: the C++ core's)
+MODELS = ("mlp",)
+DEVICES = ("auto", "cpu", "cuda")
+MAX_DIM = 2**16  # one dim x dim fp32 layer is then 16 GiB
+MAX_DEPTH = 4096
+MAX_RANKS = 2**16
+MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
+MAX_LR = 1e6
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -15,6 +37,8 @@ class LaunchEnv:
     rank: int
     world_size: int
     local_rank: int
+    launched: bool = True
+    """False for a plain `python hybrid_engine.py` (no RANK / WORLD_SIZE from a launcher)."""
 
     @staticmethod
     def from_environ() -> "LaunchEnv":
@@ -29,9 +53,253 @@ class LaunchEnv:
             except ValueError:
                 raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
-        return LaunchEnv(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0))
+        return LaunchEnv(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0),
+                         launched="WORLD_SIZE" in os.environ)
 
 
+# ------------------------------------------------------------------------------------------------ the run's parts
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The process grid and where it runs (hybrid_engine/grid.py, csrc/grid)."""
+
+    dp: int | None = None
+    """Data-parallel replicas; None: world size / (pp * mp)."""
+    pp: int = 1
+    """Pipeline-parallel stages (ranks per pipeline)."""
+    mp: int = 1
+    """Tensor (model) parallel ranks per layer."""
+    order: str = "mp-dp-pp"
+    """Rank layout, axes from fastest- to slowest-varying (any order of mp, dp, pp); the default keeps MP peers on
+    adjacent ranks (one node, NVLink) and pipeline stages outermost."""
+    device: str = "auto"
+    """auto: CUDA + NCCL when GPUs exist, else CPU + gloo; cpu; cuda."""
+    comm_timeout: float = 60.0
+    """Seconds a collective may wait for a peer before this rank gives up."""
+    memory_cap_gib: float | None = None
+    """CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models.py)."""
+
+    name: str = "mlp"
+    """Which model: mlp (the only one so far)."""
+    dim: int = 1024
+    """Hidden size of every Linear layer."""
+    depth: int = 8
+    """Number of Linear + ReLU blocks."""
+    seed: int = 0
+    """Initial weights and data depend on this alone, never on the grid."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What each step trains on: synthetic regression drawn from (seed, step) alone."""
+
+    batch_size: int = 64
+    """Global batch size (all DP replicas together)."""
+    stream: bool = False
+    """Draw each micro-batch when its forward runs instead of the whole batch before the step: the batch is never
+    resident (a larger largest batch), for a few kernels per micro-batch."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer, by name (hybrid_engine/optim.py; Engine users pass any factory instead)."""
+
+    name: str = "sgd"
+    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
+    lr: float = 1e-2
+    """Learning rate."""
+
+    def factory(self) -> optim.OptimizerFactory:
+        return optim.from_name(self.name, self.lr)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The training loop (hybrid_engine/trainer.py)."""
+
+    steps: int = 10
+    """Optimizer steps in all, counted from step 0 (a resumed run continues at its checkpoint's step); 0: set up,
+    print the grid, stop."""
+    warmup: int = 2
+    """The first steps this run takes that the timing summary leaves out."""
+    log_every: int = 1
+    """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints (hybrid_engine/checkpoint.py; README.md, Failure behaviour)."""
+
+    save: str | None = None
+    """Write checkpoints under this directory (DIR/step_N, DIR/latest); it must be visible to every rank."""
+    save_every: int = 0
+    """Also save after every N steps (0: only after the last step)."""
+    keep: int = 3
+    """Keep the newest K checkpoints."""
+    resume: bool = False
+    """Continue from the latest checkpoint in `save` if there is one, else start as usual (from `load`, or from
+    scratch): what a restarted job (torchrun --max-restarts) needs."""
+    load: str | None = None
+    """Start from this checkpoint (DIR/step_N, or a save directory: its latest), on any grid."""
+
+
+@dataclass(frozen=True)
+class ReportingConfig:
+    """What the run writes besides checkpoints (rank 0)."""
+
+    metrics: str | None = None
+    """Write one JSON line per step to this file."""
+    quiet: bool = False
+    """No per-step lines, only the summary."""
+    trace: str | None = None
+    """Time every action of the last step; write PATH.json (Chrome trace), PATH.png and PATH.simulated.png."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs; each field is one table of a `--config` TOML file."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """[parallel]: the grid, the device, the communication timeout."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """[model]: which model, its sizes and seed."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """[data]: the global batch, streamed or not."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """[optimizer]: name and learning rate."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """[training]: steps, warm-up, how often to log."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """[checkpoint]: where and how often to save, what to resume or load."""
+    reporting: ReportingConfig = field(default_factory=ReportingConfig)
+    """[reporting]: metrics file, quiet, trace."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """[schedule]: the engine's pipeline schedule (engine_config.py)."""
+    stages: StageConfig = field(default_factory=StageConfig)
+    """[stages]: how each stage computes (engine_config.py)."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """[precision]: mixed precision and the loss scaler (engine_config.py)."""
+    data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    """[data_parallel]: gradient buckets and their wire dtype (engine_config.py)."""
+
+    @staticmethod
+    def from_tables(tables: dict, source: str = "the configuration") -> "RunConfig":
+        """A RunConfig from {table: {field: value}} (a parsed TOML file, flags laid over it); an unknown table or
+        key, or a value of the wrong type, is one ConfigError naming it."""
+        parts = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
+        unknown = sorted(set(tables) - set(parts))
+        if unknown:
+            raise ConfigError(f"{source}: unknown table{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(f'[{t}]' for t in unknown)} (expected {', '.join(parts)})")
+        built = {}
+        for name, cls in parts.items():
+            values = tables.get(name, {})
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: '{name}' must be a table ([{name}]), got {values!r}")
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            odd = sorted(set(values) - set(fields))
+            if odd:
+                raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
+                                  f"{', '.join(f'{name}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
+            for key, value in values.items():
+                _check_type(f"{source}: {name}.{key}", value, fields[key].type)
+            built[name] = cls(**values)
+        return RunConfig(**built)
+
+    def validate(self, world_size: int, device_type: str) -> _C.ProcessGrid:
+        """Every check that needs no process group, in one place; returns the grid. Raises ConfigError."""
+        check_numbers(self)
+        p, s = self.parallel, self.schedule
+        grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
+        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, depth=self.model.depth,
+                       dim=self.model.dim, batch_size=self.data.batch_size, micro_batches=s.micro_batches,
+                       amp=self.precision.amp, device_type=device_type, lookahead=s.lookahead)
+        if s.lookahead > s.micro_batches:
+            raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
+                              "step: there are no forwards that far ahead")
+        if self.precision.loss_scale is not None and self.precision.amp != "fp16":
+            raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.precision.amp}")
+        s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)
+        self.stages.validate()
+        self.precision.validate()
+        self.data_parallel.validate()
+        c = self.checkpoint
+        if (c.resume or c.save_every) and not c.save:
+            raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "
+                              "use --load PATH)")
+        return grid
+
+
+def _check_type(where: str, value, annotation: str) -> None:
+    kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+    base = annotation.replace(" | None", "")
+    ok = kinds.get(base)
+    if ok is None:  # not a simple field (e.g. a nested dataclass): let the constructor decide
+        return
+    if not isinstance(value, ok) or (base != "bool" and isinstance(value, bool)):
+        noun = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[base]
+        raise ConfigError(f"{where} must be {noun}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+def _in_range(flag: str, value, low, high, what: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number ({what}), got {value}")
+    if not low <= value <= high:
+        raise ConfigError(f"{flag} must be {what}, got {value}")
+
+
+def check_numbers(cfg: RunConfig) -> None:
+    """Every number a user gives, range-checked with a message that names the real problem, before anything
+    is built (a huge --dim would otherwise fail deep in torch after setup, a huge --lookahead in pybind)."""
+    p, m, s, pr = cfg.parallel, cfg.model, cfg.schedule, cfg.precision
+    if p.dp is not None and p.dp < 1:
+        raise ConfigError(f"--dp must be >= 1, got {p.dp}")
+    for flag, value in (("--dp", p.dp), ("--pp", p.pp), ("--mp", p.mp)):
+        if value is not None and value > MAX_RANKS:
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")
+    _in_range("--comm-timeout", p.comm_timeout, 1e-3, MAX_TIMEOUT_S,
+              f"a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week)")
+    if p.memory_cap_gib is not None:
+        _in_range("--memory-cap-gib", p.memory_cap_gib, 1e-6, 1e6, "a positive number of GiB")
+    if m.name not in MODELS:
+        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {m.name!r}")
+    if m.dim > MAX_DIM:
+        raise ConfigError(f"--dim {m.dim} is too large (at most {MAX_DIM}: one {MAX_DIM} x {MAX_DIM} fp32 layer is "
+                          "already 16 GiB)")
+    if m.depth > MAX_DEPTH:
+        raise ConfigError(f"--depth {m.depth} is too large (at most {MAX_DEPTH} layers)")
+    _in_range("--seed", m.seed, 0, MAX_SEED, "in [0, 2^63 - 1] (a torch generator's seed)")
+    if cfg.data.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {cfg.data.batch_size}")
+    if cfg.data.batch_size > MAX_INT:
+        raise ConfigError(f"--batch-size {cfg.data.batch_size} is too large (at most {MAX_INT})")
+    for flag, value in (("--micro-batches", s.micro_batches), ("--virtual-stages", s.virtual_stages),
+                        ("--lookahead", s.lookahead)):
+        if abs(value) > MAX_INT:  # the C++ core takes an int
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_INT})")
+    if cfg.optimizer.name not in optim.NAMES:
+        raise ConfigError(f"--optimizer must be one of {', '.join(optim.NAMES)}, got {cfg.optimizer.name!r}")
+    _in_range("--lr", cfg.optimizer.lr, 0.0, MAX_LR, f"a learning rate in [0, {MAX_LR:g}]")
+    t = cfg.training
+    _in_range("--steps", t.steps, 0, MAX_INT, "a number of steps >= 0 (0: set up and stop)")
+    _in_range("--warmup", t.warmup, 0, MAX_INT, "a number of steps >= 0")
+    _in_range("--log-every", t.log_every, 1, MAX_INT, "a number of steps >= 1")
+    if pr.loss_scale is not None:
+        _in_range("--loss-scale", pr.loss_scale, 1e-30, 3.0e38, "a positive loss scale")
+    _in_range("--scale-window", pr.scale_window, 1, MAX_INT, "a number of clean steps >= 1")
+    _in_range("--hysteresis", pr.hysteresis, 1, MAX_INT, "a number of overflows >= 1 (1: halve at the first)")
+    _in_range("--clip-grad", pr.clip_grad, 0.0, 3.0e38, "a gradient norm >= 0 (0: off)")
+    c = cfg.checkpoint
+    if c.save_every < 0 or c.keep < 1:
+        raise ConfigError(f"--save-every must be >= 0 and --keep-checkpoints >= 1, got {c.save_every} and {c.keep}")
+
+
+# ------------------------------------------------------------------------------------------------ grid and training
 def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int) -> _C.ProcessGrid:
     """The grid for this launch; dp defaults to world / (pp * mp)."""
     for name, value in (("pp", pp), ("mp", mp)):
@@ -64,19 +332,15 @@ def check_training(
     device_type: str = "cpu",
     lookahead: int = 0,
 ) -> None:
-    """Everything about model, batch and schedule that can be wrong before training starts."""
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"unknown schedule '{schedule}' (expected one of {', '.join(SCHEDULES)})")
-    if virtual_stages < 1:
-        raise ConfigError(f"--virtual-stages must be >= 1, got {virtual_stages}")
+    """Everything about model, batch and schedule that can be wrong before training starts. The schedule's own
+    rules are the C++ core's (ScheduleConfig.validate); the two checked here first keep their flag-naming lines."""
     if schedule == "interleaved" and virtual_stages < 2:
         raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
-    if schedule != "interleaved" and virtual_stages != 1:
-        raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
-    if lookahead < 0:
-        raise ConfigError(f"--lookahead must be >= 0, got {lookahead}")
     if lookahead > 0 and schedule not in ("1f1b", "zb1"):
         raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
+    ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead).validate(grid.pp_size)
+    if schedule != "interleaved" and virtual_stages != 1:
+        raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
     if dim < 1 or depth < 1:
         raise ConfigError(f"--dim and --depth must be >= 1, got dim {dim}, depth {depth}")
     stages = grid.pp_size * virtual_stages
@@ -87,16 +351,12 @@ def check_training(
         )
     if dim % grid.mp_size != 0:
         raise ConfigError(f"--dim {dim} is not divisible by --mp {grid.mp_size}")
-    if micro_batches < 1:
-        raise ConfigError(f"--micro-batches must be >= 1, got {micro_batches}")
-    if batch_size < 1 or batch_size % (grid.dp_size * micro_batches) != 0:
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size % (grid.dp_size * micro_batches) != 0:
         raise ConfigError(
             f"--batch-size {batch_size} is not divisible by dp x micro-batches = {grid.dp_size} x {micro_batches} "
             f"= {grid.dp_size * micro_batches}"
-        )
-    if schedule == "interleaved" and micro_batches % grid.pp_size != 0:
-        raise ConfigError(
-            f"the interleaved schedule needs --micro-batches divisible by --pp ({micro_batches} % {grid.pp_size} != 0)"
         )
     if amp == "fp16" and device_type != "cuda":
         raise ConfigError("--amp fp16 needs CUDA GPUs (fp16 matrix products are not supported on the CPU); use --amp bf16")

@@ -6,11 +6,12 @@ rank's list literally; :func:`simulate` dry-runs all lists together with costs p
 
 Command line (prints the per-rank action grid, the simulated bubble and peak activations, draws the timeline)::
 
-    python -m hybrid_engine.schedule --schedule 1f1b --pp 4 --micro-batches 8 [--virtual-stages 2] [--png t.png]
+    python -m hybrid_engine.schedule --schedule 1f1b --pp 4 --micro-batches 8 [--virtual-stages 2] [--png runs/t.png]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from fractions import Fraction
 from typing import NoReturn, Optional, Sequence
@@ -185,6 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         title = (f"{args.schedule}: pp={args.pp}, m={args.micro_batches}"
                  + (f", v={v}" if v > 1 else "") + f", bubble {result.bubble:.3f}")
         try:
+            os.makedirs(os.path.dirname(args.png) or ".", exist_ok=True)  # e.g. runs/t.png in a fresh checkout
             draw_timeline(timeline_rows(result), args.png, title=title, time_label="time (cost units)")
         except OSError as exc:
             parser.error(f"cannot write {args.png}: {exc}")

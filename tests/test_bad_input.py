@@ -1,11 +1,11 @@
-"""Bad input through the real driver under torchrun (issue #7, part 5): every rank prints one clear line,
-the run exits non-zero, in under 30 s, and our script prints no traceback. Two ranks wherever the mistake
-does not need more (each launch costs seconds on a small CI machine)."""
+"""Bad input through the real driver under torchrun (issue #7, part 5; issue #16, item 2): every rank stops,
+the mistake every rank finds alike is printed once (one clear line), the run exits non-zero well before a
+collective could time out, and our script prints no traceback. Two ranks wherever the mistake does not need
+more (each launch costs seconds on a small CI machine)."""
 import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,13 +16,12 @@ SMALL = ("--dim", "32", "--depth", "2", "--batch-size", "8", "--micro-batches", 
 
 
 def fails_on_every_rank(args, expected: str, nproc: int = 2, extra_env: dict | None = None, code: int = 2) -> str:
-    start = time.monotonic()
-    run = torchrun(nproc, *args, timeout=60, extra_env=extra_env)
-    elapsed = time.monotonic() - start
+    # the timeout only catches a hang: below the driver's default --comm-timeout (60 s), so a rank left waiting
+    # in a collective for a peer that already gave up fails the test
+    run = torchrun(nproc, *args, timeout=50, extra_env=extra_env)
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("hybrid_engine: error:")]
     assert run.returncode != 0
-    assert elapsed < 30, elapsed
-    assert len(lines) == nproc, run.stderr
+    assert len(lines) == 1, run.stderr  # every rank found it: rank 0 says it once, the others leave silently
     assert all(expected in ln for ln in lines), lines
     assert f"exitcode  : {code}" in run.stderr  # torchrun's report of the first rank to leave
     assert 'hybrid_engine.py", line' not in run.stderr and "checkpoint.py\", line" not in run.stderr

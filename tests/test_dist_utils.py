@@ -45,14 +45,11 @@ def test_a_raising_rank_fails_the_test_with_its_traceback():
 
 
 def test_a_dead_rank_fails_the_test():
-    start = time.monotonic()
+    # the message is the claim: the death is reported as such, not as the 30 s timeout
     with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 died with exit code 3"):
         run_ranks(2, _rank_0_dies, timeout=30)
-    assert time.monotonic() - start < 10
 
 
 def test_a_hang_fails_at_the_timeout():
-    start = time.monotonic()
     with pytest.raises(pytest.fail.Exception, match="still running after 3 s"):
         run_ranks(2, _rank_1_skips_the_collective, timeout=3)
-    assert time.monotonic() - start < 8

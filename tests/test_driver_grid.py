@@ -1,6 +1,5 @@
-"""The driver's grid: printed mapping on 8 CPU ranks, the order flag, and a bad grid rejected everywhere."""
+"""The driver's grid: printed mapping on 8 CPU ranks, the order flag, and a bad grid rejected everywhere, said once."""
 import re
-import time
 
 from launch_utils import torchrun
 
@@ -32,13 +31,11 @@ def test_order_flag_changes_the_mapping_as_documented():
 
 
 def test_bad_grid_fails_every_rank_fast_with_one_line():
-    start = time.monotonic()
-    run = torchrun(8, "--dp", "3", "--pp", "2", "--mp", "2", timeout=60)
-    elapsed = time.monotonic() - start
+    # the timeout only catches a hang: below the default --comm-timeout (60 s) a rank waiting in a collective takes
+    run = torchrun(8, "--dp", "3", "--pp", "2", "--mp", "2", timeout=50)
     assert run.returncode != 0
-    assert elapsed < 30
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("hybrid_engine: error:")]
-    assert len(lines) == 8, run.stderr
+    assert len(lines) == 1, run.stderr  # every rank found it alike: printed once (issue #16, item 2)
     assert all("3 x 2 x 2 = 12 != world size 8" in ln for ln in lines)
     # our ranks print no traceback of their own (torchrun adds its own failure summary afterwards)
     assert "hybrid_engine.py\", line" not in run.stderr

@@ -50,10 +50,9 @@ def _finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, st
 
 
 def test_sigkilled_rank_under_torchrun_ends_every_other_rank_naming_it():
-    start = time.monotonic()
-    run = torchrun(3, "--pp", "3", "--depth", "3", *MODEL, "--steps", "8", timeout=90,
+    # the timeout is the claim: every survivor has ended within 60 s (a hang raises TimeoutExpired)
+    run = torchrun(3, "--pp", "3", "--depth", "3", *MODEL, "--steps", "8", timeout=60,
                    extra_env={"HYBRID_ENGINE_TEST_KILL_AT_STEP": "3", "HYBRID_ENGINE_TEST_KILL_RANK": "1"})
-    assert time.monotonic() - start < 60
     assert run.returncode != 0
     for rank in (0, 2):
         lines = [ln for ln in run.stderr.splitlines() if ln.startswith(f"hybrid_engine: rank {rank}:")]
@@ -64,11 +63,9 @@ def test_sigkilled_rank_under_torchrun_ends_every_other_rank_naming_it():
 
 
 def test_sigkilled_rank_without_a_launcher_ends_the_others_within_the_timeout():
-    start = time.monotonic()
     procs = _plain_ranks(3, ("--pp", "3", "--depth", "3", *MODEL, "--steps", "8", "--comm-timeout", "10"),
                          _env(KILL_AT_STEP=3, KILL_RANK=1))
-    results = _finish(procs, timeout=90)
-    assert time.monotonic() - start < 60
+    results = _finish(procs, timeout=60)  # a rank still running after 60 s hangs: TimeoutExpired fails the test
     assert results[1][0] == -signal.SIGKILL
     for rank in (0, 2):
         code, err = results[rank]
@@ -85,10 +82,8 @@ def test_sigterm_reaches_a_rank_blocked_in_a_collective():
         assert "step " in _read_until(procs[0], "step ", timeout=60)
         os.kill(procs[1].pid, signal.SIGSTOP)
         time.sleep(1.0)
-        start = time.monotonic()
         procs[0].send_signal(signal.SIGTERM)
-        _, err = procs[0].communicate(timeout=20)
-        assert time.monotonic() - start < 10
+        _, err = procs[0].communicate(timeout=10)  # at once, not after --comm-timeout (120 s): else TimeoutExpired
     finally:
         for p in procs:
             p.kill()

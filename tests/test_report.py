@@ -42,6 +42,7 @@ def row_of(table: tables.Table, index: int) -> dict:
     return dict(zip(table.columns, row))
 
 
+@pytest.mark.slow  # the whole PDF: about 30 s in this process
 def test_report_builds_from_committed_results_with_expected_pages(tmp_path):
     out = tmp_path / "report.pdf"
     rep = build.build(RESULTS, out)

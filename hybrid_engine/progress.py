@@ -1,0 +1,90 @@
+"""What rank 0 tells the user while training: step lines (or one live status line on a terminal), the metrics
+file, and the closing summary."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    """Rank 0's reports of a run; on every other rank each method does nothing.
+
+    When stdout is a terminal, steps update one status line in place (step, loss, throughput, ETA); otherwise
+    every `log_every`-th step prints a line (`step    3  loss 0.123456  ...`), which logs and tests read."""
+
+    def __init__(self, rank: int, *, steps: int, batch_size: int, log_every: int = 1, quiet: bool = False,
+                 metrics: str | None = None, append: bool = False, stream: TextIO | None = None):
+        self.enabled = rank == 0
+        self.stream = stream or sys.stdout
+        self.steps, self.batch_size, self.log_every, self.quiet = steps, batch_size, log_every, quiet
+        self.live = self.enabled and not quiet and self.stream.isatty()
+        # a resumed run appends: the file then holds the whole history (replayed steps appear twice, the last wins)
+        self.metrics = open(metrics, "a" if append else "w") if (metrics and self.enabled) else None
+        self._status = False  # a status line is on screen, unterminated
+        self._started = time.monotonic()
+        self._done = 0
+
+    def step(self, record: dict) -> None:
+        """One finished step: its metrics record (step, loss, step_time_s, samples_per_s, loss_scale, ...)."""
+        if not self.enabled:
+            return
+        self._done += 1
+        if self.metrics:
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+        if self.quiet:
+            return
+        step = record["step"]
+        scale = record.get("loss_scale")
+        extra = f"  scale {scale:g}{' SKIPPED' if record.get('skipped') else ''}" if scale else ""
+        if self.live:
+            per_step = (time.monotonic() - self._started) / self._done
+            eta = int(per_step * max(0, self.steps - step - 1))
+            line = (f"step {step + 1}/{self.steps}  loss {record['loss']:.6f}  {record['samples_per_s']:.1f} "
+                    f"samples/s  ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}{extra}")
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+            self._status = True
+        elif (step + 1) % self.log_every == 0 or step + 1 == self.steps:
+            print(f"step {step:4d}  loss {record['loss']:.6f}  {record['step_time_s'] * 1e3:8.2f} ms  "
+                  f"{record['samples_per_s']:10.1f} samples/s{extra}", file=self.stream, flush=True)
+
+    def say(self, line: str, verbose: bool = False) -> None:
+        """A line of its own (a saved checkpoint, the summary); `verbose` lines are left out under --quiet."""
+        if not self.enabled or (verbose and self.quiet):
+            return
+        if self._status:
+            self.stream.write("\n")
+            self._status = False
+        print(line, file=self.stream, flush=True)
+
+    def record(self, extra: dict) -> None:
+        """A metrics line that is not a step (the trace's summary)."""
+        if self.metrics:
+            self.metrics.write(json.dumps(extra) + "\n")
+            self.metrics.flush()
+
+    def close(self) -> None:
+        if self._status:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._status = False
+        if self.metrics:
+            self.metrics.close()
+            self.metrics = None
+
+
+def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_out: int,
+                 peaks: list[float]) -> str:
+    """The closing line: the median over the timed steps, naming how many of this run's steps were left out."""
+    head = (f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
+            f"schedule {schedule}, ")
+    if not times:
+        return head + f"no timed steps (all {left_out} of this run's steps were warm-up)"
+    median = statistics.median(times)
+    warm = f"after {left_out} warm-up step{'' if left_out == 1 else 's'}" if left_out else "no warm-up steps left out"
+    return (head + f"median step {median * 1e3:.2f} ms {warm}, {batch_size / median:.1f} samples/s, "
+            f"peak memory per rank (GiB) {peaks}")

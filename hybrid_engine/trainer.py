@@ -1,0 +1,233 @@
+"""The training loop, apart from the command line: data -> engine.train_step -> metrics -> checkpoint cadence.
+
+    engine = build_engine(cfg, groups, device)
+    Trainer(cfg, engine, grid, groups, device).train(start_from)
+
+Every rank runs the same loop: step t's data is drawn from (seed, t) alone, only where it is consumed (inputs on
+the first stage, targets on the last); the loss comes back all-reduced, so a non-finite loss stops every rank at
+the same step. Rank 0 reports (hybrid_engine/progress.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint, faults, losses
+from .config import ConfigError, RunConfig
+from .engine import Engine
+from .fault_plan import FaultPlan
+from .grid import GridGroups
+from .models import SyntheticRegression, large_linear_model
+from .progress import Progress, summary_line
+from .trace import gather_pipeline_rows, spans_of, write_trace
+
+
+class TrainingStopped(Exception):
+    """Training cannot go on (a non-finite loss); every rank finds it at the same step (the loss is all-reduced)."""
+
+
+@dataclass
+class RunState:
+    """Where the run is, for whoever must report it from outside the loop (a Ctrl-C or SIGTERM handler)."""
+
+    step: int | None = None
+    """The step being run; None before the first."""
+    last_checkpoint: str | None = None
+    """The newest complete checkpoint of this run's lineage (the one it started from, or saved since)."""
+
+    def describe(self) -> str:
+        where = "before the first step" if self.step is None else f"at step {self.step}"
+        return f"{where}; last checkpoint {self.last_checkpoint or 'none'}"
+
+
+def build_engine(cfg: RunConfig, groups: GridGroups, device: torch.device) -> Engine:
+    """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
+    model = large_linear_model(cfg.model.dim, cfg.model.depth, cfg.model.seed)  # meta until the engine places it
+    return Engine(model, losses.MSE(), groups, optimizer=cfg.optimizer.factory(), schedule=cfg.schedule,
+                  stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
+                  trace=cfg.reporting.trace is not None)
+
+
+def model_info(cfg: RunConfig) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """What a checkpoint must match: the model config and every parameter's full shape (a meta model: free)."""
+    m = cfg.model
+    shapes = {k: tuple(v.shape) for k, v in large_linear_model(m.dim, m.depth, m.seed).state_dict().items()}
+    return {"name": "large_linear_model", "dim": m.dim, "depth": m.depth, "seed": m.seed}, shapes
+
+
+def checkpoint_to_start_from(cfg: RunConfig) -> checkpoint.Checkpoint | None:
+    """The checkpoint this run continues (None: from scratch), checked on every rank before any collective."""
+    c = cfg.checkpoint
+    existing = None
+    if c.save:
+        checkpoint.hold_directory(c.save)  # one run per directory: a second one stops before training (exit 2)
+        existing = checkpoint.latest_path(c.save)
+        if existing and not c.resume:
+            raise ConfigError(f"--save {c.save} already holds checkpoints (latest {existing}); pass --resume "
+                              "to continue from it, or choose another directory")
+    path = existing if (c.resume and existing) else c.load
+    if path is None:
+        return None
+    ckpt = checkpoint.open_checkpoint(path)
+    model, shapes = model_info(cfg)
+    checkpoint.check_compatible(ckpt, model, shapes, cfg.optimizer.name)
+    return ckpt
+
+
+def check_output_paths(cfg: RunConfig) -> None:
+    """Every file the run will write, checked before the first collective (not after training, when the trace
+    is written): missing directories are created, an unwritable one is one line."""
+    def writable_dir(flag: str, directory: str) -> None:
+        try:
+            os.makedirs(directory or ".", exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot create the directory {directory} ({exc.strerror})") from None
+        if not os.access(directory or ".", os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag}: the directory {os.path.abspath(directory or '.')} is not writable")
+
+    r, c = cfg.reporting, cfg.checkpoint
+    if r.metrics:
+        if os.path.isdir(r.metrics):
+            raise ConfigError(f"--metrics {r.metrics} is a directory; give a file name")
+        writable_dir(f"--metrics {r.metrics}", os.path.dirname(r.metrics))
+    if r.trace:
+        writable_dir(f"--trace {r.trace}", os.path.dirname(r.trace))
+    if c.save:
+        if os.path.exists(c.save) and not os.path.isdir(c.save):
+            raise ConfigError(f"--save {c.save}: cannot create the directory (it is a file)")
+        writable_dir(f"--save {c.save}", c.save)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def gather_floats(value: float, device: torch.device) -> list[float]:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [round(float(x.item()), 3) for x in out]
+
+
+def micro_batch_sources(data: SyntheticRegression, step: int, first_row: int, rows: int, engine: Engine,
+                        dtype: torch.dtype, poison: bool):
+    """(inputs, targets) for streamed data: callables micro -> that micro-batch's rows of this DP rank, drawn
+    when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
+    consumes none. `poison` fills the inputs with NaN (FaultPlan.nan_at_step)."""
+    def rows_of(micro: int) -> tuple[int, int]:
+        return first_row + micro * rows, first_row + (micro + 1) * rows
+
+    def inputs(micro: int) -> torch.Tensor:
+        x = data.draw(step, *rows_of(micro), targets=False, dtype=dtype)[0]
+        return x.fill_(float("nan")) if poison else x
+
+    def targets(micro: int) -> torch.Tensor:
+        return data.draw(step, *rows_of(micro), inputs=False, dtype=dtype)[1]
+
+    return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
+
+
+class Trainer:
+    """Runs the configured steps on one rank of the grid; every rank constructs one and calls `train`."""
+
+    def __init__(self, cfg: RunConfig, engine: Engine, grid, groups: GridGroups, device: torch.device, *,
+                 faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None):
+        self.cfg, self.engine, self.grid, self.groups, self.device = cfg, engine, grid, groups, device
+        self.rank = dist.get_rank()
+        self.faults = faults_plan
+        self.state = state if state is not None else RunState()
+        self.data = SyntheticRegression(cfg.model.dim, cfg.model.seed, device)
+        self.per_dp = cfg.data.batch_size // grid.dp_size
+        self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
+
+    def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
+        cfg, engine, steps = self.cfg, self.engine, self.cfg.training.steps
+        first_step = checkpoint.load(engine, start_from) if start_from else 0
+        self.state.last_checkpoint = start_from.path if start_from else None
+        progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
+                            log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
+                            metrics=cfg.reporting.metrics, append=start_from is not None)
+        if start_from:
+            progress.say(f"resumed from {start_from.path} at step {first_step}")
+        times: list[float] = []
+        peaks: list[float] = []
+        try:
+            for step in range(first_step, steps):
+                self.state.step = step
+                result = self._step(step)
+                peaks = gather_floats(peak_memory_gib(self.device), self.device)
+                if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
+                    times.append(result.step_time_s)
+                progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
+                               "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
+                               "peak_mem_gib": peaks, "loss_scale": result.loss_scale, "skipped": result.skipped,
+                               "grad_norm": result.grad_norm})
+                self._maybe_save(step + 1, progress)
+            if start_from and first_step >= steps:
+                progress.say(f"nothing to do: the checkpoint is at step {first_step}, --steps is {steps}")
+            ran = max(0, steps - first_step)
+            if ran:
+                progress.say(summary_line(self.grid, cfg.schedule.name, cfg.data.batch_size, times,
+                                          min(ran, cfg.training.warmup), peaks))
+            if cfg.reporting.trace and steps > first_step:
+                self._write_trace(progress)
+        finally:
+            progress.close()
+
+    def _step(self, step: int):
+        """One optimizer step: this DP rank's rows of step `step`, only what this rank consumes."""
+        cfg, engine = self.cfg, self.engine
+        if self.faults.kills(step, self.rank):
+            faults.kill_self()
+        # Inputs on the first stage, targets on the last (drawn block by block: no full-size inputs kept for
+        # them), straight in the dtype the engine takes (half weights take half data), so no full-size fp32 copy
+        # ever exists. Data, not the engine, would otherwise set the largest batch (experiments/max_batch.py).
+        poison = self.faults.poisons(step)
+        first_row = self.groups.coords.dp * self.per_dp
+        if cfg.data.stream:
+            x, y = micro_batch_sources(self.data, step, first_row, self.per_dp // cfg.schedule.micro_batches,
+                                       engine, self.data_dtype, poison)
+        elif engine.holds_first_stage or engine.holds_last_stage:  # a middle stage draws nothing
+            x, y = self.data.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
+                                  targets=engine.holds_last_stage, dtype=self.data_dtype)
+            if poison and x is not None:
+                x.fill_(float("nan"))  # this step's own tensor: no copy
+        else:
+            x = y = None
+        result = engine.train_step(x, y)
+        x = y = None  # the step's data dies here, before anything else (a checkpoint, the next step's draw)
+        if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together
+            raise TrainingStopped(f"loss is {'NaN' if math.isnan(result.loss) else result.loss} at step {step}: "
+                                  "training stopped (lower --lr; with --save, --resume continues from the last "
+                                  "checkpoint, written before this step)")
+        return result
+
+    def _maybe_save(self, done: int, progress: Progress) -> None:
+        """After `done` steps: save if it is the last step or a multiple of save_every."""
+        c = self.cfg.checkpoint
+        if not c.save or not (done == self.cfg.training.steps or (c.save_every and done % c.save_every == 0)):
+            return
+        model, _ = model_info(self.cfg)
+        path = checkpoint.save(self.engine, c.save, done, {"model": model, "optimizer": self.cfg.optimizer.name},
+                               keep=c.keep, crash_in_save=self.faults.crashes_in_save(done, self.rank))
+        self.state.last_checkpoint = path
+        progress.say(f"saved {path}", verbose=True)
+
+    def _write_trace(self, progress: Progress) -> None:
+        """Gather the last step's timed actions of one pipeline onto rank 0 (collective), which writes them."""
+        cfg, c = self.cfg, self.groups.coords
+        rows = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0)
+        if self.rank == 0:
+            s, path = cfg.schedule, cfg.reporting.trace
+            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead)
+            progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
+                         f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
+                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)")
+            progress.record({"trace": summary})

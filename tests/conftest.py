@@ -1,0 +1,66 @@
+"""Test tiers: a test that starts processes (gloo ranks through dist_utils.run_ranks, the driver under torchrun
+or by hand, an experiment script's driver runs, a compiler) is marked `multiprocess`; the few in-process tests
+that take tens of seconds carry `slow` in their file; everything else runs in this process in well under a minute:
+
+    python -m pytest -q -m "not multiprocess and not slow"     # the fast tier
+    python -m pytest -q                                        # everything (CI)
+
+The mark is found, not written into each file: a test is `multiprocess` when its function, a fixture it uses, or
+a helper of its module they call (followed through the module's own functions) names one of SPAWNERS.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import types
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPAWNERS = {"run_ranks", "torchrun", "subprocess", "Popen", "_plain_ranks"}
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """Every global/attribute name a function's code (and the functions nested in it) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _ours(obj) -> bool:
+    """A function or module of this repository (tests/, experiments/, hybrid_engine/), not of a library."""
+    path = getattr(obj, "__file__", None) or getattr(getattr(obj, "__code__", None), "co_filename", "")
+    return bool(path) and path.startswith(REPO) and "site-packages" not in path
+
+
+def _spawns(func, seen: set[int]) -> bool:
+    """Whether `func`, or a function of ours it names (a module global, or `module.attr` of a module of ours such
+    as experiments/bench.py's main), names a spawner."""
+    func = inspect.unwrap(func)
+    code = getattr(func, "__code__", None)
+    if code is None or id(code) in seen or not _ours(func):
+        return False
+    seen.add(id(code))
+    names = _names(code)
+    if names & SPAWNERS:
+        return True
+    scope = getattr(func, "__globals__", {})
+    called = [scope[n] for n in names if isinstance(scope.get(n), types.FunctionType)]
+    for module in (scope[n] for n in names if isinstance(scope.get(n), types.ModuleType) and _ours(scope[n])):
+        called += [getattr(module, n) for n in names if isinstance(getattr(module, n, None), types.FunctionType)]
+    return any(_spawns(f, seen) for f in called)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        funcs = [getattr(item, "function", None)]
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is not None:
+            for name in fixtures.names_closure:
+                for fixturedef in fixtures.name2fixturedefs.get(name, ()):
+                    funcs.append(fixturedef.func)
+        seen: set[int] = set()
+        if any(f is not None and _spawns(f, seen) for f in funcs):
+            item.add_marker(pytest.mark.multiprocess)
