@@ -8,6 +8,7 @@ the C++ executor pushes through this rank's pipeline stages in schedule order:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -303,11 +304,19 @@ class Engine(EngineState):
 
     def _clip(self) -> float:
         """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
-        counted = [(p, o) for p, o in zip(self.parameters, self.optimized) if id(o) not in self._tied.not_counted]
+        pairs = list(zip(self.parameters, self.optimized))
+        counted = [(p, o) for p, o in pairs if id(o) not in self._tied.not_counted]
         split = [o.grad for p, o in counted if is_mp_split(p)]
         replicated = [o.grad for p, o in counted if not is_mp_split(p)]
-        return clip_grad_norm(split, replicated, self.precision.clip_grad, self.groups.mp, self.groups.pp,
-                              self.device)
+        max_norm = self.precision.clip_grad
+        if len(counted) == len(pairs):
+            return clip_grad_norm(split, replicated, max_norm, self.groups.mp, self.groups.pp, self.device)
+        # A tied copy left out of the norm must still be clipped with the others: measure, then scale all (the
+        # coefficient of csrc/amp/grad_clip.cpp).
+        norm = clip_grad_norm(split, replicated, 0.0, self.groups.mp, self.groups.pp, self.device)
+        if math.isfinite(norm) and norm > max_norm:
+            torch._foreach_mul_([o.grad for _, o in pairs], max_norm / (norm + 1e-6))
+        return norm
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
         """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the

@@ -32,8 +32,10 @@ def dataset(vocab: int = VOCAB) -> TokenDataset:
     return TokenDataset(MarkovChain(5, vocab=vocab).sample(4096, 7), vocab, SEQ, seed=11)
 
 
-def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | None = None):
-    """(engine, groups, losses) of one run on this rank; the caller closes them."""
+def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | None = None,
+                 load: dict | None = None):
+    """(engine, groups, losses, grad norms) of one run on this rank, after loading `load` (a merged
+    state_for_checkpoint) when given; the caller closes them."""
     data = data or dataset()
     workload = gpt_workload(config(run.get("tied", False)), data, sequence_parallel=run.get("sp", False),
                             recompute=run.get("recompute", "none"))
@@ -41,16 +43,20 @@ def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | 
     groups = build_groups(ProcessGrid(run.get("dp", 1), pp, run.get("mp", 1)), rank)
     engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                          micro_batches=MICRO, virtual_stages=v, merge_weight_grads=run.get("merge", False),
-                         optimizer=optim.SGD(LR, MOMENTUM), recompute=workload.full_recompute,
-                         **workload.engine_kwargs(pp * v))
+                         optimizer=run.get("optimizer", optim.SGD(LR, MOMENTUM)), recompute=workload.full_recompute,
+                         amp=run.get("amp", "off"), clip_grad=run.get("clip", 0.0), **workload.engine_kwargs(pp * v))
+    if load is not None:
+        engine.load_checkpoint_state(load["weights"], load["optimizer"], load["scaler"])
     per_dp = BATCH // groups.grid.dp_size
     dp = groups.coords.dp
-    losses = []
+    losses, norms = [], []
     for step in range(run.get("first_step", 0), run.get("first_step", 0) + steps):
         x, y = workload.draw(step, dp * per_dp, (dp + 1) * per_dp, inputs=engine.holds_first_stage,
                              targets=engine.holds_last_stage)
-        losses.append(engine.train_step(x, y).loss)
-    return engine, groups, losses
+        result = engine.train_step(x, y)
+        losses.append(result.loss)
+        norms.append(result.grad_norm)
+    return engine, groups, losses, norms
 
 
 def _close(engine, groups) -> None:
@@ -62,11 +68,11 @@ def _close(engine, groups) -> None:
 def train_grids(rank: int, world: int, runs: list[dict]) -> list[dict]:
     out = []
     for run in runs:
-        engine, groups, losses = train_engine(rank, run)
-        state = {k: t.numpy() for k, t in engine.full_state_dict().items()}
+        engine, groups, losses, norms = train_engine(rank, run)
+        state = {k: t.float().numpy() for k, t in engine.full_state_dict().items()}
         programs = [p.describe() for p in engine.stage_programs.values()]
         _close(engine, groups)
-        out.append({"losses": losses, "state": state, "programs": programs})
+        out.append({"losses": losses, "norms": norms, "state": state, "programs": programs})
     return out
 
 
@@ -123,11 +129,19 @@ GRIDS_2 = {
     "dp2 tied": {"dp": 2, "tied": True},
     "pp2 full recompute tied": {"pp": 2, "recompute": "full", "tied": True},
     "mp2 sp selective recompute": {"mp": 2, "sp": True, "recompute": "selective"},
+    # Clipping at half the norm: the tied weight counts once in the global norm, whatever the grid.
+    "pp2 tied clipped": {"pp": 2, "tied": True, "clip": 0.5},
+    "mp2 sp tied clipped": {"mp": 2, "sp": True, "tied": True, "clip": 0.5},
+}
+# Half weights (fp32 masters, the loss in fp32 from half logits): close to fp32, not equal.
+GRIDS_HALF = {
+    "pp2 bf16 tied": {"pp": 2, "tied": True, "amp": "bf16"},
+    "mp2 sp fp16 tied": {"mp": 2, "sp": True, "tied": True, "amp": "fp16", "schedule": "1f1b"},
 }
 GRIDS_8 = {
     "dp2 pp2 mp2 sequence parallel tied": {"dp": 2, "pp": 2, "mp": 2, "sp": True, "tied": True},
 }
-GRIDS_1 = {"1 rank": {}, "1 rank tied": {"tied": True}}
+GRIDS_1 = {"1 rank": {}, "1 rank tied": {"tied": True}, "1 rank tied clipped": {"tied": True, "clip": 0.5}}
 
 
 @pytest.fixture(scope="module")
@@ -138,14 +152,31 @@ def references():
 @pytest.fixture(scope="module")
 def one_rank():
     results = run_ranks(1, train_grids, list(GRIDS_1.values()), timeout=120)[0]
-    return {run.get("tied", False): r for run, r in zip(GRIDS_1.values(), results)}
+    return {(run.get("tied", False), run.get("clip", 0.0)): r for run, r in zip(GRIDS_1.values(), results)}
 
 
 def test_one_rank_engine_matches_plain_pytorch(one_rank, references):
     for tied in (False, True):
-        r = one_rank[tied]
+        r = one_rank[(tied, 0.0)]
         assert_matches(r["losses"], merged_state([r]), *references[tied], f"1 rank tied={tied}")
-    assert all("autograd" in p for p in one_rank[False]["programs"])
+    assert all("autograd" in p for p in one_rank[(False, 0.0)]["programs"])
+    # The clipped run's norm is the plain-PyTorch norm of the summed tied gradient (one copy): checked against
+    # the unclipped run's first step, whose gradients are the same.
+    clipped = one_rank[(True, 0.5)]
+    assert clipped["norms"][0] > 0.5 and clipped["losses"][0] == one_rank[(True, 0.0)]["losses"][0]
+    assert clipped["losses"][1] != one_rank[(True, 0.0)]["losses"][1]
+
+
+def test_one_rank_grad_norm_counts_the_tied_weight_once(one_rank):
+    torch.set_num_threads(1)
+    cfg, data = config(True), dataset()
+    model = build_gpt(cfg)
+    model[-1].lm_head.weight = model[0].word
+    x, y = data.batch(0, BATCH)
+    for xm, ym in zip(x.chunk(MICRO), y.chunk(MICRO)):
+        (gpt_loss(model(xm), ym) / MICRO).backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+    assert abs(one_rank[(True, 0.5)]["norms"][0] - norm) <= 1e-5 * norm
 
 
 @pytest.mark.parametrize("world, grids", [(2, GRIDS_2), (8, GRIDS_8)], ids=["2 ranks", "8 ranks"])
@@ -154,10 +185,25 @@ def test_every_grid_matches_one_rank_and_plain_pytorch(world, grids, one_rank, r
     for i, (name, run) in enumerate(grids.items()):
         per_rank = [r[i] for r in results]
         losses, state = per_rank[0]["losses"], merged_state(per_rank)
-        tied = run.get("tied", False)
+        tied, clip = run.get("tied", False), run.get("clip", 0.0)
         assert all(r["losses"] == losses for r in per_rank), f"{name}: ranks disagree on the loss"
-        base = one_rank[tied]
+        base = one_rank[(tied, clip)]
         assert_matches(losses, state, base["losses"], merged_state([base]), f"{name} vs 1 rank")
-        assert_matches(losses, state, *references[tied], f"{name} vs plain PyTorch")
+        if clip:
+            for a, b in zip(per_rank[0]["norms"], base["norms"]):
+                assert abs(a - b) <= RTOL * b, f"{name}: grad norm {a} vs {b}"
+        else:
+            assert_matches(losses, state, *references[tied], f"{name} vs plain PyTorch")
         if tied:  # the two copies stay equal
             assert torch.equal(state["0.word"], state["5.lm_head.weight"]), name
+
+
+def test_half_weights_train_the_gpt_close_to_fp32(references):
+    results = run_ranks(2, train_grids, list(GRIDS_HALF.values()), timeout=300)
+    ref_losses = references[True][0]
+    for i, name in enumerate(GRIDS_HALF):
+        losses, state = results[0][i]["losses"], merged_state([r[i] for r in results])
+        assert all(math.isfinite(v) for v in losses), name
+        for a, b in zip(losses, ref_losses):
+            assert abs(a - b) <= 3e-2 * b, f"{name}: loss {a} vs fp32 {b}"
+        assert torch.equal(state["0.word"], state["5.lm_head.weight"]), name  # fp32 masters stay tied
