@@ -207,3 +207,71 @@ def test_half_weights_train_the_gpt_close_to_fp32(references):
         for a, b in zip(losses, ref_losses):
             assert abs(a - b) <= 3e-2 * b, f"{name}: loss {a} vs fp32 {b}"
         assert torch.equal(state["0.word"], state["5.lm_head.weight"]), name  # fp32 masters stay tied
+
+
+# ------------------------------------------------------------------------------------------------ resharding
+
+
+def _merged_checkpoint_state(engine) -> dict:
+    """Every rank's state_for_checkpoint merged (what checkpoint.save writes and load reads, without files)."""
+    state = engine.state_for_checkpoint()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state)
+    merged = {"weights": {}, "optimizer": {}, "scaler": state["scaler"]}
+    for part in gathered:
+        merged["weights"].update(part["weights"])
+        merged["optimizer"].update(part["optimizer"])
+    return merged
+
+
+def resume_on_other_grids(rank: int, world: int, hops: list[dict]) -> list[list[float]]:
+    """Two steps on each grid of `hops` in turn, each starting from the previous grid's checkpoint state."""
+    curve, load = [], None
+    for i, run in enumerate(hops):
+        engine, groups, losses, _ = train_engine(rank, dict(run, first_step=2 * i), steps=2, load=load)
+        load = _merged_checkpoint_state(engine)
+        _close(engine, groups)
+        curve.append(losses)
+    return curve
+
+
+def test_checkpoint_state_reshards_across_grids_and_continues_the_curve():
+    """pp2 -> mp2 with sequence parallel (vocabulary 67 padded to 68: heads and vocabulary rows reshard) -> dp2:
+    the momentum buffers and weights travel as full tensors, and the joined curve is the uninterrupted one."""
+    hops = [{"pp": 2, "tied": True}, {"mp": 2, "sp": True, "tied": True}, {"dp": 2, "tied": True}]
+    curve = run_ranks(2, resume_on_other_grids, hops, timeout=300)[0]
+    ref_losses, _ = reference(True, steps=6)
+    joined = [v for part in curve for v in part]
+    for step, (a, b) in enumerate(zip(joined, ref_losses)):
+        assert abs(a - b) <= RTOL * b, f"step {step}: resumed {a} vs uninterrupted {b}"
+
+
+# ------------------------------------------------------------------------------------------------ learning
+
+
+def learn_markov(rank: int, world: int) -> tuple[float, float]:
+    """300 AdamW steps of 16 x 32 tokens of the built-in corpus on mp2 with sequence parallel; the validation
+    loss of the gathered weights, and the source's entropy rate."""
+    data = open_dataset(None, 32, seed=0, markov_tokens=1 << 17)
+    cfg = GPTConfig(vocab_size=256, layers=1, hidden=32, heads=2, seq_len=32, seed=0)
+    workload = gpt_workload(cfg, data, sequence_parallel=True)
+    groups = build_groups(ProcessGrid(1, 1, 2), rank)
+    engine = make_engine(workload.model, groups, loss=workload.loss, micro_batches=2,
+                         optimizer=optim.AdamW(lr=2e-2, weight_decay=0.0), **workload.engine_kwargs(1))
+    for step in range(300):
+        engine.train_step(*workload.draw(step, 0, 16))
+    state = engine.full_state_dict()
+    _close(engine, groups)
+    model = build_gpt(cfg)
+    model.load_state_dict(state)
+    batches = data.val_batches(64)
+    with torch.no_grad():
+        val = sum(gpt_loss(model(x), y).item() for x, y in (data.val_batch(i, 64) for i in range(batches)))
+    return val / batches, data.source.entropy_rate_nats()
+
+
+def test_engine_learns_the_markov_corpus_to_near_its_entropy_floor():
+    val, floor = run_ranks(2, learn_markov, timeout=300)[0]
+    # Stated margin: within 0.25 nats of the floor (ln 256 = 5.55 at the start), as the dense model gets;
+    # measured 1.014 against 0.861.
+    assert floor < val < floor + 0.25, (val, floor)
