@@ -6,7 +6,9 @@ micro-batches per DP rank. Grids are grouped by world size so each run_ranks cal
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -275,3 +277,41 @@ def test_engine_learns_the_markov_corpus_to_near_its_entropy_floor():
     # Stated margin: within 0.25 nats of the floor (ln 256 = 5.55 at the start), as the dense model gets;
     # measured 1.014 against 0.861.
     assert floor < val < floor + 0.25, (val, floor)
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def save_gpt_checkpoint(rank: int, world: int, root: str) -> dict:
+    """Two steps of a byte-level GPT (vocabulary 256) on mp2 with SP, tied; checkpoint.save; the gathered state."""
+    from hybrid_engine import checkpoint
+
+    engine, groups, _, _ = train_engine(rank, {"mp": 2, "sp": True, "tied": True}, steps=2, data=dataset(256))
+    run_info = {"model": gpt_workload(config(True), dataset(256)).checkpoint_model, "optimizer": "sgd"}
+    checkpoint.save(engine, root, 2, run_info)
+    state = {k: t.numpy() for k, t in engine.full_state_dict().items()}
+    _close(engine, groups)
+    return state
+
+
+def test_sample_loads_a_checkpoint_from_any_grid_and_continues_a_prompt(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from hybrid_engine import sample
+
+    state = run_ranks(2, save_gpt_checkpoint, str(tmp_path), timeout=300)[0]
+    model, cfg = sample.load_gpt(str(tmp_path))
+    assert cfg == dataclasses.replace(config(True), vocab_size=256)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, torch.from_numpy(state[name])), name
+    assert sample.main(["--load", str(tmp_path), "--prompt", "hello", "--tokens", "20", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hello") and len(out.rstrip("\n")) > len("hello")
+    # The command line, as a user runs it; a bad path is one line and exit 2.
+    cli = subprocess.run([sys.executable, "-m", "hybrid_engine.sample", "--load", str(tmp_path), "--prompt", "ab",
+                          "--tokens", "8"], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert cli.returncode == 0 and cli.stdout.startswith("ab"), cli.stderr
+    assert sample.main(["--load", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+    assert capsys.readouterr().err.startswith("error: no checkpoint at")
