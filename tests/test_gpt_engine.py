@@ -73,8 +73,11 @@ def train_grids(rank: int, world: int, runs: list[dict]) -> list[dict]:
         engine, groups, losses, norms = train_engine(rank, run)
         state = {k: t.float().numpy() for k, t in engine.full_state_dict().items()}
         programs = [p.describe() for p in engine.stage_programs.values()]
+        selective = [m.recompute_attention_core for stage in engine.stages.values() for m in stage
+                     if hasattr(m, "recompute_attention_core")]
         _close(engine, groups)
-        out.append({"losses": losses, "norms": norms, "state": state, "programs": programs})
+        out.append({"losses": losses, "norms": norms, "state": state, "programs": programs,
+                    "selective": selective})
     return out
 
 
@@ -125,6 +128,8 @@ GRIDS_2 = {
     "pp2 1f1b": {"pp": 2},
     "pp2 1f1b tied": {"pp": 2, "tied": True},
     "pp2 zb1 merged W tied": {"pp": 2, "schedule": "zb1", "merge": True, "tied": True},
+    "pp2 zb1 per-micro W": {"pp": 2, "schedule": "zb1"},
+    "pp2 gpipe tied": {"pp": 2, "schedule": "gpipe", "tied": True},
     "pp2 interleaved v2 tied": {"pp": 2, "schedule": "interleaved", "v": 2, "tied": True},
     "mp2": {"mp": 2},
     "mp2 sequence parallel tied": {"mp": 2, "sp": True, "tied": True},
@@ -140,8 +145,15 @@ GRIDS_HALF = {
     "pp2 bf16 tied": {"pp": 2, "tied": True, "amp": "bf16"},
     "mp2 sp fp16 tied": {"mp": 2, "sp": True, "tied": True, "amp": "fp16", "schedule": "1f1b"},
 }
+GRIDS_4 = {
+    "pp4 1f1b tied": {"pp": 4, "tied": True},
+    "mp4 sequence parallel tied": {"mp": 4, "sp": True, "tied": True},
+    "pp2 mp2 zb1 merged W sp tied": {"pp": 2, "mp": 2, "schedule": "zb1", "merge": True, "sp": True, "tied": True},
+    "dp2 mp2": {"dp": 2, "mp": 2},
+}
 GRIDS_8 = {
     "dp2 pp2 mp2 sequence parallel tied": {"dp": 2, "pp": 2, "mp": 2, "sp": True, "tied": True},
+    "dp2 pp2 mp2 interleaved v2": {"dp": 2, "pp": 2, "mp": 2, "schedule": "interleaved", "v": 2},
 }
 GRIDS_1 = {"1 rank": {}, "1 rank tied": {"tied": True}, "1 rank tied clipped": {"tied": True, "clip": 0.5}}
 
@@ -181,7 +193,8 @@ def test_one_rank_grad_norm_counts_the_tied_weight_once(one_rank):
     assert abs(one_rank[(True, 0.5)]["norms"][0] - norm) <= 1e-5 * norm
 
 
-@pytest.mark.parametrize("world, grids", [(2, GRIDS_2), (8, GRIDS_8)], ids=["2 ranks", "8 ranks"])
+@pytest.mark.parametrize("world, grids", [(2, GRIDS_2), (4, GRIDS_4), (8, GRIDS_8)],
+                         ids=["2 ranks", "4 ranks", "8 ranks"])
 def test_every_grid_matches_one_rank_and_plain_pytorch(world, grids, one_rank, references):
     results = run_ranks(world, train_grids, list(grids.values()), timeout=600)
     for i, (name, run) in enumerate(grids.items()):
@@ -196,6 +209,9 @@ def test_every_grid_matches_one_rank_and_plain_pytorch(world, grids, one_rank, r
                 assert abs(a - b) <= RTOL * b, f"{name}: grad norm {a} vs {b}"
         else:
             assert_matches(losses, state, *references[tied], f"{name} vs plain PyTorch")
+        recompute = run.get("recompute", "none")
+        assert all(("recomputed" in p) == (recompute == "full") for r in per_rank for p in r["programs"]), name
+        assert all(all(r["selective"]) == (recompute == "selective") for r in per_rank if r["selective"]), name
         if tied:  # the two copies stay equal
             assert torch.equal(state["0.word"], state["5.lm_head.weight"]), name
 
