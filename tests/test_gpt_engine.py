@@ -17,6 +17,7 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid, optim
+from hybrid_engine.evaluate import evaluate
 from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
 from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
 from hybrid_engine.grid import build_groups
@@ -71,12 +72,16 @@ def train_grids(rank: int, world: int, runs: list[dict]) -> list[dict]:
     out = []
     for run in runs:
         engine, groups, losses, norms = train_engine(rank, run)
+        per_dp, dp = BATCH // groups.grid.dp_size, groups.coords.dp
+        x, y = dataset().val_batch(0, BATCH, dp * per_dp, (dp + 1) * per_dp)
+        val = evaluate(engine, x if engine.holds_first_stage else None, y if engine.holds_last_stage else None,
+                       micro_batches=2)
         state = {k: t.float().numpy() for k, t in engine.full_state_dict().items()}
         programs = [p.describe() for p in engine.stage_programs.values()]
         selective = [m.recompute_attention_core for stage in engine.stages.values() for m in stage
                      if hasattr(m, "recompute_attention_core")]
         _close(engine, groups)
-        out.append({"losses": losses, "norms": norms, "state": state, "programs": programs,
+        out.append({"losses": losses, "norms": norms, "state": state, "programs": programs, "val": val,
                     "selective": selective})
     return out
 
@@ -105,6 +110,15 @@ def reference(tied: bool, steps: int = STEPS) -> tuple[list[float], dict[str, to
     if tied:
         state[f"{cfg.layers + 1}.lm_head.weight"] = state["0.word"]
     return losses, state
+
+
+def dense_val(tied: bool, state: dict[str, torch.Tensor]) -> float:
+    """The validation loss of the dense GPT with these weights on validation batch 0."""
+    model = build_gpt(config(tied))
+    model.load_state_dict(state)
+    x, y = dataset().val_batch(0, BATCH)
+    with torch.no_grad():
+        return gpt_loss(model(x), y).item()
 
 
 def merged_state(results: list[dict]) -> dict[str, torch.Tensor]:
@@ -174,6 +188,9 @@ def test_one_rank_engine_matches_plain_pytorch(one_rank, references):
         r = one_rank[(tied, 0.0)]
         assert_matches(r["losses"], merged_state([r]), *references[tied], f"1 rank tied={tied}")
     assert all("autograd" in p for p in one_rank[(False, 0.0)]["programs"])
+    for tied in (False, True):  # evaluate(): the forward-only loss equals the dense model's
+        val = dense_val(tied, references[tied][1])
+        assert abs(one_rank[(tied, 0.0)]["val"] - val) <= RTOL * val
     # The clipped run's norm is the plain-PyTorch norm of the summed tied gradient (one copy): checked against
     # the unclipped run's first step, whose gradients are the same.
     clipped = one_rank[(True, 0.5)]
@@ -202,8 +219,10 @@ def test_every_grid_matches_one_rank_and_plain_pytorch(world, grids, one_rank, r
         losses, state = per_rank[0]["losses"], merged_state(per_rank)
         tied, clip = run.get("tied", False), run.get("clip", 0.0)
         assert all(r["losses"] == losses for r in per_rank), f"{name}: ranks disagree on the loss"
+        assert all(r["val"] == per_rank[0]["val"] for r in per_rank), f"{name}: ranks disagree on evaluate()"
         base = one_rank[(tied, clip)]
         assert_matches(losses, state, base["losses"], merged_state([base]), f"{name} vs 1 rank")
+        assert abs(per_rank[0]["val"] - base["val"]) <= RTOL * base["val"], f"{name}: evaluate()"
         if clip:
             for a, b in zip(per_rank[0]["norms"], base["norms"]):
                 assert abs(a - b) <= RTOL * b, f"{name}: grad norm {a} vs {b}"

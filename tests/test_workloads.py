@@ -125,3 +125,30 @@ def test_vocab_parallel_cross_entropy_is_a_loss_value_bound_to_the_mp_group():
     assert logits.grad.dtype == torch.bfloat16  # the logits went in as they were
     with pytest.raises(ValueError):
         losses.VocabParallelCrossEntropy(0)
+
+
+def _evaluate_mlp(rank: int, world: int) -> tuple[float, float]:
+    import torch.nn.functional as F
+
+    from engine_builders import make_engine
+    from hybrid_engine.evaluate import evaluate
+    from hybrid_engine.grid import build_groups
+    from hybrid_engine.models import large_linear_model, materialize
+
+    wl = mlp_workload(16, 4, 0)
+    groups = build_groups(ProcessGrid(1, 2, 1), rank)
+    engine = make_engine(wl.model, groups, **wl.engine_kwargs(2))
+    x, y = wl.draw(0, 0, 8)
+    val = evaluate(engine, x, y, micro_batches=4)
+    engine.close()
+    groups.destroy()
+    with torch.no_grad():
+        dense = F.mse_loss(materialize(large_linear_model(16, 4, 0), "cpu")(x), y).item()
+    return val, dense
+
+
+def test_evaluate_runs_the_mlp_forward_only_through_the_pipeline():
+    from dist_utils import run_ranks
+
+    for val, dense in run_ranks(2, _evaluate_mlp, timeout=120):
+        assert abs(val - dense) <= 1e-5 * dense
