@@ -17,10 +17,10 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid, optim
-from hybrid_engine.evaluate import evaluate
 from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
-from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
+from hybrid_engine.evaluate import evaluate
 from hybrid_engine.grid import build_groups
+from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
 from hybrid_engine.workloads import gpt_workload
 
 VOCAB, SEQ, BATCH, MICRO, STEPS, LR, MOMENTUM = 67, 16, 8, 4, 3, 0.1, 0.9
@@ -47,7 +47,8 @@ def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | 
     engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                          micro_batches=MICRO, virtual_stages=v, merge_weight_grads=run.get("merge", False),
                          optimizer=run.get("optimizer", optim.SGD(LR, MOMENTUM)), recompute=workload.full_recompute,
-                         amp=run.get("amp", "off"), impl=run.get("impl", "half-weights"), clip_grad=run.get("clip", 0.0), **workload.engine_kwargs(pp * v))
+                         amp=run.get("amp", "off"), impl=run.get("impl", "half-weights"),
+                         clip_grad=run.get("clip", 0.0), **workload.engine_kwargs(pp * v))
     if load is not None:
         engine.load_checkpoint_state(load["weights"], load["optimizer"], load["scaler"])
     per_dp = BATCH // groups.grid.dp_size

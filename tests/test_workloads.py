@@ -18,8 +18,7 @@ from hybrid_engine.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt import GPTConfig
 from hybrid_engine.tied import tied_stages
 from hybrid_engine.tp_layers import parallelize_mlp
-from hybrid_engine.workloads import (ParallelizeGPT, check_gpt, gpt_checkpoint_model, gpt_config_of, gpt_workload,
-                                     mlp_workload)
+from hybrid_engine.workloads import ParallelizeGPT, check_gpt, gpt_config_of, gpt_workload, mlp_workload
 
 CFG = GPTConfig(vocab_size=256, layers=4, hidden=32, heads=4, seq_len=16, tie_embeddings=True, seed=1)
 
