@@ -24,7 +24,7 @@ from .engine_state import EngineState
 from .grad_buffer import attach, build_grad_buffer
 from .grid import ACTIVATION, GridGroups
 from .models import materialize
-from .partition import partition, stages_of_rank
+from .partition import check_layout, partition, stages_of_rank
 from .precision import MasterWeights
 from .schedule import make_schedule
 from .stages import build_programs, plan_stages
@@ -62,16 +62,6 @@ def _micro_batch_fn(data: MicroBatches, micro_batches: int, dtype: torch.dtype |
         return fetch
     chunks = cast(data).chunk(micro_batches)
     return lambda micro: chunks[micro]
-
-
-def check_layout(layout: list[list[int]], num_modules: int, num_stages: int) -> list[list[int]]:
-    """A user's stage layout, validated: one non-empty list per stage, contiguous, covering every module in order."""
-    lists = [list(stage) for stage in layout]
-    flat = [i for stage in lists for i in stage]
-    if len(lists) != num_stages or any(not stage for stage in lists) or flat != list(range(num_modules)):
-        raise ValueError(f"layout must give each of the {num_stages} stages (pp x virtual stages) a non-empty, "
-                         f"contiguous run of module indices, together 0 .. {num_modules - 1} in order; got {layout}")
-    return lists
 
 
 class Engine(EngineState):
@@ -246,6 +236,11 @@ class Engine(EngineState):
             self.overflow_watch.observe(self.scaler)
         return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
+
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
+        """Forward-only mean loss (no gradients, no state change): hybrid_engine.evaluate.evaluate."""
+        from .evaluate import evaluate
+        return evaluate(self, inputs, targets, micro_batches)
 
     def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
         """Runs the step's pipeline program (building the executor on the first step); the gradients are then

@@ -21,13 +21,18 @@ from . import losses
 
 @torch.no_grad()
 def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
-    """Mean loss over this step's global evaluation batch: inputs on the first stage's ranks, targets on the
-    last's (None elsewhere), this DP rank's rows, cut into `micro_batches`. Collective over the world."""
+    """Mean loss over the global evaluation batch: inputs on the first stage's ranks, targets on the last's
+    (None elsewhere), this DP rank's rows (the same count on every DP rank), cut into `micro_batches` equal
+    micro-batches. Collective over the world. Pass a whole evaluation slice at once: each call probes the
+    stages' shapes once (one forward of zeros per stage)."""
     pp_size, pp_rank = engine.pp_size, engine.pp_rank
+    for held, data, what in ((engine.holds_first_stage, inputs, "inputs"), (engine.holds_last_stage, targets,
+                                                                             "targets")):
+        if held and (data is None or data.shape[0] % micro_batches):
+            rows = None if data is None else data.shape[0]
+            raise ValueError(f"evaluate: {what} of {rows} rows do not cut into {micro_batches} equal micro-batches")
     micro_in = list(inputs.chunk(micro_batches)) if engine.holds_first_stage else []
     micro_tgt = list(targets.chunk(micro_batches)) if engine.holds_last_stage else []
-    if engine.holds_first_stage and len(micro_in) != micro_batches:
-        raise ValueError(f"evaluate: {inputs.shape[0]} rows do not cut into {micro_batches} micro-batches")
     half = engine.precision.half_dtype if engine.precision.half_weights else None
     if half is not None:
         micro_in = [x.to(half) if x.is_floating_point() else x for x in micro_in]

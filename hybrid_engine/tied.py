@@ -80,8 +80,7 @@ class TiedGradients:
         return bool(self.copies)
 
     def describe(self) -> str:
-        where = "over the first and last pipeline stage" if self.group is not None or len(
-            next(iter(self.copies.values()), [])) < 2 else "on one stage"
+        where = "between the first and last pipeline stage" if self.group is not None else "on one stage"
         return f"tied parameters {', '.join(sorted(self.copies))}: gradients summed {where} before the update"
 
     @torch.no_grad()

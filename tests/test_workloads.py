@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from hybrid_engine import ProcessGrid, losses
 from hybrid_engine.data import MAGIC, MarkovChain, TokenDataset, write_token_file
-from hybrid_engine.engine import check_layout
+from hybrid_engine.partition import check_layout
 from hybrid_engine.engine_config import ConfigError
 from hybrid_engine.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt import GPTConfig
