@@ -8,6 +8,7 @@ the C++ executor pushes through this rank's pipeline stages in schedule order:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -18,17 +19,21 @@ import torch.nn as nn
 
 from . import _C, losses, optim
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
-from .engine_config import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from .engine_config import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .engine_state import EngineState
 from .grad_buffer import attach, build_grad_buffer
 from .grid import ACTIVATION, GridGroups
 from .models import materialize
-from .partition import partition, stages_of_rank
+from .partition import check_layout, partition, stages_of_rank
 from .precision import MasterWeights
 from .schedule import make_schedule
 from .stages import build_programs, plan_stages
+from .tied import TiedGradients
 from .tp_layers import is_mp_split, parallelize_mlp
 from .zero import ShardedOptimizer
+
+# How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
+Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
 
 # A step's data on one rank: the whole slice, a callable micro -> that micro-batch, or None (not consumed here).
 MicroBatches = torch.Tensor | Callable[[int], torch.Tensor] | None
@@ -66,9 +71,15 @@ class Engine(EngineState):
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
         nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
         hybrid_engine's deferrable Linear, which zb1 needs to split I from W).
-    loss: `losses.MSE()` (built in, fused with a native last stage) or any callable (output, target) -> scalar
-        mean loss of one micro-batch.
+    loss: `losses.MSE()` (built in, fused with a native last stage), `losses.VocabParallelCrossEntropy(V)` (a
+        GPT's logits shard), or any callable (output, target) -> scalar mean loss of one micro-batch.
     groups: this rank's process groups (hybrid_engine.grid.build_groups).
+    parallelize: the model's tensor-parallel transformation of one materialized stage, (stage, mp group) ->
+        stage (`tp_layers.parallelize_mlp`, the default, or e.g. a GPT's `parallelize_gpt` with its options).
+    layout: the module indices of every stage (pp x virtual stages lists, contiguous, covering the model), e.g.
+        `balance.balanced_partition(costs, n)`; None cuts by layer count (`partition.partition`).
+        Parameters tagged `param.tied` (a tied embedding) get their gradients summed between the first and
+        the last stage before every update (hybrid_engine/tied.py).
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
     schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/engine_config.py).
     trace: time every action of each step (`trace` property).
@@ -79,7 +90,8 @@ class Engine(EngineState):
                  schedule: ScheduleConfig = ScheduleConfig(), stages: StageConfig = StageConfig(),
                  precision: PrecisionConfig = PrecisionConfig(),
                  data_parallel: DataParallelConfig = DataParallelConfig(),
-                 device: torch.device | str = "cpu", trace: bool = False):
+                 device: torch.device | str = "cpu", trace: bool = False,
+                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None):
         for cfg in (stages, precision, data_parallel):
             cfg.validate()
         schedule.validate(groups.grid.pp_size)
@@ -91,14 +103,15 @@ class Engine(EngineState):
         self.num_stages = self.pp_size * schedule.virtual_stages
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
-        layout = partition(model, self.num_stages)
+        layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
+                                                                                       self.num_stages)
+        self.layout = layout
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages)
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
         self.stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
-            stage = parallelize_mlp(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device),
-                                    groups.mp)
+            stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
             self.stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
@@ -108,6 +121,12 @@ class Engine(EngineState):
         self.optimized = self.masters.masters if self.masters else self.parameters
         stepped = {id(p): None if sharded and precision.half_weights else o
                    for p, o in zip(self.parameters, self.optimized)}
+        # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
+        self._tied = TiedGradients(model, layout, groups, self.stages, dict(zip(map(id, self.parameters),
+                                                                                self.optimized)))
+        if self._tied and sharded:
+            raise ConfigError("tied embeddings with the distributed optimizer (--zero 1) are not supported yet: the "
+                              "two copies' gradients would have to be summed before the reduce-scatter")
         self.buffer_layout = build_grad_buffer(self.stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
                                                pad_to=self.dp_size if sharded else 1)
@@ -136,6 +155,8 @@ class Engine(EngineState):
         """The choices made for the user, once, by rank 0: every stage's program, the loss, the update."""
         lines = [plan.describe(self.stage_cfg) for plan in self.plans]
         lines.append(f"loss: {losses.describe(self.loss)}")
+        if self._tied:
+            lines.append(self._tied.describe())
         lines.append(self.update.describe())
         print("\n".join(lines), flush=True)
 
@@ -181,7 +202,7 @@ class Engine(EngineState):
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
             num_micro=self.micro_batches, programs=self._programs, builtin_mse=builtin,
-            loss_fn=None if builtin else losses.as_micro_loss(self.loss), send_channels=sends, recv_channels=recvs,
+            loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
             input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
             stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
             record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads)
@@ -229,6 +250,11 @@ class Engine(EngineState):
         return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
 
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
+        """Forward-only mean loss (no gradients, no state change): hybrid_engine.evaluate.evaluate."""
+        from .evaluate import evaluate
+        return evaluate(self, inputs, targets, micro_batches)
+
     def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
         """Runs the step's pipeline program (building the executor on the first step); the gradients are then
         summed over DP. Returns the per-micro-batch losses on the last stage."""
@@ -268,7 +294,9 @@ class Engine(EngineState):
         hold the SCALED gradients: nothing reads them before the next step zeroes or overwrites them. Clipping
         (its norm needs unscaled gradients) and any other update (it reads .grad) unscale in place and decide on
         the host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
-        rank of every replica take the same decision."""
+        rank of every replica take the same decision. Tied copies' gradients are summed first."""
+        if self._tied:
+            self._tied.sum_grads()
         if self.zero is not None:
             return self.zero.update(self.scaler, self.precision.clip_grad)
         buckets = list(self.grads.buckets)
@@ -307,10 +335,20 @@ class Engine(EngineState):
         return total
 
     def _clip(self) -> float:
-        split = [o.grad for p, o in zip(self.parameters, self.optimized) if is_mp_split(p)]
-        replicated = [o.grad for p, o in zip(self.parameters, self.optimized) if not is_mp_split(p)]
-        return clip_grad_norm(split, replicated, self.precision.clip_grad, self.groups.mp, self.groups.pp,
-                              self.device)
+        """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
+        pairs = list(zip(self.parameters, self.optimized))
+        counted = [(p, o) for p, o in pairs if id(o) not in self._tied.not_counted]
+        split = [o.grad for p, o in counted if is_mp_split(p)]
+        replicated = [o.grad for p, o in counted if not is_mp_split(p)]
+        max_norm = self.precision.clip_grad
+        if len(counted) == len(pairs):
+            return clip_grad_norm(split, replicated, max_norm, self.groups.mp, self.groups.pp, self.device)
+        # A tied copy left out of the norm must still be clipped with the others: measure, then scale all (the
+        # coefficient of csrc/amp/grad_clip.cpp).
+        norm = clip_grad_norm(split, replicated, 0.0, self.groups.mp, self.groups.pp, self.device)
+        if math.isfinite(norm) and norm > max_norm:
+            torch._foreach_mul_([o.grad for _, o in pairs], max_norm / (norm + 1e-6))
+        return norm
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
         """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the
@@ -327,6 +365,11 @@ class Engine(EngineState):
         """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of
         it is process-wide, so other engines in the process are untouched."""
         self._executor = None
+        self._tied.close()
+
+    @property
+    def schedule_name(self) -> str:
+        return self.schedule.name
 
     @property
     def stage_programs(self) -> dict:

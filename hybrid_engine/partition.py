@@ -52,6 +52,16 @@ def partition(model: nn.Sequential, num_stages: int) -> list[list[int]]:
     return stages
 
 
+def check_layout(layout: list[list[int]], num_modules: int, num_stages: int) -> list[list[int]]:
+    """A user's stage layout, validated: one non-empty list per stage, contiguous, covering every module in order."""
+    lists = [list(stage) for stage in layout]
+    flat = [i for stage in lists for i in stage]
+    if len(lists) != num_stages or any(not stage for stage in lists) or flat != list(range(num_modules)):
+        raise ValueError(f"layout must give each of the {num_stages} stages (pp x virtual stages) a non-empty, "
+                         f"contiguous run of module indices, together 0 .. {num_modules - 1} in order; got {layout}")
+    return lists
+
+
 def stages_of_rank(pp_rank: int, pp_size: int, virtual_stages: int) -> list[int]:
     """Global stage indices held by a pipeline rank (stage s on rank s mod pp)."""
     return [pp_rank + chunk * pp_size for chunk in range(virtual_stages)]

@@ -65,7 +65,7 @@ def plan_stages(model: nn.Sequential, layout: list[list[int]], mp_size: int, pre
     plans = []
     for s, indices in enumerate(layout):
         modules = nn.Sequential(*[model[i] for i in indices])
-        layers = sum(1 for m in modules if any(True for _ in m.parameters(recurse=False)))
+        layers = sum(1 for m in modules if any(True for _ in m.parameters()))
         if stage_cfg.impl == "autograd":
             why = "stage implementation autograd"
         elif precision.autocast:
