@@ -368,10 +368,6 @@ class Engine(EngineState):
         self._tied.close()
 
     @property
-    def schedule_name(self) -> str:
-        return self.schedule.name
-
-    @property
     def stage_programs(self) -> dict:
         """{stage: _C.StageProgram} of this rank (`.native`, `.describe()`)."""
         return dict(self._programs)
