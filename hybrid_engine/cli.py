@@ -27,7 +27,7 @@ from .fault_plan import FaultPlan
 from .flags import parse_config
 from .grid import build_groups, grid_picture, host_name, mapping_table
 from .interrupts import InterruptReporter
-from .trainer import (RunState, Trainer, TrainingStopped, build_engine, check_output_paths,
+from .trainer import (RunState, Trainer, TrainingStopped, build_engine, build_workload, check_output_paths,
                       checkpoint_to_start_from)
 
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
-    start_from = checkpoint_to_start_from(cfg)
+    workload = build_workload(cfg, device)  # the model (meta), loss, stage cut and data; GPT data files read here
+    start_from = checkpoint_to_start_from(cfg, workload)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups
@@ -109,8 +110,11 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
         print(grid_picture(grid), flush=True)
 
     # 3. the engine and the loop
-    engine = build_engine(cfg, groups, device)
-    Trainer(cfg, engine, grid, groups, device, faults_plan=fault_plan, state=state).train(start_from)
+    if env.rank == 0:
+        print(workload.describe())
+        print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
+    engine = build_engine(cfg, workload, groups, device)
+    Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state).train(start_from)
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0

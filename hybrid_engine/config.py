@@ -21,7 +21,7 @@ from . import optim
 from .engine_config import (SCHEDULES, ConfigError, DataParallelConfig, PrecisionConfig,  # noqa: F401
                             ScheduleConfig, StageConfig)
 
-MODELS = ("mlp",)
+MODELS = ("mlp", "gpt")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_DIM = 2**16  # one dim x dim fp32 layer is then 16 GiB
 MAX_DEPTH = 4096
@@ -81,16 +81,34 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models.py)."""
+    """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models/mlp.py), or a
+    decoder-only transformer (hybrid_engine/models/gpt.py, hybrid_engine/workloads.py)."""
 
     name: str = "mlp"
-    """Which model: mlp (the only one so far)."""
+    """Which model: mlp (the course model) or gpt."""
     dim: int = 1024
-    """Hidden size of every Linear layer."""
+    """MLP: hidden size of every Linear layer."""
     depth: int = 8
-    """Number of Linear + ReLU blocks."""
+    """MLP: number of Linear + ReLU blocks."""
     seed: int = 0
     """Initial weights and data depend on this alone, never on the grid."""
+    layers: int = 4
+    """GPT: transformer blocks."""
+    hidden: int = 256
+    """GPT: hidden size (the MLP inside each block is 4x wider)."""
+    heads: int = 4
+    """GPT: attention heads (whole heads per MP rank: divisible by mp)."""
+    seq_len: int = 128
+    """GPT: tokens per sequence."""
+    tie_embeddings: bool = False
+    """GPT: the LM head shares the token embedding (their gradients summed across the first and last stage)."""
+    sequence_parallel: bool = False
+    """GPT: LayerNorm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
+    selective_recompute: bool = False
+    """GPT: recompute only the attention core in the backward (--recompute recomputes whole stages)."""
+
+    GPT_ONLY = ("layers", "hidden", "heads", "seq_len", "tie_embeddings", "sequence_parallel", "selective_recompute")
+    MLP_ONLY = ("dim", "depth")
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,10 @@ class DataConfig:
     """What each step trains on: synthetic regression drawn from (seed, step) alone."""
 
     batch_size: int = 64
-    """Global batch size (all DP replicas together)."""
+    """Global batch size (all DP replicas together): samples for the MLP, sequences for the GPT."""
+    path: str | None = None
+    """GPT: a text file (byte-level tokens) or a token file from `python -m hybrid_engine.data prepare`; none: the
+    built-in corpus drawn from a seeded Markov chain with a known entropy rate."""
     stream: bool = False
     """Draw each micro-batch when its forward runs instead of the whole batch before the step: the batch is never
     resident (a larger largest batch), for a few kernels per micro-batch."""
@@ -128,6 +149,8 @@ class TrainingConfig:
     """The first steps this run takes that the timing summary leaves out."""
     log_every: int = 1
     """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
+    eval_every: int = 0
+    """GPT: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
 
 
 @dataclass(frozen=True)
@@ -215,9 +238,20 @@ class RunConfig:
         check_numbers(self)
         p, s = self.parallel, self.schedule
         grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
-        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, depth=self.model.depth,
-                       dim=self.model.dim, batch_size=self.data.batch_size, micro_batches=s.micro_batches,
+        m = self.model
+        gpt = m.name == "gpt"
+        if gpt:  # the GPT's shape and data first, in its own words; check_training then sees a shape that passes
+            from .workloads import check_gpt
+
+            check_gpt(m, grid, m.sequence_parallel, s.virtual_stages, self.data.path)
+        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages,
+                       depth=m.layers + 2 if gpt else m.depth, dim=grid.mp_size if gpt else m.dim,
+                       batch_size=self.data.batch_size, micro_batches=s.micro_batches,
                        amp=self.precision.amp, device_type=device_type, lookahead=s.lookahead)
+        if not gpt and self.data.path is not None:
+            raise ConfigError("--data applies to --model gpt only (the MLP trains on synthetic regression)")
+        if self.training.eval_every and not gpt:
+            raise ConfigError("--eval-every applies to --model gpt only (the MLP's data has no held-out part)")
         if s.lookahead > s.micro_batches:
             raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
                               "step: there are no forwards that far ahead")
@@ -289,6 +323,11 @@ def check_numbers(cfg: RunConfig) -> None:
     _in_range("--steps", t.steps, 0, MAX_INT, "a number of steps >= 0 (0: set up and stop)")
     _in_range("--warmup", t.warmup, 0, MAX_INT, "a number of steps >= 0")
     _in_range("--log-every", t.log_every, 1, MAX_INT, "a number of steps >= 1")
+    _in_range("--eval-every", t.eval_every, 0, MAX_INT, "a number of steps >= 0 (0: never)")
+    for flag, value in (("--layers", m.layers), ("--hidden", m.hidden), ("--heads", m.heads),
+                        ("--seq-len", m.seq_len)):
+        if value > MAX_DIM:
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_DIM})")
     if pr.loss_scale is not None:
         _in_range("--loss-scale", pr.loss_scale, 1e-30, 3.0e38, "a positive loss scale")
     _in_range("--scale-window", pr.scale_window, 1, MAX_INT, "a number of clean steps >= 1")

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from . import optim
-from .config import SCHEDULES, ConfigError, RunConfig
+from .config import SCHEDULES, ConfigError, ModelConfig, RunConfig
 from .engine_config import AMP_IMPLS, AMP_MODES, DP_GRAD_DTYPES, STAGE_IMPLS
 
 EPILOG = """\
@@ -48,7 +48,11 @@ FIELDS = {
     "virtual_stages": ("schedule", "virtual_stages"), "lookahead": ("schedule", "lookahead"),
     "merge_wgrad": ("schedule", "merge_weight_grads"), "stage_impl": ("stages", "impl"),
     "recompute": ("stages", "recompute"), "compile": ("stages", "compile"),
-    "dim": ("model", "dim"), "depth": ("model", "depth"), "seed": ("model", "seed"),
+    "dim": ("model", "dim"), "depth": ("model", "depth"), "seed": ("model", "seed"), "model": ("model", "name"),
+    "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
+    "seq_len": ("model", "seq_len"), "tie_embeddings": ("model", "tie_embeddings"),
+    "sequence_parallel": ("model", "sequence_parallel"), "selective_recompute": ("model", "selective_recompute"),
+    "data": ("data", "path"), "eval_every": ("training", "eval_every"),
     "batch_size": ("data", "batch_size"), "stream_data": ("data", "stream"),
     "steps": ("training", "steps"), "warmup": ("training", "warmup"), "log_every": ("training", "log_every"),
     "optimizer": ("optimizer", "name"), "lr": ("optimizer", "lr"),
@@ -128,8 +132,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help=f"run autograd stages under torch.compile {_default('compile')}")
 
     m = p.add_argument_group("model and data")
-    m.add_argument("--dim", type=int, help=f"hidden size of every Linear layer {_default('dim')}")
-    m.add_argument("--depth", type=int, help=f"number of Linear + ReLU blocks {_default('depth')}")
+    m.add_argument("--model", choices=("mlp", "gpt"),
+                   help=f"the course MLP, or a decoder-only transformer (GPT) {_default('model')}")
+    m.add_argument("--dim", type=int, help=f"MLP: hidden size of every Linear layer {_default('dim')}")
+    m.add_argument("--depth", type=int, help=f"MLP: number of Linear + ReLU blocks {_default('depth')}")
+    m.add_argument("--layers", type=int, help=f"GPT: transformer blocks {_default('layers')}")
+    m.add_argument("--hidden", type=int, help=f"GPT: hidden size {_default('hidden')}")
+    m.add_argument("--heads", type=int, help=f"GPT: attention heads (divisible by --mp) {_default('heads')}")
+    m.add_argument("--seq-len", type=int, help=f"GPT: tokens per sequence {_default('seq_len')}")
+    m.add_argument("--tie-embeddings", action=switch,
+                   help=f"GPT: the LM head shares the token embedding {_default('tie_embeddings')}")
+    m.add_argument("--sequence-parallel", action=switch,
+                   help="GPT: split LayerNorm/residual regions along the sequence over MP "
+                        f"{_default('sequence_parallel')}")
+    m.add_argument("--selective-recompute", action=switch,
+                   help="GPT: recompute only the attention core in the backward (--recompute: whole stages) "
+                        f"{_default('selective_recompute')}")
+    m.add_argument("--data", metavar="PATH",
+                   help="GPT: a text file (byte-level) or a token file (python -m hybrid_engine.data prepare IN OUT) "
+                        "(default: the built-in seeded Markov corpus, whose entropy rate is known)")
     m.add_argument("--seed", type=int, help=f"initial weights and data depend on this alone {_default('seed')}")
     m.add_argument("--batch-size", type=int, metavar="B",
                    help=f"global batch size (all DP replicas together) {_default('batch_size')}")
@@ -140,6 +161,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, metavar="N",
                    help=f"optimizer steps in all, counted from step 0 (0: set up, print the grid, stop) {_default('steps')}")
+    t.add_argument("--eval-every", type=int, metavar="N",
+                   help=f"GPT: validation loss on the held-out ~1%% every N steps and after the last {_default('eval_every')}")
     t.add_argument("--warmup", type=int, metavar="N",
                    help=f"this run's first N steps, left out of the timing summary {_default('warmup')}")
     t.add_argument("--optimizer", choices=optim.NAMES,
@@ -213,4 +236,17 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> RunC
         section = tables.setdefault(table, {})
         if isinstance(section, dict):
             section[name] = value
+    _refuse_other_models_flags(tables.get("model", {}))
     return RunConfig.from_tables(tables, source=f"--config {path}" if path else "flags")
+
+
+def _refuse_other_models_flags(model: dict) -> None:
+    """GPT-only flags with the MLP, and MLP-only flags with the GPT, are mistakes, not silently ignored."""
+    if not isinstance(model, dict):
+        return
+    gpt = model.get("name", ModelConfig.name) == "gpt"
+    stray = [k for k in (ModelConfig.MLP_ONLY if gpt else ModelConfig.GPT_ONLY) if k in model]
+    if stray:
+        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
+        raise ConfigError(f"{flags} {'apply' if len(stray) > 1 else 'applies'} to --model "
+                          f"{'mlp' if gpt else 'gpt'} only (this run trains --model {'gpt' if gpt else 'mlp'})")

@@ -1,7 +1,8 @@
 """The training loop, apart from the command line: data -> engine.train_step -> metrics -> checkpoint cadence.
 
-    engine = build_engine(cfg, groups, device)
-    Trainer(cfg, engine, grid, groups, device).train(start_from)
+    workload = build_workload(cfg, device)      # the MLP or the GPT: model, loss, stage cut, data
+    engine = build_engine(cfg, workload, groups, device)
+    Trainer(cfg, engine, workload, grid, groups, device).train(start_from)
 
 Every rank runs the same loop: step t's data is drawn from (seed, t) alone, only where it is consumed (inputs on
 the first stage, targets on the last); the loss comes back all-reduced, so a non-finite loss stops every rank at
@@ -12,17 +13,19 @@ from __future__ import annotations
 import math
 import os
 import resource
+import statistics
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, faults, losses
+from . import checkpoint, faults, flops
 from .config import ConfigError, RunConfig
 from .engine import Engine
 from .fault_plan import FaultPlan
 from .grid import GridGroups
-from .models import SyntheticRegression, large_linear_model
+from .models.gpt import GPTConfig
+from .workloads import Workload, gpt_workload, mlp_workload
 from .progress import Progress, summary_line
 from .trace import gather_pipeline_rows, spans_of, write_trace
 
@@ -45,22 +48,25 @@ class RunState:
         return f"{where}; last checkpoint {self.last_checkpoint or 'none'}"
 
 
-def build_engine(cfg: RunConfig, groups: GridGroups, device: torch.device) -> Engine:
-    """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
-    model = large_linear_model(cfg.model.dim, cfg.model.depth, cfg.model.seed)  # meta until the engine places it
-    return Engine(model, losses.MSE(), groups, optimizer=cfg.optimizer.factory(), schedule=cfg.schedule,
-                  stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
-                  trace=cfg.reporting.trace is not None)
-
-
-def model_info(cfg: RunConfig) -> tuple[dict, dict[str, tuple[int, ...]]]:
-    """What a checkpoint must match: the model config and every parameter's full shape (a meta model: free)."""
+def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Workload:
+    """The model, loss, stage cut and data of the run (hybrid_engine/workloads.py); the model is on meta."""
     m = cfg.model
-    shapes = {k: tuple(v.shape) for k, v in large_linear_model(m.dim, m.depth, m.seed).state_dict().items()}
-    return {"name": "large_linear_model", "dim": m.dim, "depth": m.depth, "seed": m.seed}, shapes
+    if m.name == "gpt":
+        shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, m.seed)  # vocab: the data's
+        return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
+                            recompute="selective" if m.selective_recompute else "none")
+    return mlp_workload(m.dim, m.depth, m.seed, device)
 
 
-def checkpoint_to_start_from(cfg: RunConfig) -> checkpoint.Checkpoint | None:
+def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
+    """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
+    return Engine(workload.model, workload.loss, groups, optimizer=cfg.optimizer.factory(), schedule=cfg.schedule,
+                  stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
+                  trace=cfg.reporting.trace is not None,
+                  **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
+
+
+def checkpoint_to_start_from(cfg: RunConfig, workload: Workload) -> checkpoint.Checkpoint | None:
     """The checkpoint this run continues (None: from scratch), checked on every rank before any collective."""
     c = cfg.checkpoint
     existing = None
@@ -74,8 +80,7 @@ def checkpoint_to_start_from(cfg: RunConfig) -> checkpoint.Checkpoint | None:
     if path is None:
         return None
     ckpt = checkpoint.open_checkpoint(path)
-    model, shapes = model_info(cfg)
-    checkpoint.check_compatible(ckpt, model, shapes, cfg.optimizer.name)
+    checkpoint.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
     return ckpt
 
 
@@ -116,8 +121,8 @@ def gather_floats(value: float, device: torch.device) -> list[float]:
     return [round(float(x.item()), 3) for x in out]
 
 
-def micro_batch_sources(data: SyntheticRegression, step: int, first_row: int, rows: int, engine: Engine,
-                        dtype: torch.dtype, poison: bool):
+def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int, engine: Engine,
+                        dtype: torch.dtype, device: torch.device, poison: bool):
     """(inputs, targets) for streamed data: callables micro -> that micro-batch's rows of this DP rank, drawn
     when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
     consumes none. `poison` fills the inputs with NaN (FaultPlan.nan_at_step)."""
@@ -125,11 +130,11 @@ def micro_batch_sources(data: SyntheticRegression, step: int, first_row: int, ro
         return first_row + micro * rows, first_row + (micro + 1) * rows
 
     def inputs(micro: int) -> torch.Tensor:
-        x = data.draw(step, *rows_of(micro), targets=False, dtype=dtype)[0]
-        return x.fill_(float("nan")) if poison else x
+        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device)[0]
+        return x.fill_(float("nan")) if poison and x.is_floating_point() else x
 
     def targets(micro: int) -> torch.Tensor:
-        return data.draw(step, *rows_of(micro), inputs=False, dtype=dtype)[1]
+        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device)[1]
 
     return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
 
@@ -137,13 +142,13 @@ def micro_batch_sources(data: SyntheticRegression, step: int, first_row: int, ro
 class Trainer:
     """Runs the configured steps on one rank of the grid; every rank constructs one and calls `train`."""
 
-    def __init__(self, cfg: RunConfig, engine: Engine, grid, groups: GridGroups, device: torch.device, *,
-                 faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None):
-        self.cfg, self.engine, self.grid, self.groups, self.device = cfg, engine, grid, groups, device
+    def __init__(self, cfg: RunConfig, engine: Engine, workload: Workload, grid, groups: GridGroups,
+                 device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None):
+        self.cfg, self.engine, self.workload, self.grid, self.groups = cfg, engine, workload, grid, groups
+        self.device = device
         self.rank = dist.get_rank()
         self.faults = faults_plan
         self.state = state if state is not None else RunState()
-        self.data = SyntheticRegression(cfg.model.dim, cfg.model.seed, device)
         self.per_dp = cfg.data.batch_size // grid.dp_size
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
 
@@ -167,19 +172,57 @@ class Trainer:
                     times.append(result.step_time_s)
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
+                               **self._throughput(result.step_time_s),
                                "peak_mem_gib": peaks, "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm})
+                self._maybe_validate(step + 1, progress)
                 self._maybe_save(step + 1, progress)
             if start_from and first_step >= steps:
                 progress.say(f"nothing to do: the checkpoint is at step {first_step}, --steps is {steps}")
             ran = max(0, steps - first_step)
             if ran:
-                progress.say(summary_line(self.grid, cfg.schedule.name, cfg.data.batch_size, times,
-                                          min(ran, cfg.training.warmup), peaks))
+                line = summary_line(self.grid, cfg.schedule.name, cfg.data.batch_size, times,
+                                    min(ran, cfg.training.warmup), peaks)
+                if times:
+                    t = self._throughput(statistics.median(times))
+                    mfu = f", MFU {t['mfu']:.1%} of the datasheet peak" if t["mfu"] is not None else ""
+                    line += f"; {t['tokens_per_s']:.0f} tokens/s, {t['tflops_per_gpu']:.1f} model TFLOP/s per GPU{mfu}"
+                progress.say(line)
             if cfg.reporting.trace and steps > first_step:
                 self._write_trace(progress)
         finally:
             progress.close()
+
+    def _throughput(self, step_time_s: float) -> dict:
+        """tokens/s, model TFLOP/s per GPU and MFU (model FLOPs over the card's datasheet dense peak; None for a
+        card not in hybrid_engine/flops.py's table, e.g. the CPU)."""
+        w, world = self.workload, self.grid.world_size
+        tokens_per_s = self.cfg.data.batch_size * w.tokens_per_sample / step_time_s
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+        dtype = self.engine.precision.half_dtype or torch.float32
+        return {"tokens_per_s": round(tokens_per_s, 1),
+                "tflops_per_gpu": round(tokens_per_s * w.flops_per_token / world / 1e12, 3),
+                "mfu": flops.mfu(tokens_per_s / world, w.flops_per_token, name, dtype)}
+
+    def _maybe_validate(self, done: int, progress: Progress, max_batches: int = 16) -> None:
+        """GPT: the mean loss over (up to `max_batches` of) the held-out data, every eval_every steps and after the
+        last; collective over the world. With the built-in corpus, beside the source's entropy rate (the floor)."""
+        every, steps = self.cfg.training.eval_every, self.cfg.training.steps
+        if not every or not (done % every == 0 or done == steps):
+            return
+        data, engine, m = self.workload.data, self.engine, self.cfg.schedule.micro_batches
+        batch, start = self.cfg.data.batch_size, self.groups.coords.dp * self.per_dp
+        losses = []
+        for i in range(min(max_batches, data.val_batches(batch))):
+            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device)
+            losses.append(engine.evaluate(x if engine.holds_first_stage else None,
+                                          y if engine.holds_last_stage else None, micro_batches=m))
+        val = sum(losses) / len(losses)
+        source = getattr(data, "source", None)
+        floor = source.entropy_rate_nats() if source is not None else None
+        progress.say(f"step {done - 1}: validation loss {val:.4f}"
+                     + (f" (the corpus's entropy rate, the floor: {floor:.4f})" if floor is not None else ""))
+        progress.record({"step": done - 1, "val_loss": val, "entropy_floor": floor})
 
     def _step(self, step: int):
         """One optimizer step: this DP rank's rows of step `step`, only what this rank consumes."""
@@ -192,12 +235,12 @@ class Trainer:
         poison = self.faults.poisons(step)
         first_row = self.groups.coords.dp * self.per_dp
         if cfg.data.stream:
-            x, y = micro_batch_sources(self.data, step, first_row, self.per_dp // cfg.schedule.micro_batches,
-                                       engine, self.data_dtype, poison)
+            x, y = micro_batch_sources(self.workload, step, first_row, self.per_dp // cfg.schedule.micro_batches,
+                                       engine, self.data_dtype, self.device, poison)
         elif engine.holds_first_stage or engine.holds_last_stage:  # a middle stage draws nothing
-            x, y = self.data.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
-                                  targets=engine.holds_last_stage, dtype=self.data_dtype)
-            if poison and x is not None:
+            x, y = self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
+                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+            if poison and x is not None and x.is_floating_point():
                 x.fill_(float("nan"))  # this step's own tensor: no copy
         else:
             x = y = None
@@ -214,8 +257,8 @@ class Trainer:
         c = self.cfg.checkpoint
         if not c.save or not (done == self.cfg.training.steps or (c.save_every and done % c.save_every == 0)):
             return
-        model, _ = model_info(self.cfg)
-        path = checkpoint.save(self.engine, c.save, done, {"model": model, "optimizer": self.cfg.optimizer.name},
+        path = checkpoint.save(self.engine, c.save, done,
+                               {"model": self.workload.checkpoint_model, "optimizer": self.cfg.optimizer.name},
                                keep=c.keep, crash_in_save=self.faults.crashes_in_save(done, self.rank))
         self.state.last_checkpoint = path
         progress.say(f"saved {path}", verbose=True)
