@@ -13,6 +13,7 @@ import datetime
 import os
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -64,8 +65,12 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> None:
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        # One process without a launcher: a port the OS picks, so that two such runs never collide on a fixed one.
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29517")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
     backend = "nccl" if device.type == "cuda" else "gloo"
     # reached (or served, by rank 0 without torchrun) within timeout_s, or one line: a plain TCPStore client waits
     # forever on a MASTER_PORT that another program holds
