@@ -28,7 +28,7 @@ MAX_DEPTH = 4096
 MAX_RANKS = 2**16
 MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
-MAX_LR = 1e6
+MAX_LR = 3e38  # the largest learning rate an fp32 master can multiply: beyond it every step is inf
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 

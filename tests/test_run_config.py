@@ -105,7 +105,7 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--depth", "4294967296"), "--depth 4294967296 is too large"),
     (("--lookahead", "2147483648"), "--lookahead 2147483648 is too large"),
     (("--lookahead", "5"), "--lookahead 5 is more than the 4 micro-batches of a step"),
-    (("--lr", "-1"), "--lr must be a learning rate in [0, 1e+06], got -1.0"),
+    (("--lr", "-1"), "--lr must be a learning rate in [0, 3e+38], got -1.0"),
     (("--lr", "1e308"), "--lr must be a learning rate"),
     (("--lr", "nan"), "--lr must be a finite number"),
     (("--comm-timeout", "0"), "--comm-timeout must be a positive number of seconds"),
