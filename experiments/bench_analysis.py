@@ -14,7 +14,11 @@ from typing import Callable, Optional
 DEFINITIONS = {
     "tflops_per_gpu": "model FLOPs of one step, 6 * batch * dim^2 * depth (biases, recomputation and "
                       "optimizer left out), / median step time / GPUs",
-    "mfu": "tflops_per_gpu / gemm_peak_tflops[prec] (the card's own N=8192 GEMM, fp32 with TF32 off)",
+    "mfu": "tflops_per_gpu / the card's datasheet dense peak for prec (hybrid_engine/flops.py: H100/H200 SXM 989 "
+           "TFLOP/s bf16/fp16, 67 TFLOP/s fp32 without TF32, from NVIDIA's H100 and H200 datasheets); null for a "
+           "card the table lacks",
+    "gemm_fraction": "tflops_per_gpu / gemm_peak_tflops[prec] (the card's own measured N=8192 GEMM, fp32 with TF32 "
+                     "off): a fraction of a measured rate, not MFU (it can pass 1)",
     "bubble_simulated": "hybrid_engine.schedule.simulate(make_schedule(mode, pp, micro, v)) with costs "
                         "F=1, B=2, I=W=1 per rank (divided by v chunks): idle share of the makespan; "
                         "the base code is the 'naive' (stop-and-wait) schedule",
@@ -69,13 +73,18 @@ def simulated_bubble(mode: str, pp: int, micro: int, virtual_stages: int = 1) ->
         return None
 
 
-def annotate(runs: list[dict], gemm_peak: dict) -> None:
-    """Add mfu, bubble_simulated and bubble_measured (see DEFINITIONS) to every successful run, in place."""
+def annotate(runs: list[dict], gemm_peak: dict, card: str = "") -> None:
+    """Add mfu, gemm_fraction, bubble_simulated and bubble_measured (see DEFINITIONS) to every successful run, in
+    place. card: the device name (meta["card_full"], e.g. "NVIDIA H200") for the datasheet peak."""
+    from hybrid_engine.flops import peak_flops
+
     for run in runs:
         if not ok(run):
             continue
         peak = gemm_peak.get(run["prec"])
-        run["mfu"] = round(run["tflops_per_gpu"] / peak, 4) if peak else None
+        run["gemm_fraction"] = round(run["tflops_per_gpu"] / peak, 4) if peak else None
+        datasheet = peak_flops(card, run["prec"])
+        run["mfu"] = round(run["tflops_per_gpu"] * 1e12 / datasheet, 4) if datasheet else None
         if run.get("pp", 1) < 2 or run.get("mode") not in PIPELINE_MODES or run.get("dp", 1) * run.get("mp", 1) != 1:
             continue
         v = 2 if run["mode"] == "interleaved" else 1

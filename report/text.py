@@ -189,7 +189,8 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
     out.append(("h", "6.4 GEMM size and precision"))
     best = {k: max((r for r in bench.runs if ok(r) and r["system"] == "engine" and r.get("config") == k
                     and r.get("prec") == "fp16"), key=lambda r: r["samples_s"], default=None) for k in cfg}
-    parts = [f"config {k} ({cfg[k]['batch'] // cfg[k]['micro']} rows per micro-batch) {r['mfu']:.1%} MFU "
+    parts = [f"config {k} ({cfg[k]['batch'] // cfg[k]['micro']} rows per micro-batch) {r['mfu']:.1%} MFU of the "
+             f"datasheet peak "
              f"({r['mode']}, {cite(bench, r)})" for k, r in best.items() if r and finite(r.get("mfu"))]
     if parts:
         out.append(("p", "The engine's best fp16 run reaches " + "; ".join(parts) + ". Small micro-batches leave the "
@@ -197,7 +198,8 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
     e32 = run(bench, system="engine", mode="zb1", config="L", prec="fp32", dp=1, pp=2, mp=1)
     p32 = run(bench, system="peer", mode="1f1b", config="L", prec="fp32", dp=1, pp=2, mp=1)
     if e32 and p32 and ez and same_source(e32, p32):
-        out.append(("p", f"fp32 is compute-bound: the engine's zb1 runs at {e32['mfu']:.1%} MFU of the fp32 GEMM peak "
+        out.append(("p", f"fp32 is compute-bound: the engine's zb1 runs at {e32['gemm_fraction']:.1%} of the measured "
+                         f"fp32 GEMM rate "
                          f"({cite(bench, e32)}), so scheduling gains only {e32['samples_s'] / p32['samples_s']:.2f}x "
                          f"over the peer's 1F1B; fp16 gives the engine {speedup(ez, e32)} the "
                          f"fp32 throughput at the same config."))

@@ -85,6 +85,15 @@ def test_bench_runs_the_engine_through_the_driver_and_writes_the_results_file(tm
     assert set(data["ratios"]) == {t.name for t in bench_analysis.TARGETS}
 
 
+def test_bench_on_the_cpu_plans_no_fp16_run(capsys):
+    """fp16 needs CUDA: --device cpu --quick leaves its runs out (saying so) instead of reporting them as errors."""
+    assert bench.main(["--device", "cpu", "--quick", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "fp16 needs CUDA GPUs: its runs are left out on the CPU" in out
+    planned = [line for line in out.splitlines() if line.startswith("torchrun")]
+    assert planned and not any("fp16" in line for line in planned)
+
+
 def test_bench_turns_a_flag_the_driver_lacks_into_an_error_record(tmp_path):
     args = bench.parse_args(["--device", "cpu"])
     spec = bench.Spec("engine", "1f1b", "L", "fp16", pp=2, variant="recompute")
@@ -120,7 +129,7 @@ def test_ratios_use_the_fastest_engine_schedule_and_leave_missing_runs_null():
         synthetic_run("engine", "1f1b", "X", "fp16", 150000, pp=2, tflops=640.0),
     ]
     meta = {"gemm_peak_tflops": {"fp16": 800.0, "fp32": 50.0}}
-    bench_analysis.annotate(runs, meta["gemm_peak_tflops"])
+    bench_analysis.annotate(runs, meta["gemm_peak_tflops"], "NVIDIA H200")
     ratios, details = bench_analysis.compute_ratios(runs, meta)
     assert ratios["L_pp2_fp16_vs_peer_1f1b"] == pytest.approx(3.5)
     assert ratios["L_pp2_fp16_vs_base"] == pytest.approx(7.0)
@@ -137,7 +146,12 @@ def test_ratios_use_the_fastest_engine_schedule_and_leave_missing_runs_null():
     for missing in ("L_pp2_fp32_vs_base", "C_pp2_fp16_vs_peer_1f1b", "L_mp2_bf16_vs_peer_tp"):
         assert ratios[missing] is None and details[missing]["met"] is None
     assert runs[0]["bubble_simulated"] == pytest.approx(0.5)  # the base code is stop-and-wait
-    assert runs[2]["mfu"] == pytest.approx(100 / 800)
+    assert runs[2]["gemm_fraction"] == pytest.approx(100 / 800)  # of the measured GEMM rate: not MFU
+    assert runs[2]["mfu"] == pytest.approx(100 / 989, abs=1e-4)  # MFU: of the datasheet's dense fp16 peak
+    assert runs[-1]["mfu"] == pytest.approx(640 / 989, abs=1e-4) and runs[-1]["gemm_fraction"] == pytest.approx(640 / 800)
+    unknown = [synthetic_run("engine", "1f1b", "L", "fp16", 6000, pp=2)]
+    bench_analysis.annotate(unknown, meta["gemm_peak_tflops"], "cpu")
+    assert unknown[0]["mfu"] is None  # no datasheet peak for the card: no MFU
     table = bench_analysis.format_table(runs, ratios, details)
     assert "ERROR: exit 1" in table and "L_pp2_fp16_vs_peer_1f1b" in table
 
