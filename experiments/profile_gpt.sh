@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device call (~4 min, 1 GPU): torch.profiler over the engine's GPT-1B step (experiments/gpt_bench.sh's shape,
+# bf16, 1f1b), top kernels and GPU-busy share; the output and a Chrome trace land in ${OUT:-/tmp/he_out}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source experiments/pass_lib.sh
+pass_setup profile_gpt
+python3 - <<'PY'
+import numpy as np
+from hybrid_engine.data import write_token_file
+write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+PY
+timeout 400 torchrun --nproc_per_node=1 experiments/profile_gpt.py --model gpt --hidden 2048 --layers 16 --heads 16 \
+  --seq-len 2048 --data /tmp/gpt_bench_tokens.bin --batch-size 16 --micro-batches 8 --amp bf16 --optimizer adamw \
+  --lr 3e-4 --steps 6 "$@" 2>&1 | tee "$OUT/profile_gpt.txt" | grep -v "^\s*$" | head -60
+gzip -f "$OUT"/profile_gpt_rank*.json 2>/dev/null || true
