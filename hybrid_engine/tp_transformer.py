@@ -40,7 +40,10 @@ from torch import nn
 
 from . import _C
 from .models.gpt import LN_EPS, TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm
+from .sequence_parallel import (_check_divisible, _sp_param, gather_along_sequence,
+                                reduce_scatter_along_sequence, scatter_along_sequence)
 from .tp_layers import ColumnParallelLinear, RowParallelLinear, _mark, _rank_and_size
+from .vocab_cross_entropy import vocab_parallel_cross_entropy  # noqa: F401  (re-exported: __all__)
 
 __all__ = [
     "check_gpt_parallel",
@@ -96,100 +99,6 @@ def _mark_vocab_split(param: nn.Parameter, mp_size: int, vocab_size: int) -> Non
     _mark(param, mp_size > 1, dim=0)
     if mp_size > 1:
         param.mp_full_size = vocab_size
-
-
-# ------------------------------------------------------------------------------------------------ sequence regions
-
-
-def _check_divisible(length: int, mp_size: int) -> None:
-    if length % mp_size:
-        raise ValueError(f"sequence parallel: sequence length {length} is not divisible by the model-parallel "
-                         f"size {mp_size}")
-
-
-def _all_gather_seq(x: torch.Tensor, group, mp_size: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(mp_size)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
-
-
-def _reduce_scatter_seq(x: torch.Tensor, group, mp_rank: int, mp_size: int) -> torch.Tensor:
-    _check_divisible(x.shape[1], mp_size)
-    if x.device.type == "cpu":  # gloo (the CPU backend) has no reduce_scatter: all-reduce, keep our chunk
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=group)
-        return total.chunk(mp_size, dim=1)[mp_rank].contiguous()
-    chunks = [c.contiguous() for c in x.chunk(mp_size, dim=1)]
-    out = torch.empty_like(chunks[mp_rank])
-    dist.reduce_scatter(out, chunks, group=group)
-    return out
-
-
-class _GatherSeq(torch.autograd.Function):
-    """All-gather along the sequence (dim 1) forward; reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        ctx.rank, ctx.size = _rank_and_size(group)
-        return _all_gather_seq(x, group, ctx.size)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_seq(grad, ctx.group, ctx.rank, ctx.size), None
-
-
-class _ReduceScatterSeq(torch.autograd.Function):
-    """Reduce-scatter along the sequence (dim 1) forward; all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        ctx.rank, ctx.size = _rank_and_size(group)
-        return _reduce_scatter_seq(x, group, ctx.rank, ctx.size)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_seq(grad, ctx.group, ctx.size), None
-
-
-class _ScatterSeq(torch.autograd.Function):
-    """Keep this rank's sequence chunk forward; all-gather backward (inputs replicated over MP enter SP)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        ctx.rank, ctx.size = _rank_and_size(group)
-        _check_divisible(x.shape[1], ctx.size)
-        return x.chunk(ctx.size, dim=1)[ctx.rank].contiguous()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_seq(grad, ctx.group, ctx.size), None
-
-
-def _single(group) -> bool:
-    return group is None or _rank_and_size(group)[1] == 1
-
-
-def gather_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """[b, s/p, ...] chunks -> [b, s, ...] on every rank; backward sums and keeps this rank's chunk."""
-    return x if _single(group) else _GatherSeq.apply(x, group)
-
-
-def reduce_scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """[b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum; backward all-gathers."""
-    return x if _single(group) else _ReduceScatterSeq.apply(x, group)
-
-
-def scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """A tensor replicated over MP -> this rank's chunk along dim 1 (e.g. a reference's input entering SP)."""
-    return x if _single(group) else _ScatterSeq.apply(x, group)
-
-
-def _sp_param(param: torch.Tensor, group) -> torch.Tensor:
-    """A parameter used on a sequence chunk: identity forward, its gradient summed over MP backward."""
-    return _C.copy_to_mp_region(param, group)
 
 
 # ------------------------------------------------------------------------------------------------ layers
@@ -457,65 +366,3 @@ def parallelize_gpt(model: nn.Sequential, mp_group: Optional[dist.ProcessGroup],
             _mark_replicated(layer)
         modules[name] = layer
     return nn.Sequential(modules)
-
-
-# ------------------------------------------------------------------------------------------------ the loss
-
-
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits split along the vocabulary, computed in fp32 without gathering them.
-
-    Forward: global max (all-reduce MAX), then one all-reduce SUM of (sum of exp, target logit) -- the target
-    logit comes from the rank whose slice holds it, zero elsewhere. Columns at or past `vocab_size` (padding)
-    are -inf: they add nothing to the sum and get no gradient. Backward: (softmax - onehot) / tokens on the local
-    slice, no communication. The saved softmax is turned into the gradient in place: backward runs once.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, targets, group, vocab_size):
-        rank, size = _rank_and_size(group)
-        part = logits.shape[-1]
-        start = rank * part
-        x = logits.reshape(-1, part).float()
-        valid = max(0, min(part, vocab_size - start))
-        if valid < part:
-            x = x.clone() if x.data_ptr() == logits.data_ptr() else x
-            x[:, valid:] = float("-inf")
-        t = targets.reshape(-1)
-        if t.numel() != x.shape[0]:
-            raise ValueError(f"vocab_parallel_cross_entropy: {x.shape[0]} logit rows but {t.numel()} targets")
-        top = x.max(dim=1).values
-        if size > 1:
-            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        x = x - top.unsqueeze(1)  # a new tensor: the logits are never written
-        in_range = (t >= start) & (t < start + part)
-        local = (t - start).clamp_(0, part - 1)
-        picked = torch.where(in_range, x.gather(1, local.unsqueeze(1)).squeeze(1), torch.zeros_like(top))
-        x.exp_()
-        stats = torch.stack([x.sum(dim=1), picked])
-        if size > 1:
-            dist.all_reduce(stats, group=group)
-        sum_exp, target_logit = stats[0], stats[1]
-        x.div_(sum_exp.unsqueeze(1))  # the softmax, this rank's columns
-        ctx.save_for_backward(x, local, in_range)
-        ctx.shape, ctx.dtype = logits.shape, logits.dtype
-        return (sum_exp.log() - target_logit).mean()
-
-    @staticmethod
-    def backward(ctx, grad):
-        softmax, local, in_range = ctx.saved_tensors
-        rows = torch.arange(softmax.shape[0], device=softmax.device)
-        softmax[rows, local] -= in_range.to(softmax.dtype)
-        softmax.mul_(grad / softmax.shape[0])
-        return softmax.view(ctx.shape).to(ctx.dtype), None, None, None
-
-
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                                 mp_group: Optional[dist.ProcessGroup], vocab_size: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over all tokens (fp32 scalar), equal to
-    `F.cross_entropy(full_logits[..., :vocab_size].reshape(-1, V), targets.reshape(-1))`.
-
-    logits: this rank's contiguous vocabulary slice [..., V'/p] (ParallelHead's output; with mp 1 the full
-    logits); targets: int64 [...] with ids < vocab_size. Every rank of `mp_group` must call it (two all-reduces).
-    """
-    return _VocabParallelCrossEntropy.apply(logits, targets, mp_group, vocab_size)
