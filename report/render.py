@@ -30,7 +30,9 @@ class Report:
     """Collects pages into one PDF and counts them."""
 
     def __init__(self, path: str):
-        self.pdf = PdfPages(path)
+        # No creation date (matplotlib writes the build time otherwise): the same results give the same bytes, so
+        # rebuilding the report leaves the committed PDF unchanged unless its content changed.
+        self.pdf = PdfPages(path, metadata={"CreationDate": None})
         self.pages = 0
         self.titles: list[str] = []
         self._page_title = ""
