@@ -29,13 +29,8 @@ too. A Python signal handler runs only when the main thread returns to the inter
 collective may not do for --comm-timeout seconds; so the handler only wakes a thread (signal.set_wakeup_fd), and
 the thread reports and exits at once.
 
-Test hooks (environment variables read by the driver; they fire only on a run's first attempt, i.e. when
-torchrun's TORCHELASTIC_RESTART_COUNT is 0 or unset, so a restarted run does not fail again):
-  HYBRID_ENGINE_TEST_KILL_AT_STEP=S     rank HYBRID_ENGINE_TEST_KILL_RANK (default 0) SIGKILLs itself as step
-                                        S begins (the others are then blocked mid-step, waiting for it)
-  HYBRID_ENGINE_TEST_CRASH_IN_SAVE=S    that rank writes half its shard of the checkpoint of step S, then
-                                        SIGKILLs itself
-  HYBRID_ENGINE_TEST_NAN_AT_STEP=S      a NaN is written into the inputs of step S (so the loss is NaN)
+The test hooks that kill a rank or poison a step are hybrid_engine/fault_plan.py's; `kill_self` is how they
+kill.
 """
 from __future__ import annotations
 
@@ -47,18 +42,6 @@ import sys
 import threading
 import time
 
-HOOK_PREFIX = "HYBRID_ENGINE_TEST_"
-
-
-def hook_fires(name: str, step: int, rank: int | None = None) -> bool:
-    """True when HYBRID_ENGINE_TEST_<name> == step on a first attempt (and, if `rank` is given, this is the
-    hook's rank, HYBRID_ENGINE_TEST_KILL_RANK)."""
-    raw = os.environ.get(HOOK_PREFIX + name)
-    if raw is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return False
-    if rank is not None and rank != int(os.environ.get(HOOK_PREFIX + "KILL_RANK", "0")):
-        return False
-    return int(raw) == step
 
 
 def say(line: str) -> None:

@@ -37,32 +37,26 @@ class SGD:
 
 @dataclass(frozen=True)
 class Adam:
-    """torch.optim.Adam."""
+    """torch.optim.Adam (fused on CUDA)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+    torch_class = torch.optim.Adam
 
     def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         params = list(params)
-        return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+        return self.torch_class(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                 fused=_fused(params))
 
 
 @dataclass(frozen=True)
-class AdamW:
-    """torch.optim.AdamW (decoupled weight decay)."""
+class AdamW(Adam):
+    """torch.optim.AdamW (decoupled weight decay; fused on CUDA)."""
 
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
     weight_decay: float = 0.01
-
-    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        params = list(params)
-        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                                 fused=_fused(params))
+    torch_class = torch.optim.AdamW
 
 
 def _fused(params: list[torch.Tensor]) -> bool | None:
