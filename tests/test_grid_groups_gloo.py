@@ -67,7 +67,7 @@ def _all_reduce_with_a_silent_peer(rank: int, world_size: int, timeout_s: float 
         store.wait(["rank0_done"])  # silent until rank 0 gave up
         return None
     try:
-        _C.all_reduce_sum(torch.ones(1), groups.dp)
+        _C._testing.all_reduce_sum(torch.ones(1), groups.dp)
         outcome = "completed without its peer"
     except RuntimeError as exc:
         outcome = str(exc)
