@@ -12,11 +12,7 @@ if ls .whl/megatron_core-*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/mcore .whl/megatron_core-*.whl > "$RES/mcore.log" 2>&1
 fi
 SHAPE="--hidden 2048 --layers 16 --heads 16"
-python3 - <<'PY'  # synthetic tokens over a 32000-token vocabulary, the same file for every engine run
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+gpt_tokens
 G="--model gpt $SHAPE --seq-len 2048 --data /tmp/gpt_bench_tokens.bin --batch-size 16 --micro-batches 8"
 G="$G --optimizer adamw --lr 3e-4 --steps 8 --warmup 3 --seed 0"
 engine gpt_bf16_1f1b 1 $G --amp bf16

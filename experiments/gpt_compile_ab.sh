@@ -6,11 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source experiments/pass_lib.sh
 pass_setup gpt_compile_ab
-python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+gpt_tokens
 SHAPE="--hidden 2048 --layers 16 --heads 16"
 G="--model gpt $SHAPE --seq-len 2048 --data /tmp/gpt_bench_tokens.bin --batch-size 16 --micro-batches 8"
 G="$G --optimizer adamw --lr 3e-4 --steps 10 --warmup 4 --seed 0 --amp bf16 --quiet"

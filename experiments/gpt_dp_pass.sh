@@ -7,11 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source experiments/pass_lib.sh
 pass_setup gpt_dp_pass
-python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+gpt_tokens
 G="--model gpt --hidden 2048 --layers 16 --heads 16 --seq-len 2048 --data /tmp/gpt_bench_tokens.bin --amp bf16"
 G="$G --optimizer adamw --lr 3e-4 --steps 8 --warmup 3 --seed 0"
 engine gpt_single 1 $G --batch-size 16 --micro-batches 8

@@ -22,3 +22,11 @@ program() {  # name nproc script args...: a base or peer program of experiments/
     || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
   echo "$name: $(grep -o '"samples_s": [0-9.]*' "$RES/$name.log" | tail -1)"
 }
+
+gpt_tokens() {  # the GPT passes' data: 8M synthetic tokens over a 32000-token vocabulary, in /tmp/gpt_bench_tokens.bin
+  python3 - <<'PY'
+import numpy as np
+from hybrid_engine.data import write_token_file
+write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+PY
+}

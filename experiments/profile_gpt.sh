@@ -5,11 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source experiments/pass_lib.sh
 pass_setup profile_gpt
-python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+gpt_tokens
 timeout 400 torchrun --nproc_per_node=1 experiments/profile_gpt.py --model gpt --hidden 2048 --layers 16 --heads 16 \
   --seq-len 2048 --data /tmp/gpt_bench_tokens.bin --batch-size 16 --micro-batches 8 --amp bf16 --optimizer adamw \
   --lr 3e-4 --steps 6 "$@" 2>&1 | tee "$OUT/profile_gpt.txt" | grep -v "^\s*$" | head -60

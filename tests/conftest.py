@@ -64,3 +64,14 @@ def pytest_collection_modifyitems(config, items):
         seen: set[int] = set()
         if any(f is not None and _spawns(f, seen) for f in funcs):
             item.add_marker(pytest.mark.multiprocess)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tests of tiny shapes: on a shared machine two spinning threads cost 10x."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -33,13 +33,7 @@ SEQ = 16
 SMALL = 1 << 16  # a small built-in corpus keeps the tests fast
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: these shapes are tiny, and on a shared machine two spinning threads cost 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------------ Markov corpus

@@ -28,13 +28,7 @@ from hybrid_engine.models.gpt import (
 CFG = GPTConfig(vocab_size=37, layers=2, hidden=16, heads=4, seq_len=8, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: these shapes are tiny, and on a shared machine two spinning threads cost 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

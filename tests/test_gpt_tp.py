@@ -35,13 +35,7 @@ BATCH = 2
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: these shapes are tiny, and on a shared machine two spinning threads cost 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
