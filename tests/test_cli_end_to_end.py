@@ -31,6 +31,9 @@ def test_ctrl_c_is_one_line_per_rank_naming_step_and_checkpoint_and_exit_130(tmp
         seen = ""
         while "saved" not in seen and procs[0].poll() is None:  # a checkpoint exists: the line must name it
             seen += procs[0].stdout.readline()
+        # ...on every rank: the next step needs every rank, so each has returned from the save and recorded it
+        while procs[0].poll() is None and not procs[0].stdout.readline().startswith("step"):
+            pass
         for p in procs:  # what a terminal's Ctrl-C does: SIGINT to every process of the job
             p.send_signal(signal.SIGINT)
         results = [p.communicate(timeout=30) for p in procs]  # at once, not after --comm-timeout
