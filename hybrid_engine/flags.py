@@ -25,6 +25,8 @@ examples:
   [checkpoint], [reporting], [schedule], [stages], [precision], [data_parallel]); flags override it:
     torchrun --nproc_per_node=8 hybrid_engine.py --config run.toml --steps 100
   (python -m hybrid_engine and the hybrid-engine command take the same flags)
+  torchrun's arguments and agent without its warnings and tracebacks, exiting with the ranks' own code:
+    python -m hybrid_engine.launch --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2
 
 environment:
   HYBRID_ENGINE_DEBUG=1                  a failure raises with its full traceback instead of one line
@@ -36,6 +38,7 @@ environment:
 exit codes: 0 done; 2 bad input (flags, grid, checkpoint); 1 training stopped (NaN loss) or a failure (a lost
 peer: the line names it); 130 Ctrl-C (SIGINT); 143 SIGTERM. Under torchrun the shell sees torchrun's own code
 (1 when any rank failed, whatever the rank's code); its report names the first rank that failed and its code.
+python -m hybrid_engine.launch exits with that rank's code.
 """
 
 # flag dest -> (RunConfig table, field)
