@@ -186,7 +186,9 @@ class Trainer:
                 if times:
                     t = self._throughput(statistics.median(times))
                     mfu = f", MFU {t['mfu']:.1%} of the datasheet peak" if t["mfu"] is not None else ""
-                    line += f"; {t['tokens_per_s']:.0f} tokens/s, {t['tflops_per_gpu']:.1f} model TFLOP/s per GPU{mfu}"
+                    # A sample of the MLP is one row, not a sequence: its tokens/s would repeat samples/s.
+                    tokens = f"{t['tokens_per_s']:.0f} tokens/s, " if self.workload.tokens_per_sample > 1 else ""
+                    line += f"; {tokens}{t['tflops_per_gpu']:.3g} model TFLOP/s per GPU{mfu}"
                 progress.say(line)
             if cfg.reporting.trace and steps > first_step:
                 self._write_trace(progress)
@@ -201,7 +203,8 @@ class Trainer:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
         dtype = self.engine.precision.half_dtype or torch.float32
         return {"tokens_per_s": round(tokens_per_s, 1),
-                "tflops_per_gpu": round(tokens_per_s * w.flops_per_token / world / 1e12, 3),
+                # significant digits, not decimals: a small model on a CPU runs at a few GFLOP/s
+                "tflops_per_gpu": float(f"{tokens_per_s * w.flops_per_token / world / 1e12:.4g}"),
                 "mfu": flops.mfu(tokens_per_s / world, w.flops_per_token, name, dtype)}
 
     def _maybe_validate(self, done: int, progress: Progress, max_batches: int = 16) -> None:

@@ -62,6 +62,10 @@ def test_python_dash_m_runs_the_same_cli():
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "step    0" in done.stdout and "summary: 1 ranks" in done.stdout
+    # The MLP's samples are rows, so no tokens/s beside samples/s, and a tiny model's rate is not "0.0"
+    summary = next(ln for ln in done.stdout.splitlines() if ln.startswith("summary:"))
+    assert "tokens/s" not in summary
+    assert float(re.search(r"; ([0-9.e+-]+) model TFLOP/s per GPU", summary).group(1)) > 0
     bad = subprocess.run([sys.executable, "-m", "hybrid_engine", "--lr", "nan"], cwd=REPO, env=_env(),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("hybrid_engine: error: --lr must be a finite")
