@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from . import _C, losses, optim
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
-from .engine_config import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from .engine_config import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .engine_state import EngineState
 from .grad_buffer import attach, build_grad_buffer
 from .grid import ACTIVATION, GridGroups
@@ -122,21 +122,25 @@ class Engine(EngineState):
         stepped = {id(p): None if sharded and precision.half_weights else o
                    for p, o in zip(self.parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
-        self._tied = TiedGradients(model, layout, groups, self.stages, dict(zip(map(id, self.parameters),
-                                                                                self.optimized)))
-        if self._tied and sharded:
-            raise ConfigError("tied embeddings with the distributed optimizer (--zero 1) are not supported yet: the "
-                              "two copies' gradients would have to be summed before the reduce-scatter")
+        # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (tied.py).
+        self._tied = TiedGradients(model, layout, groups, self.stages)
         self.buffer_layout = build_grad_buffer(self.stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
-                                               pad_to=self.dp_size if sharded else 1)
+                                               pad_to=self.dp_size if sharded else 1,
+                                               alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         attach(self.stages, self.grads)
         self._programs = build_programs(self.plans, self.stages, precision, stages, self.device, self.grads)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
-                                      self._clip_group_for_shards(), self.device) if sharded else None)
+                                      self._clip_group_for_shards(), self.device, self._tied.not_counted)
+                     if sharded else None)
+        if self.zero is not None:
+            self._tied.bind(self.zero.grad_shard_of, sharded=True)
+        else:
+            optimized_of = dict(zip(map(id, self.parameters), self.optimized))
+            self._tied.bind(lambda p: optimized_of[id(p)].grad)
         self.optimizer, self.update = ((self.zero.optimizer, self.zero) if self.zero is not None
                                        else optim.make_update(optimizer, self.optimized, self.masters, self.device))
         self.optimizer_name = optim.describe(optimizer)
@@ -294,7 +298,8 @@ class Engine(EngineState):
         hold the SCALED gradients: nothing reads them before the next step zeroes or overwrites them. Clipping
         (its norm needs unscaled gradients) and any other update (it reads .grad) unscale in place and decide on
         the host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
-        rank of every replica take the same decision. Tied copies' gradients are summed first."""
+        rank of every replica take the same decision. Tied copies' gradients (under ZeRO-1 their DP shards) are
+        summed first."""
         if self._tied:
             self._tied.sum_grads()
         if self.zero is not None:
@@ -337,7 +342,7 @@ class Engine(EngineState):
     def _clip(self) -> float:
         """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
         pairs = list(zip(self.parameters, self.optimized))
-        counted = [(p, o) for p, o in pairs if id(o) not in self._tied.not_counted]
+        counted = [(p, o) for p, o in pairs if id(p) not in self._tied.not_counted]
         split = [o.grad for p, o in counted if is_mp_split(p)]
         replicated = [o.grad for p, o in counted if not is_mp_split(p)]
         max_norm = self.precision.clip_grad

@@ -57,15 +57,33 @@ class BufferLayout:
     members: list[list[tuple[nn.Parameter, int]]] = field(default_factory=list)
 
 
+def _isolate(runs: list[list[nn.Parameter]], alone: set[int]) -> list[list[nn.Parameter]]:
+    """The runs with every parameter of `alone` (ids) cut out into a run of its own, in place."""
+    out: list[list[nn.Parameter]] = []
+    for run in runs:
+        rest: list[nn.Parameter] = []
+        for p in run:
+            if id(p) in alone:
+                out += [rest, [p]] if rest else [[p]]
+                rest = []
+            else:
+                rest.append(p)
+        if rest:
+            out.append(rest)
+    return out
+
+
 def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Tensor | None], half_weights: bool,
-                      cap_bytes: int, device: torch.device, pad_to: int = 1) -> BufferLayout:
+                      cap_bytes: int, device: torch.device, pad_to: int = 1,
+                      alone: set[int] = frozenset()) -> BufferLayout:
     """The GradBuffer of `stages`.
 
     stepped: id(model parameter) -> the tensor whose .grad becomes the parameter's view into its bucket (the
     parameter itself, or its fp32 master), or None where no tensor takes it (a sharded optimizer reads the
     buckets directly); the bucket then has the parameter's dtype, or fp32 with half weights. half_weights: route
     each half weight's gradient to its view (its fp32 main grad). pad_to: every bucket's length is a multiple of
-    it (a reduce-scatter over that many DP ranks splits it into equal shards)."""
+    it (a reduce-scatter over that many DP ranks splits it into equal shards). alone: id() of parameters that
+    get a bucket of their own (ZeRO-1's tied copies: equal buckets, so equal DP shards, on both stages)."""
     def grad_dtype(p: nn.Parameter) -> torch.dtype:
         owner = stepped[id(p)]
         return owner.dtype if owner is not None else (torch.float32 if half_weights else p.dtype)
@@ -80,7 +98,7 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
                 by_dtype.setdefault(dtype, []).append([p for p in layer if grad_dtype(p) == dtype])
         layout.stage_buckets[s] = []
         for dtype, layers in by_dtype.items():
-            for run in _runs_under_cap(layers, cap_bytes // dtype.itemsize):
+            for run in _isolate(_runs_under_cap(layers, cap_bytes // dtype.itemsize), alone):
                 numel = sum(p.numel() for p in run)
                 flat = torch.zeros(-(-numel // pad_to) * pad_to, dtype=dtype, device=device)
                 members, offset = [], 0

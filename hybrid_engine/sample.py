@@ -74,7 +74,14 @@ class Codec:
                 from tokenizers import Tokenizer
             except ImportError:
                 raise ValueError("--tokenizer needs the tokenizers package: pip install tokenizers") from None
-            self.tokenizer = Tokenizer.from_file(tokenizer)
+            try:
+                self.tokenizer = Tokenizer.from_file(tokenizer)
+            except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a missing or bad file
+                raise ValueError(f"--tokenizer {tokenizer} cannot be read ({exc})") from None
+            # A tokenizer of another vocabulary decodes the model's ids into other text, or drops them, silently.
+            if self.tokenizer.get_vocab_size() != vocab_size:
+                raise ValueError(f"--tokenizer {tokenizer} has a vocabulary of {self.tokenizer.get_vocab_size()}, "
+                                 f"the checkpoint's model {vocab_size}: not the tokenizer of its token file")
         elif vocab_size != 256:
             raise ValueError(f"the checkpoint's vocabulary is {vocab_size}, not bytes (256): pass --tokenizer "
                              "FILE (the tokenizer.json beside its token file)")

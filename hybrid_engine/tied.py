@@ -11,6 +11,13 @@ overflow check, clipping and the update, each copy's gradient becomes the sum --
 
 -- so both copies take the same update and stay equal. In the global gradient norm the weight counts once: the
 copy on stage 0 counts, the others do not (`not_counted`).
+
+With the distributed optimizer (ZeRO-1) a bucket is reduce-scattered over DP as soon as its gradients are final,
+inside the pipeline's backward, so the sum cannot come first. It comes after, on shards: each copy gets a
+gradient bucket of its own (`build_grad_buffer(alone=...)`), the two buckets have the same size and so the same
+DP shard boundaries, and DP rank r's shard of one copy covers exactly the elements of its shard of the other.
+Summing the shards over the same two-rank group is then the sum of the DP-summed gradients (both sums are
+linear), and the two copies' masters and optimizer states, sharded alike, take the same update.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ import datetime
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from typing import Callable
 
 from .grid import GridGroups
 
@@ -54,7 +63,7 @@ class TiedGradients:
     the same order relative to other group creation: it creates one group per (dp, mp) pipeline when pp > 1."""
 
     def __init__(self, model: nn.Sequential, layout: list[list[int]], groups: GridGroups,
-                 stages: dict[int, nn.Module], stepped: dict[int, torch.Tensor]):
+                 stages: dict[int, nn.Module]):
         self.tags = tied_stages(model, layout)
         self.group: dist.ProcessGroup | None = None
         self._groups_made: list[dist.ProcessGroup] = []
@@ -66,27 +75,45 @@ class TiedGradients:
                 if groups.rank in members:
                     self.group = group
                     self._groups_made.append(group)
-        # tag -> the tensors the optimizer steps for this rank's copies, stage order (stage 0's copy first).
-        self.copies: dict[str, list[torch.Tensor]] = {}
+        # tag -> this rank's copies (model parameters), stage order (stage 0's copy first).
+        self.copies: dict[str, list[nn.Parameter]] = {}
         for s in sorted(stages):
             for param in stages[s].parameters():
                 tag = getattr(param, "tied", None)
                 if tag is not None:
-                    self.copies.setdefault(tag, []).append(stepped[id(param)])
+                    self.copies.setdefault(tag, []).append(param)
         first = 0 in stages
-        self.not_counted = {id(t) for copies in self.copies.values() for t in (copies[1:] if first else copies)}
+        self.not_counted = {id(p) for copies in self.copies.values() for p in (copies[1:] if first else copies)}
+        self._grad_of: Callable[[nn.Parameter], torch.Tensor] | None = None
+        self.sharded = False
+
+    @property
+    def param_ids(self) -> set[int]:
+        """id() of every tied copy on this rank."""
+        return {id(p) for copies in self.copies.values() for p in copies}
+
+    def bind(self, grad_of: Callable[[nn.Parameter], torch.Tensor], sharded: bool = False) -> None:
+        """Where a copy's gradient is once the DP sync is done: grad_of(copy) -> the whole gradient (replicated
+        optimizer), or this DP rank's shard of it (sharded: ZeRO-1, each copy alone in its bucket)."""
+        self._grad_of, self.sharded = grad_of, sharded
+        for tag, copies in self.copies.items():
+            shapes = {tuple(grad_of(p).shape) for p in copies}
+            if len(shapes) != 1:
+                raise ValueError(f"tied parameters '{tag}': this rank's gradients of its copies differ in shape "
+                                 f"{sorted(shapes)}")
 
     def __bool__(self) -> bool:
         return bool(self.copies)
 
     def describe(self) -> str:
         where = "between the first and last pipeline stage" if self.group is not None else "on one stage"
-        return f"tied parameters {', '.join(sorted(self.copies))}: gradients summed {where} before the update"
+        how = " (ZeRO-1: each copy in a bucket of its own, its DP shards summed)" if self.sharded else ""
+        return f"tied parameters {', '.join(sorted(self.copies))}: gradients summed {where} before the update{how}"
 
     @torch.no_grad()
     def sum_grads(self) -> None:
         for tag in sorted(self.copies):
-            grads = [t.grad for t in self.copies[tag]]
+            grads = [self._grad_of(p) for p in self.copies[tag]]
             if any(g is None for g in grads):
                 raise RuntimeError(f"tied parameter '{tag}' has no gradient buffer")
             total = grads[0]

@@ -16,6 +16,8 @@ forward.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -32,7 +34,7 @@ class ShardedOptimizer:
     fuses_unscale = False
 
     def __init__(self, factory: optim.OptimizerFactory, layout: BufferLayout, half_weights: bool, groups,
-                 clip_group: dist.ProcessGroup | None, device: torch.device):
+                 clip_group: dist.ProcessGroup | None, device: torch.device, not_counted: set[int] = frozenset()):
         self.layout, self.groups, self.device = layout, groups, device
         self.dp_rank, self.dp_size = groups.coords.dp, groups.grid.dp_size
         self.half_weights, self.clip_group = half_weights, clip_group
@@ -58,6 +60,8 @@ class ShardedOptimizer:
                             f"{type(self.optimizer).__name__}")
         self.fused = half_weights and isinstance(factory, optim.SGD) and factory.plain
         self.fuses_unscale = self.fused
+        # not_counted: id() of parameters left out of the clipping norm (a tied weight's second copy), still scaled.
+        self._not_counted = not_counted
         self._split, self._replicated = self._norm_segments()
 
     def describe(self) -> str:
@@ -71,9 +75,18 @@ class ShardedOptimizer:
         for b, (start, end) in enumerate(self.shards):
             for p, offset in self.layout.members[b]:
                 lo, hi = max(start, offset), min(end, offset + p.numel())
-                if lo < hi:
+                if lo < hi and id(p) not in self._not_counted:
                     (split if is_mp_split(p) else replicated).append(self.layout.grads.buckets[b][lo:hi])
         return split, replicated
+
+    def grad_shard_of(self, param: nn.Parameter) -> torch.Tensor:
+        """This DP rank's shard of the gradient bucket that holds `param` alone (build_grad_buffer's `alone`)."""
+        for b, members in enumerate(self.layout.members):
+            if any(p is param for p, _ in members):
+                if len(members) != 1:
+                    raise RuntimeError("ZeRO-1: a tied copy must have a gradient bucket of its own")
+                return self.grad_shards[b]
+        raise KeyError("ZeRO-1: parameter not in this rank's gradient buckets")
 
     def state_bytes(self) -> int:
         """Bytes of fp32 masters (when they are copies) and optimizer state held by this rank."""
@@ -96,8 +109,13 @@ class ShardedOptimizer:
         skipped = scaler.unscale_and_check(self.grad_shards, self.world, self.device) if scaler is not None else False
         grad_norm = None
         if not skipped and clip_grad > 0:
-            grad_norm = clip_grad_norm(self._split, self._replicated, clip_grad, self.groups.mp, self.clip_group,
-                                       self.device)
+            # A segment left out of the norm must still be clipped with the others: measure, then scale the whole
+            # shard (the coefficient of csrc/amp/grad_clip.cpp), as Engine._clip does.
+            measure_only = bool(self._not_counted)
+            grad_norm = clip_grad_norm(self._split, self._replicated, 0.0 if measure_only else clip_grad,
+                                       self.groups.mp, self.clip_group, self.device)
+            if measure_only and math.isfinite(grad_norm) and grad_norm > clip_grad:
+                torch._foreach_mul_(self.grad_shards, clip_grad / (grad_norm + 1e-6))
         if not skipped:
             if self.fused:
                 lr = float(self.optimizer.param_groups[0]["lr"])

@@ -4,7 +4,7 @@
     python report/build.py [--results experiments/results] [--out report/report.pdf]
 
 Page order: title, 1 grid mapping, 2 pipeline overlap, then per card: 3 performance, 4 memory, 5 targets,
-6 bottlenecks; appendix: files used and the exact command of every run. See report/README.md.
+6 bottlenecks; 7 the GPT; appendix: files used and the exact command of every run. See report/README.md.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ sys.path.insert(0, str(REPO))
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from report import figures, tables, text  # noqa: E402
+from report import figures, gpt, tables, text  # noqa: E402
 from report.data import NOT_MEASURED, Bench, Results, grid_of, grid_text, load, mode_text, ok, status  # noqa: E402
+from report.gpt_data import GptResults, load_gpt  # noqa: E402
 from report.render import Report  # noqa: E402
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb1")
@@ -47,7 +48,7 @@ def title_page(rep: Report, res: Results) -> None:
                                                              "--out report/report.pdf"),
                ("h", "Contents"),
                ("b", "1 Grid mapping   2 Pipeline overlap   3 Performance   4 Memory   5 Targets   6 Bottlenecks   "
-                     "Appendix: files used, every run's command")]
+                     "7 GPT   Appendix: files used, every run's command")]
     rep.text("hybrid_engine: technical report", blocks)
 
 
@@ -140,9 +141,11 @@ def memory_pages(rep: Report, res: Results, b: Bench) -> None:
         rep.figure(figures.convergence_figure(conv), f"4. Convergence ({b.card})")
 
 
-def appendix(rep: Report, res: Results) -> None:
+def appendix(rep: Report, res: Results, g: GptResults) -> None:
     rep.tables([tables.files_table(res)])
     blocks = []
+    if g.used:
+        blocks += [("h", "The GPT files (section 7): the command of each"), *gpt.commands(g, res.root), ("gap", "")]
     for b in res.benches:
         blocks += [("h", f"{tables.rel(b.path, res.root)}: the exact command of every run (cmd field)")]
         blocks += [("m", line) for line in tables.commands(b)]
@@ -155,6 +158,9 @@ def appendix(rep: Report, res: Results) -> None:
 
 def build(results: Path, out: Path) -> Report:
     res = load(results)
+    g = load_gpt(results)  # the GPT's files replace report/data.py's "not a bench results file" verdict on them
+    res.files_used += g.used
+    res.files_ignored = [(p, why) for p, why in res.files_ignored if p not in g.claimed] + g.ignored
     out.parent.mkdir(parents=True, exist_ok=True)
     rep = Report(str(out))
     title_page(rep, res)
@@ -168,7 +174,8 @@ def build(results: Path, out: Path) -> Report:
         rep.tables([t])
         rep.text(f"6. Bottlenecks ({b.card})", text.conclusions(b, res.maxbatch.get(b.card),
                                                                  res.convergence.get(b.card), res.root))
-    appendix(rep, res)
+    gpt.gpt_pages(rep, g, res.root)
+    appendix(rep, res, g)
     rep.close()
     return rep
 

@@ -48,7 +48,8 @@ def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | 
                          micro_batches=MICRO, virtual_stages=v, merge_weight_grads=run.get("merge", False),
                          optimizer=run.get("optimizer", optim.SGD(LR, MOMENTUM)), recompute=workload.full_recompute,
                          amp=run.get("amp", "off"), impl=run.get("impl", "half-weights"),
-                         clip_grad=run.get("clip", 0.0), **workload.engine_kwargs(pp * v))
+                         clip_grad=run.get("clip", 0.0), zero=run.get("zero", 0),
+                         dp_bucket_mb=run.get("bucket_mb", 256.0), **workload.engine_kwargs(pp * v))
     if load is not None:
         engine.load_checkpoint_state(load["weights"], load["optimizer"], load["scaler"])
     per_dp = BATCH // groups.grid.dp_size
@@ -154,6 +155,8 @@ GRIDS_2 = {
     # Clipping at half the norm: the tied weight counts once in the global norm, whatever the grid.
     "pp2 tied clipped": {"pp": 2, "tied": True, "clip": 0.5},
     "mp2 sp tied clipped": {"mp": 2, "sp": True, "tied": True, "clip": 0.5},
+    # ZeRO-1 with both tied copies on one stage: each in a bucket of its own, their DP shards added locally.
+    "dp2 zero1 tied": {"dp": 2, "zero": 1, "tied": True, "unsharded": "dp2 tied"},
 }
 # Half weights (fp32 masters, the loss in fp32 from half logits): close to fp32, not equal.
 GRIDS_HALF = {
@@ -162,16 +165,26 @@ GRIDS_HALF = {
     "pp2 bf16 autocast tied": {"pp": 2, "tied": True, "amp": "bf16", "impl": "autocast"},
     # plain SGD with half weights takes the fused SGD + cast update (no momentum: only step 0 compares)
     "pp2 fp16 fused SGD tied": {"pp": 2, "tied": True, "amp": "fp16", "optimizer": optim.SGD(LR)},
+    "dp2 zero1 bf16 tied": {"dp": 2, "zero": 1, "tied": True, "amp": "bf16"},
 }
 GRIDS_4 = {
     "pp4 1f1b tied": {"pp": 4, "tied": True},
     "mp4 sequence parallel tied": {"mp": 4, "sp": True, "tied": True},
     "pp2 mp2 zb1 merged W sp tied": {"pp": 2, "mp": 2, "schedule": "zb1", "merge": True, "sp": True, "tied": True},
     "dp2 mp2": {"dp": 2, "mp": 2},
+    # ZeRO-1 with the tied copies on the first and last stage: the DP reduce-scatter runs inside the backward,
+    # then the copies' shards are summed across the pipeline. Small buckets cut the other layers mid-tensor.
+    "dp2 pp2 tied": {"dp": 2, "pp": 2, "tied": True},
+    "dp2 pp2 zero1 tied": {"dp": 2, "pp": 2, "zero": 1, "tied": True, "bucket_mb": 0.004,
+                           "unsharded": "dp2 pp2 tied"},
+    # the tied weight counts once in the norm summed over DP shards, and its uncounted copy is still clipped
+    "dp2 pp2 zero1 tied clipped": {"dp": 2, "pp": 2, "zero": 1, "tied": True, "clip": 0.5},
 }
 GRIDS_8 = {
     "dp2 pp2 mp2 sequence parallel tied": {"dp": 2, "pp": 2, "mp": 2, "sp": True, "tied": True},
     "dp2 pp2 mp2 interleaved v2": {"dp": 2, "pp": 2, "mp": 2, "schedule": "interleaved", "v": 2},
+    "dp2 pp2 mp2 sp zero1 tied": {"dp": 2, "pp": 2, "mp": 2, "sp": True, "zero": 1, "tied": True,
+                                  "bucket_mb": 0.004, "unsharded": "dp2 pp2 mp2 sequence parallel tied"},
 }
 GRIDS_1 = {"1 rank": {}, "1 rank tied": {"tied": True}, "1 rank tied clipped": {"tied": True, "clip": 0.5}}
 
@@ -237,6 +250,10 @@ def test_every_grid_matches_one_rank_and_plain_pytorch(world, grids, one_rank, r
         assert all(all(r["selective"]) == (recompute == "selective") for r in per_rank if r["selective"]), name
         if tied:  # the two copies stay equal
             assert torch.equal(state["0.word"], state["5.lm_head.weight"]), name
+        if "unsharded" in run:  # ZeRO-1 against the same grid's replicated optimizer
+            twin = list(grids).index(run["unsharded"])
+            assert_matches(losses, state, results[0][twin]["losses"], merged_state([r[twin] for r in results]),
+                           f"{name} vs {run['unsharded']}")
 
 
 def test_half_weights_train_the_gpt_close_to_fp32(references):
@@ -284,6 +301,20 @@ def test_checkpoint_state_reshards_across_grids_and_continues_the_curve():
     curve = run_ranks(2, resume_on_other_grids, hops, timeout=300)[0]
     ref_losses, _ = reference(True, steps=6)
     joined = [v for part in curve for v in part]
+    for step, (a, b) in enumerate(zip(joined, ref_losses)):
+        assert abs(a - b) <= RTOL * b, f"step {step}: resumed {a} vs uninterrupted {b}"
+
+
+def test_zero1_tied_checkpoint_state_reshards_to_and_from_the_replicated_optimizer():
+    """dp2 pp2 under ZeRO-1 (each tied copy sharded over DP on its own stage) -> pp2 mp2 replicated -> dp2 pp2
+    ZeRO-1 with small buckets (other shard boundaries): both copies' momentum buffers travel as full tensors,
+    and the joined curve is the uninterrupted one."""
+    hops = [{"dp": 2, "pp": 2, "zero": 1, "tied": True}, {"pp": 2, "mp": 2, "sp": True, "tied": True},
+            {"dp": 2, "pp": 2, "zero": 1, "tied": True, "bucket_mb": 0.004}]
+    curve = run_ranks(4, resume_on_other_grids, hops, timeout=300)[0]
+    ref_losses, _ = reference(True, steps=6)
+    joined = [v for part in curve for v in part]
+    assert len(joined) == 6
     for step, (a, b) in enumerate(zip(joined, ref_losses)):
         assert abs(a - b) <= RTOL * b, f"step {step}: resumed {a} vs uninterrupted {b}"
 

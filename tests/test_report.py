@@ -15,7 +15,8 @@ sys.path.insert(0, str(REPO))
 from report import build, tables  # noqa: E402
 from report.data import NOT_MEASURED, load  # noqa: E402
 
-BENCH = sorted(p for p in RESULTS.glob("*.json") if "runs" in json.loads(p.read_text()))[-1]
+# The newest bench file: "runs" and "meta" (the GPT's files have "runs" too, but no "meta").
+BENCH = sorted(p for p in RESULTS.glob("*.json") if {"runs", "meta"} <= json.loads(p.read_text()).keys())[-1]
 
 
 def pdf_pages(path: Path) -> int:
@@ -53,6 +54,7 @@ def test_report_builds_from_committed_results_with_expected_pages(tmp_path):
     assert any(t.startswith("1. Grid mapping") for t in rep.titles)
     assert any(t.startswith("2. Measured vs simulated") for t in rep.titles)
     assert any(t.startswith("6. Bottlenecks") for t in rep.titles)
+    assert "7. GPT" in rep.titles  # the GPT section, after the per-card sections
     # Reproducible: the same results build to the same bytes (no build date in the PDF), so rebuilding the report
     # never dirties the checkout unless its content changed.
     again = tmp_path / "again.pdf"
