@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import _C, losses, optim
+from . import _C, losses, optim, param_gather
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
 from .engine_config import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .engine_state import EngineState
@@ -30,7 +30,7 @@ from .schedule import make_schedule
 from .stages import build_programs, plan_stages
 from .tied import TiedGradients
 from .tp_layers import is_mp_split, parallelize_mlp
-from .zero import ShardedOptimizer
+from .zero import ShardedOptimizer, clip_group_for_shards
 
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
@@ -109,34 +109,37 @@ class Engine(EngineState):
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages)
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
-        self.stages: dict[int, nn.Sequential] = {}
+        self._stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
             stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
-            self.stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
-        self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
+            self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
+        self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
         # ZeRO-1 flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
         sharded = data_parallel.zero == 1
-        self.masters = MasterWeights(self.parameters) if precision.half_weights and not sharded else None
-        self.optimized = self.masters.masters if self.masters else self.parameters
+        self.masters = MasterWeights(self._parameters) if precision.half_weights and not sharded else None
+        self.optimized = self.masters.masters if self.masters else self._parameters
         stepped = {id(p): None if sharded and precision.half_weights else o
-                   for p, o in zip(self.parameters, self.optimized)}
+                   for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
-        self._tied = TiedGradients(model, layout, groups, self.stages, dict(zip(map(id, self.parameters),
-                                                                                self.optimized)))
+        self._tied = TiedGradients(model, layout, groups, self._stages, dict(zip(map(id, self._parameters),
+                                                                                 self.optimized)))
         if self._tied and sharded:
             raise ConfigError("tied embeddings with the distributed optimizer (--zero 1) are not supported yet: the "
                               "two copies' gradients would have to be summed before the reduce-scatter")
-        self.buffer_layout = build_grad_buffer(self.stages, stepped, precision.half_weights,
+        self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
                                                pad_to=self.dp_size if sharded else 1)
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
-        attach(self.stages, self.grads)
-        self._programs = build_programs(self.plans, self.stages, precision, stages, self.device, self.grads)
+        attach(self._stages, self.grads)
+        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
+                                      clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
+                                      data_parallel.overlap_param_gather) if sharded else None)
+        # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
+        waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
+        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
-        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
-                                      self._clip_group_for_shards(), self.device) if sharded else None)
         self.optimizer, self.update = ((self.zero.optimizer, self.zero) if self.zero is not None
                                        else optim.make_update(optimizer, self.optimized, self.masters, self.device))
         self.optimizer_name = optim.describe(optimizer)
@@ -158,6 +161,12 @@ class Engine(EngineState):
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())
+        if self.zero is not None:
+            autograd = [p.stage for p in self.plans if not p.native]
+            lines.append(param_gather.describe(self.zero.overlap, self.dp_size,
+                                               [p.stage for p in self.plans if p.native],
+                                               [] if self.stage_cfg.compile else autograd,
+                                               autograd if self.stage_cfg.compile else []))
         print("\n".join(lines), flush=True)
 
     # ----------------------------------------------------------------------------------------------- setup
@@ -178,7 +187,7 @@ class Engine(EngineState):
                 shape, dtype = specs[s]
                 with torch.no_grad(), torch.autocast(self.device.type, dtype=self.precision.half_dtype,
                                                      enabled=autocast):
-                    out = self.stages[s](torch.zeros(shape, dtype=dtype, device=self.device))
+                    out = self._stages[s](torch.zeros(shape, dtype=dtype, device=self.device))
                 box = [(tuple(out.shape), out.dtype)]
             if self.pp_size > 1:
                 dist.broadcast_object_list(box, src=self.groups.pp_ranks[owner], group=pp_group)
@@ -241,7 +250,9 @@ class Engine(EngineState):
         found_inf, skipped, grad_norm = self._update()
         loss = self._global_loss(micro_losses)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            # The compute stream, not the device: ZeRO-1's parameter all-gathers (on the DP group's stream) stay in
+            # flight into the next forward, which waits for each where it reads it.
+            torch.cuda.current_stream(self.device).synchronize()
         if found_inf is not None:
             skipped = bool(found_inf.item())  # behind the syncs above: no extra wait
         if self.scaler is not None:
@@ -253,6 +264,7 @@ class Engine(EngineState):
     def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
         """Forward-only mean loss (no gradients, no state change): hybrid_engine.evaluate.evaluate."""
         from .evaluate import evaluate
+        self.wait_for_parameters()
         return evaluate(self, inputs, targets, micro_batches)
 
     def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
@@ -312,19 +324,6 @@ class Engine(EngineState):
             self.update.step()
         return None, skipped, grad_norm
 
-    def _clip_group_for_shards(self) -> dist.ProcessGroup | None:
-        """ZeRO-1 clipping sums squared norms over DP as well as PP: the group of every (dp, pp) with this rank's mp
-        coordinate. dist.new_group is collective over the world, so every rank creates every such group."""
-        if self.precision.clip_grad <= 0 or not dist.is_initialized():
-            return None
-        mine = None
-        for m in range(self.grid.mp_size):
-            ranks = [r for r in range(self.grid.world_size) if self.grid.coords(r).mp == m]
-            group = dist.new_group(ranks)
-            if self.groups.coords.mp == m:
-                mine = group
-        return mine
-
     def optimizer_state_bytes(self) -> int:
         """Bytes of fp32 masters (copies of half weights) and optimizer state on this rank."""
         if self.zero is not None:
@@ -336,7 +335,7 @@ class Engine(EngineState):
 
     def _clip(self) -> float:
         """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
-        pairs = list(zip(self.parameters, self.optimized))
+        pairs = list(zip(self._parameters, self.optimized))
         counted = [(p, o) for p, o in pairs if id(o) not in self._tied.not_counted]
         split = [o.grad for p, o in counted if is_mp_split(p)]
         replicated = [o.grad for p, o in counted if not is_mp_split(p)]
@@ -364,6 +363,7 @@ class Engine(EngineState):
     def close(self) -> None:
         """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of
         it is process-wide, so other engines in the process are untouched."""
+        self.wait_for_parameters()  # no all-gather left writing into the parameters
         self._executor = None
         self._tied.close()
 
@@ -375,3 +375,21 @@ class Engine(EngineState):
     @property
     def trace(self) -> list:
         return list(self._executor.trace()) if self._executor is not None else []
+
+    def wait_for_parameters(self) -> None:
+        """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole
+        updated model is in place (the next forward waits layer by layer instead). A no-op otherwise."""
+        if self.zero is not None:
+            self.zero.gather.wait_all()
+
+    @property
+    def stages(self) -> dict[int, nn.Sequential]:
+        """This rank's stage modules {stage: nn.Sequential}, their parameters complete (waits for the gathers)."""
+        self.wait_for_parameters()
+        return self._stages
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters in stage order, complete (waits for ZeRO-1's gathers, like `stages`)."""
+        self.wait_for_parameters()
+        return self._parameters

@@ -174,7 +174,8 @@ def test_driver_zero_flag_trains_like_the_replicated_run_and_its_checkpoint_load
     plain = torchrun(2, "--dp", "2", "--zero", "0", *common)
     sharded = torchrun(2, "--dp", "2", "--zero", "1", *common, "--save", str(tmp_path / "ckpt"), "--save-every", "2")
     assert plain.returncode == 0 and sharded.returncode == 0, sharded.stderr[-2000:]
-    assert "ZeRO-1" in sharded.stdout  # the choice is announced
+    assert "ZeRO-1" in sharded.stdout  # the choices are announced
+    assert "zero: parameter all-gather overlapped with the next forward, per bucket" in sharded.stdout
     assert _losses(sharded.stdout) == pytest.approx(_losses(plain.stdout), rel=1e-5)
     resumed = torchrun(1, "--zero", "0", *common, "--load", str(tmp_path / "ckpt" / "step_000002"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
