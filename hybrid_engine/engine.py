@@ -82,7 +82,7 @@ class Engine(EngineState):
         the last stage before every update (hybrid_engine/tied.py).
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
     schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/engine_config.py).
-    trace: time every action of each step (`trace` property).
+    trace: time every action of each step (`trace` property) and its DP collectives (`comm_trace`).
     """
 
     def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
@@ -132,9 +132,12 @@ class Engine(EngineState):
                                                pad_to=self.dp_size if sharded else 1)
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         attach(self._stages, self.grads)
+        # --trace: the DP collectives' launches and completions, beside the executor's compute spans.
+        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
                                       clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
-                                      data_parallel.overlap_param_gather) if sharded else None)
+                                      data_parallel.overlap_param_gather, self._comm_trace) if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
         self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits)
@@ -206,7 +209,7 @@ class Engine(EngineState):
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
         dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
-                                shard=self.zero is not None)
+                                shard=self.zero is not None, trace=self._comm_trace)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
@@ -214,7 +217,7 @@ class Engine(EngineState):
             loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
             input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
             stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
-            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads)
+            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace)
 
     # ----------------------------------------------------------------------------------------- the step
     @property
@@ -245,6 +248,8 @@ class Engine(EngineState):
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
         # gradients. The executor returns the losses before this multiplier.
         micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
+            self._comm_spans = self._comm_trace.take()
         for hook in self._post_backward_hooks:
             hook(self)
         found_inf, skipped, grad_norm = self._update()
@@ -375,6 +380,13 @@ class Engine(EngineState):
     @property
     def trace(self) -> list:
         return list(self._executor.trace()) if self._executor is not None else []
+
+    @property
+    def comm_trace(self) -> list:
+        """The last step's DP collectives (_C.CommSpan: kind, bucket, start_us, end_us on the `trace` clock): its
+        gradient buckets' reduce-scatters or all-reduces, and under ZeRO-1 the parameter all-gathers its forward
+        waited for (launched by the previous step's update, so they start before 0)."""
+        return list(self._comm_spans)
 
     def wait_for_parameters(self) -> None:
         """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole

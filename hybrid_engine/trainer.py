@@ -27,7 +27,7 @@ from .grid import GridGroups
 from .models.gpt import GPTConfig
 from .workloads import Workload, gpt_workload, mlp_workload
 from .progress import Progress, summary_line
-from .trace import gather_pipeline_rows, spans_of, write_trace
+from .trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
 
 class TrainingStopped(Exception):
@@ -264,13 +264,18 @@ class Trainer:
         progress.say(f"saved {path}", verbose=True)
 
     def _write_trace(self, progress: Progress) -> None:
-        """Gather the last step's timed actions of one pipeline onto rank 0 (collective), which writes them."""
+        """Gather the last step's timed actions and DP collectives of one pipeline onto rank 0 (collective), which
+        writes them."""
         cfg, c = self.cfg, self.groups.coords
-        rows = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0)
+        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0,
+                                        comm_spans_of(self.engine.comm_trace))
         if self.rank == 0:
+            rows, comm_rows = gathered
             s, path = cfg.schedule, cfg.reporting.trace
-            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead)
+            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows)
+            collectives = ", ".join(f"{n} {kind}" for kind, n in summary.get("dp_collectives", {}).items())
             progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
                          f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
-                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)")
+                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)"
+                         + (f"; DP collectives beside them: {collectives}" if collectives else ""))
             progress.record({"trace": summary})

@@ -46,7 +46,7 @@ class ShardedOptimizer:
 
     def __init__(self, factory: optim.OptimizerFactory, layout: BufferLayout, half_weights: bool, groups,
                  clip_group: dist.ProcessGroup | None, device: torch.device, stages: dict[int, nn.Sequential],
-                 overlap: bool = True):
+                 overlap: bool = True, comm_trace: _C.CommTrace | None = None):
         self.layout, self.groups, self.device = layout, groups, device
         self.dp_rank, self.dp_size = groups.coords.dp, groups.grid.dp_size
         self.half_weights, self.clip_group = half_weights, clip_group
@@ -76,7 +76,7 @@ class ShardedOptimizer:
         # The updated parameters go back to every replica through one in-place all-gather per bucket, launched in
         # the order the next forward reads the buckets; with overlap, each layer of that forward waits for its own.
         self.overlap = overlap
-        self.gather = _C.DpParamGather(self.param_flats, groups.dp)
+        self.gather = _C.DpParamGather(self.param_flats, groups.dp, comm_trace)
         self.waits = ForwardWaits(self.gather, layout)
         self.launch_order = self.waits.launch_order(stages)
 
