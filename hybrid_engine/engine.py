@@ -329,14 +329,17 @@ class Engine(EngineState):
             self.update.step()
         return None, skipped, grad_norm
 
-    def optimizer_state_bytes(self) -> int:
-        """Bytes of fp32 masters (copies of half weights) and optimizer state on this rank."""
+    def master_bytes(self) -> int:
+        """Bytes of fp32 master copies of half weights on this rank (under ZeRO-1 its shard of them); 0 with fp32
+        weights, which are their own masters."""
         if self.zero is not None:
-            return self.zero.state_bytes()
-        total = sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
-        for state in self.optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+            return self.zero.master_bytes()
+        return sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of the optimizer's state tensors on this rank (under ZeRO-1 its shard of them; Adam's moments
+        exist from the first step on)."""
+        return optim.state_bytes(self.optimizer)
 
     def _clip(self) -> float:
         """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""

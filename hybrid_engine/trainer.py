@@ -114,11 +114,12 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
-def gather_floats(value: float, device: torch.device) -> list[float]:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def gather_per_rank(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values` (same length everywhere), by rank: one small all-gather."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
-    return [round(float(x.item()), 3) for x in out]
+    return [x.tolist() for x in out]
 
 
 def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int, engine: Engine,
@@ -167,13 +168,18 @@ class Trainer:
             for step in range(first_step, steps):
                 self.state.step = step
                 result = self._step(step)
-                peaks = gather_floats(peak_memory_gib(self.device), self.device)
+                # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
+                memory = gather_per_rank([peak_memory_gib(self.device), engine.master_bytes(),
+                                          engine.optimizer_state_bytes()], self.device)
+                peaks = [round(peak, 3) for peak, _, _ in memory]
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
                     times.append(result.step_time_s)
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
                                **self._throughput(result.step_time_s),
-                               "peak_mem_gib": peaks, "loss_scale": result.loss_scale, "skipped": result.skipped,
+                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _ in memory],
+                               "optimizer_state_bytes": [int(o) for _, _, o in memory],
+                               "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm})
                 self._maybe_validate(step + 1, progress)
                 self._maybe_save(step + 1, progress)

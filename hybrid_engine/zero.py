@@ -83,7 +83,8 @@ class ShardedOptimizer:
     def describe(self) -> str:
         how = "fused SGD + master -> half cast" if self.fused else "torch step"
         return (f"optimizer: {type(self.optimizer).__name__} sharded over {self.dp_size} DP ranks (ZeRO-1, {how}): "
-                f"{self.state_bytes() / 2**20:.1f} MiB of masters and optimizer state on this rank")
+                f"{(self.master_bytes() + optim.state_bytes(self.optimizer)) / 2**20:.1f} MiB of masters and "
+                "optimizer state on this rank")
 
     def _norm_segments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """This shard's gradient, cut at parameter boundaries: MP-split pieces and MP-replicated pieces."""
@@ -95,12 +96,10 @@ class ShardedOptimizer:
                     (split if is_mp_split(p) else replicated).append(self.layout.grads.buckets[b][lo:hi])
         return split, replicated
 
-    def state_bytes(self) -> int:
-        """Bytes of fp32 masters (when they are copies) and optimizer state held by this rank."""
-        total = sum(m.numel() * m.element_size() for m in self.masters) if self.half_weights else 0
-        for state in self.optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+    def master_bytes(self) -> int:
+        """Bytes of this rank's fp32 master shards when they are copies (half weights; else 0: the parameter
+        shards are their own masters)."""
+        return sum(m.numel() * m.element_size() for m in self.masters) if self.half_weights else 0
 
     # ------------------------------------------------------------------------------------------------- step
     @torch.no_grad()
