@@ -5,7 +5,9 @@
 #include <optional>
 #include <tuple>
 
+#include "executor/comm_trace.h"
 #include "executor/dp_grad_sync.h"
+#include "executor/dp_param_gather.h"
 #include "executor/pipeline_executor.h"
 #include "executor/stage_program.h"
 
@@ -32,13 +34,52 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
 }  // namespace
 
 void bind_executor(py::module_& m) {
+  py::class_<CommSpan>(m, "CommSpan", "One DP collective of a traced step, in microseconds from the step's start.")
+      .def_property_readonly("kind", [](const CommSpan& s) { return std::string(comm_kind_name(s.kind)); },
+                             "all_reduce | reduce_scatter (gradient buckets) | all_gather (ZeRO-1 parameters)")
+      .def_readonly("bucket", &CommSpan::bucket)
+      .def_readonly("start_us", &CommSpan::start_us)
+      .def_readonly("end_us", &CommSpan::end_us);
+  py::class_<CommTrace, std::shared_ptr<CommTrace>>(m, "CommTrace",
+                                                    "The DP collectives of traced steps, launch to completion.")
+      .def(py::init([](const std::string& device) { return std::make_shared<CommTrace>(at::Device(device)); }),
+           py::arg("device"))
+      .def("take", &CommTrace::take, py::call_guard<py::gil_scoped_release>(),
+           "The completed collectives recorded since the last call, relative to the last step's start.");
+
+  py::class_<DpParamGather, std::shared_ptr<DpParamGather>>(
+      m, "DpParamGather", "ZeRO-1: per-bucket asynchronous all-gathers of the updated parameters over DP.")
+      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::shared_ptr<CommTrace>>(), py::arg("params"),
+           py::arg("dp_group"), py::arg("trace") = nullptr,
+           "params: every bucket's flat parameter buffer (laid out like its gradient bucket).")
+      .def("launch", &DpParamGather::launch, py::arg("bucket"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "wait", [](DpParamGather& g, int bucket) { g.wait(bucket); }, py::arg("bucket"),
+          py::call_guard<py::gil_scoped_release>(), "Before a layer that reads the bucket's parameters.")
+      .def("wait_all", &DpParamGather::wait_all, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("in_flight", &DpParamGather::in_flight)
+      .def_property_readonly("num_buckets", &DpParamGather::num_buckets)
+      .def(
+          "last_waits",
+          [](const DpParamGather& g) {
+            std::vector<std::pair<int, std::string>> out;
+            for (const auto& [bucket, why] : g.last_waits()) {
+              out.emplace_back(bucket, why == GatherWait::BeforeUse ? "before_use" : "all");
+            }
+            return out;
+          },
+          "(bucket, why) of the waits that completed the latest round of gathers, in order: 'before_use' (the "
+          "forward, just before a layer reading it) or 'all' (wait_all).");
+
   py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
                                                       "Sums flat gradient buckets over the DP group.")
-      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>, bool>(), py::arg("buckets"),
-           py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt, py::arg("shard") = false,
+      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>, bool,
+                    std::shared_ptr<CommTrace>>(),
+           py::arg("buckets"), py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt, py::arg("shard") = false,
+           py::arg("trace") = nullptr,
            "wire_dtype: the dtype the buckets travel in (e.g. torch.bfloat16: half the bytes for fp32 gradients); "
            "None: their own. shard: reduce-scatter (each DP rank's equal piece of a bucket gets the sum) instead "
-           "of all-reduce.")
+           "of all-reduce. trace: a CommTrace that records each launch (--trace).")
       .def_property_readonly("shard", &DpGradSync::shard)
       .def_property_readonly("wire_dtype", &DpGradSync::wire_dtype)
       .def(
@@ -73,14 +114,16 @@ void bind_executor(py::module_& m) {
   py::class_<NativeChainStage, StageProgram, std::shared_ptr<NativeChainStage>>(
       m, "NativeChainStage", "A Linear(+ReLU) chain run by C++ without autograd (tp/linear_chain.h).")
       .def(py::init([](const std::vector<std::optional<at::Tensor>>& params, std::vector<bool> relu, bool recompute,
-                       GradBufferPtr grads) {
+                       GradBufferPtr grads, std::shared_ptr<DpParamGather> param_gather) {
              std::vector<at::Tensor> tensors;
              for (const auto& p : params) tensors.push_back(p.value_or(at::Tensor()));
              return std::make_shared<NativeChainStage>(std::move(tensors), std::move(relu), recompute,
-                                                       std::move(grads));
+                                                       std::move(grads), std::move(param_gather));
            }),
            py::arg("params"), py::arg("relu"), py::arg("recompute"), py::arg("grads"),
-           "params: [w0, b0 or None, w1, ...]; relu[i]: ReLU after layer i.");
+           py::arg("param_gather") = nullptr,
+           "params: [w0, b0 or None, w1, ...]; relu[i]: ReLU after layer i. param_gather: each layer waits for "
+           "its parameters' ZeRO-1 all-gather just before it runs.");
   py::class_<AutogradStage, StageProgram, std::shared_ptr<AutogradStage>>(
       m, "AutogradStage", "Any module, called through Python; its backward is torch's autograd.")
       .def(py::init([](py::function forward, std::string description) {
@@ -102,7 +145,7 @@ void bind_executor(py::module_& m) {
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
                        const std::string& device, GradBufferPtr grads, std::shared_ptr<DpGradSync> dp_sync,
                        std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace,
-                       bool overwrite_weight_grads) {
+                       bool overwrite_weight_grads, std::shared_ptr<CommTrace> comm_trace) {
              ExecutorConfig config;
              config.pp_rank = pp_rank;
              config.pp_size = pp_size;
@@ -122,7 +165,7 @@ void bind_executor(py::module_& m) {
              return std::make_unique<PipelineExecutor>(
                  std::move(actions), config, std::move(programs), std::move(loss), to_channels(send_channels),
                  to_channels(recv_channels), to_specs(input_specs), to_specs(output_specs), at::Device(device),
-                 std::move(grads), std::move(dp_sync), std::move(stage_buckets));
+                 std::move(grads), std::move(dp_sync), std::move(stage_buckets), std::move(comm_trace));
            }),
            py::arg("actions"), py::arg("pp_rank"), py::arg("pp_size"), py::arg("num_stages"), py::arg("num_micro"),
            py::arg("programs"), py::arg("loss_fn"), py::arg("builtin_mse"), py::arg("send_channels"),
@@ -130,6 +173,7 @@ void bind_executor(py::module_& m) {
            py::arg("grads"), py::arg("dp_sync") = nullptr,
            py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
            py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false,
+           py::arg("comm_trace") = nullptr,
            "programs: {stage: StageProgram} for this rank's stages; loss_fn: a callable (output, target) -> scalar, "
            "or None with builtin_mse (the C++ mean squared error).")
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),

@@ -3,9 +3,11 @@
 
     python experiments/max_batch.py --modes fp32,fp16,fp16-recompute [--dim 8192 --depth 16 --micro-batches 8]
     python experiments/max_batch.py --print-model --dim 4096     # the memory model below, no GPU needed
+    python experiments/max_batch.py --modes fp16 --dp 2 --zero 1  # the distributed optimizer, 2 pipelines
 
-For each mode (a row of MODES: driver flags), at --pp 2 (one pipeline over 2 GPUs, 1F1B by default), a search
-over the global batch, in multiples of the micro-batch count. Every trial is a fresh `torchrun hybrid_engine.py
+For each mode (a row of MODES: driver flags), at --pp 2 (one pipeline over 2 GPUs, 1F1B by default; --dp N runs
+N pipelines, pp x N GPUs, and --zero 1 shards their fp32 masters and optimizer state over them), a search over
+the global batch, in multiples of the micro-batch count. Every trial is a fresh `torchrun hybrid_engine.py
 ... --steps 2 --warmup 0`: it passes if it exits 0 and wrote its step records, it is out of memory if it failed
 and stderr says so ("out of memory", OutOfMemoryError, CUBLAS_STATUS_ALLOC_FAILED). A trial that runs past
 --trial-timeout counts as too big too. A trial the launcher failed (EADDRINUSE / "address already in use",
@@ -145,12 +147,15 @@ class Plan:
 
 # ------------------------------------------------------------------------------------------- memory model
 def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int], schedule: str, half: bool,
-                 recompute: bool, data_half: Optional[bool] = None, streamed: bool = False) -> dict:
+                 recompute: bool, data_half: Optional[bool] = None, streamed: bool = False, dp: int = 1,
+                 zero: int = 0) -> dict:
     """Bytes per global batch row on every pipeline stage (the model of the module docstring), and the fixed
     bytes per stage (weights, gradients, fp32 masters, one gradient-sized optimizer temporary).
     micro_batches None: --micro-size (the micro-batch count grows with the batch; per-micro-batch terms are
     then fixed memory, except under GPipe, which keeps every micro-batch in flight).
-    streamed: the driver's --stream-data (micro-batches drawn when their forward runs)."""
+    streamed: the driver's --stream-data (micro-batches drawn when their forward runs). dp: pipelines, each
+    running 1/dp of the global batch's rows; zero 1: each holds 1/dp of the masters and the optimizer's
+    temporary (weights and gradient buckets stay whole)."""
     e = 2 if half else 4  # activations
     ed = e if data_half is None else (2 if data_half else 4)  # data (autocast: fp32 data, half activations)
     layers = depth / pp
@@ -174,9 +179,10 @@ def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int],
             # except with recompute, where the last stage's forward and loss run in the backward itself
             "loss": ((4 + e) * dim * per_micro + (0 if recompute else phi * e * dim)) if last else 0.0,
         }
-        stages.append({"stage": s, "row_bytes": sum(terms.values()), "terms": terms})
+        stages.append({"stage": s, "row_bytes": sum(terms.values()) / dp, "terms": terms})
     params = layers * (dim * dim + dim)
-    fixed = params * ((2 + 4 + 4 + 4) if half else (4 + 4 + 4))
+    sharded = dp if zero else 1
+    fixed = params * ((2 + 4 + (4 + 4) / sharded) if half else (4 + 4 + 4 / sharded))
     worst = max(stages, key=lambda st: st["row_bytes"])
     return {"stages": stages, "row_bytes": worst["row_bytes"], "bound_by_stage": worst["stage"],
             "fixed_bytes": fixed}
@@ -188,7 +194,7 @@ def mode_model(flags: tuple[str, ...], a: argparse.Namespace) -> dict:
     return memory_model(dim=a.dim, depth=a.depth, pp=a.pp, micro_batches=None if a.micro_size else a.micro_batches,
                         schedule=a.schedule, half=amp != "off", recompute="--recompute" in flags,
                         data_half=False if autocast else None,
-                        streamed="--stream-data" in shlex.split(a.driver_args))
+                        streamed="--stream-data" in shlex.split(a.driver_args), dp=a.dp, zero=a.zero)
 
 
 def model_table(a: argparse.Namespace) -> str:
@@ -458,8 +464,9 @@ def driver_trial(a: argparse.Namespace, flags: tuple[str, ...], tmp: str, log: C
         metrics = os.path.join(tmp, f"{mode}-trial{batch}-{next(counter)}.jsonl")
         micro = batch // a.micro_size if a.micro_size else a.micro_batches
         with gate.slot():
-            cmd = torchrun(a.pp, free_port()) + [
-                str(a.driver), "--pp", str(a.pp), "--schedule", a.schedule, "--dim", str(a.dim), "--depth",
+            cmd = torchrun(a.pp * a.dp, free_port()) + [
+                str(a.driver), "--pp", str(a.pp), *(["--dp", str(a.dp)] if a.dp > 1 else []),
+                *(["--zero", str(a.zero)] if a.zero else []), "--schedule", a.schedule, "--dim", str(a.dim), "--depth",
                 str(a.depth), "--batch-size", str(batch), "--micro-batches", str(micro), "--steps", str(a.steps),
                 "--warmup", "0", "--comm-timeout", "60", "--quiet", "--metrics", metrics, *flags,
                 *shlex.split(a.driver_args), *(["--device", "cpu"] if a.device == "cpu" else [])]
@@ -502,7 +509,8 @@ def ratios(results: dict[str, dict]) -> dict:
     return out
 
 
-SHAPE_KEYS = ("dim", "depth", "pp", "schedule", "micro_batches", "micro_size", "driver_args")
+SHAPE_KEYS = ("dim", "depth", "pp", "dp", "zero", "schedule", "micro_batches", "micro_size", "driver_args")
+SHAPE_DEFAULTS = {"dp": 1, "zero": 0}  # what a record from before --dp / --zero searched at
 
 
 def newest_results(path: Path, shape: dict) -> dict[str, dict]:
@@ -515,7 +523,7 @@ def newest_results(path: Path, shape: dict) -> dict[str, dict]:
             except ValueError:
                 continue  # a line cut by a killed run
             if (rec.get("kind") == "result" and rec.get("max_batch")
-                    and all(rec.get(k) == shape.get(k) for k in SHAPE_KEYS)):
+                    and all(rec.get(k, SHAPE_DEFAULTS.get(k)) == shape.get(k) for k in SHAPE_KEYS)):
                 results[rec["mode"]] = rec
     return results
 
@@ -548,6 +556,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=8192)
     p.add_argument("--depth", type=int, default=16)
     p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--dp", type=int, default=1, help="pipelines (data-parallel replicas): pp x dp GPUs per trial")
+    p.add_argument("--zero", type=int, choices=(0, 1), default=0,
+                   help="1: the distributed optimizer, masters and optimizer state sharded over the --dp pipelines")
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--micro-batches", type=int, default=8, help="fixed micro-batch count (the batch quantum)")
     p.add_argument("--micro-size", type=int, default=None,
@@ -586,6 +597,8 @@ def main(argv=None) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"max_batch.py: error: unknown mode(s) {unknown}; known: {', '.join(MODES)}")
+    if a.zero and a.dp < 2:
+        raise SystemExit(f"max_batch.py: error: --zero 1 shards over the DP replicas: give --dp 2 or more, got {a.dp}")
     info = card_info(a.device)
     cap_gib = memory_cap(a.driver_args)
     capacity = a.capacity_gib or cap_gib or info.get("gpu_memory_gib")
@@ -604,7 +617,8 @@ def main(argv=None) -> int:
         known = driver_flags(a.driver)
     except RuntimeError as exc:
         raise SystemExit(f"max_batch.py: error: {exc}") from None
-    shape = {"dim": a.dim, "depth": a.depth, "pp": a.pp, "schedule": a.schedule, "steps": a.steps,
+    shape = {"dim": a.dim, "depth": a.depth, "pp": a.pp, "dp": a.dp, "zero": a.zero, "schedule": a.schedule,
+             "steps": a.steps,
              "micro_batches": None if a.micro_size else a.micro_batches, "micro_size": a.micro_size,
              "driver_args": a.driver_args, "card": info.get("card_full", info["card"]),
              "gpu_memory_gib": info.get("gpu_memory_gib")}

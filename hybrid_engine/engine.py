@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import _C, losses, optim
+from . import _C, losses, optim, param_gather
 from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
 from .engine_config import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .engine_state import EngineState
@@ -30,7 +30,7 @@ from .schedule import make_schedule
 from .stages import build_programs, plan_stages
 from .tied import TiedGradients
 from .tp_layers import is_mp_split, parallelize_mlp
-from .zero import ShardedOptimizer
+from .zero import ShardedOptimizer, clip_group_for_shards
 
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
@@ -82,7 +82,7 @@ class Engine(EngineState):
         the last stage before every update (hybrid_engine/tied.py).
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
     schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/engine_config.py).
-    trace: time every action of each step (`trace` property).
+    trace: time every action of each step (`trace` property) and its DP collectives (`comm_trace`).
     """
 
     def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
@@ -109,37 +109,43 @@ class Engine(EngineState):
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages)
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
-        self.stages: dict[int, nn.Sequential] = {}
+        self._stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
             stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
-            self.stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
-        self.parameters = [p for s in self.stage_ids for p in self.stages[s].parameters()]
+            self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
+        self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
         # ZeRO-1 flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
         sharded = data_parallel.zero == 1
-        self.masters = MasterWeights(self.parameters) if precision.half_weights and not sharded else None
-        self.optimized = self.masters.masters if self.masters else self.parameters
+        self.masters = MasterWeights(self._parameters) if precision.half_weights and not sharded else None
+        self.optimized = self.masters.masters if self.masters else self._parameters
         stepped = {id(p): None if sharded and precision.half_weights else o
-                   for p, o in zip(self.parameters, self.optimized)}
+                   for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
         # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (tied.py).
-        self._tied = TiedGradients(model, layout, groups, self.stages)
-        self.buffer_layout = build_grad_buffer(self.stages, stepped, precision.half_weights,
+        self._tied = TiedGradients(model, layout, groups, self._stages)
+        self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
                                                pad_to=self.dp_size if sharded else 1,
                                                alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
-        attach(self.stages, self.grads)
-        self._programs = build_programs(self.plans, self.stages, precision, stages, self.device, self.grads)
+        attach(self._stages, self.grads)
+        # --trace: the DP collectives' launches and completions, beside the executor's compute spans.
+        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        self._comm_spans: list = []
+        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
+                                      clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
+                                      data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted)
+                     if sharded else None)
+        # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
+        waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
+        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
-        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
-                                      self._clip_group_for_shards(), self.device, self._tied.not_counted)
-                     if sharded else None)
         if self.zero is not None:
             self._tied.bind(self.zero.grad_shard_of, sharded=True)
         else:
-            optimized_of = dict(zip(map(id, self.parameters), self.optimized))
+            optimized_of = dict(zip(map(id, self._parameters), self.optimized))
             self._tied.bind(lambda p: optimized_of[id(p)].grad)
         self.optimizer, self.update = ((self.zero.optimizer, self.zero) if self.zero is not None
                                        else optim.make_update(optimizer, self.optimized, self.masters, self.device))
@@ -162,6 +168,12 @@ class Engine(EngineState):
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())
+        if self.zero is not None:
+            autograd = [p.stage for p in self.plans if not p.native]
+            lines.append(param_gather.describe(self.zero.overlap, self.dp_size,
+                                               [p.stage for p in self.plans if p.native],
+                                               [] if self.stage_cfg.compile else autograd,
+                                               autograd if self.stage_cfg.compile else []))
         print("\n".join(lines), flush=True)
 
     # ----------------------------------------------------------------------------------------------- setup
@@ -182,7 +194,7 @@ class Engine(EngineState):
                 shape, dtype = specs[s]
                 with torch.no_grad(), torch.autocast(self.device.type, dtype=self.precision.half_dtype,
                                                      enabled=autocast):
-                    out = self.stages[s](torch.zeros(shape, dtype=dtype, device=self.device))
+                    out = self._stages[s](torch.zeros(shape, dtype=dtype, device=self.device))
                 box = [(tuple(out.shape), out.dtype)]
             if self.pp_size > 1:
                 dist.broadcast_object_list(box, src=self.groups.pp_ranks[owner], group=pp_group)
@@ -201,7 +213,7 @@ class Engine(EngineState):
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
         dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
-                                shard=self.zero is not None)
+                                shard=self.zero is not None, trace=self._comm_trace)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
@@ -209,7 +221,7 @@ class Engine(EngineState):
             loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
             input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
             stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
-            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads)
+            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace)
 
     # ----------------------------------------------------------------------------------------- the step
     @property
@@ -240,12 +252,16 @@ class Engine(EngineState):
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
         # gradients. The executor returns the losses before this multiplier.
         micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
+            self._comm_spans = self._comm_trace.take()
         for hook in self._post_backward_hooks:
             hook(self)
         found_inf, skipped, grad_norm = self._update()
         loss = self._global_loss(micro_losses)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            # The compute stream, not the device: ZeRO-1's parameter all-gathers (on the DP group's stream) stay in
+            # flight into the next forward, which waits for each where it reads it.
+            torch.cuda.current_stream(self.device).synchronize()
         if found_inf is not None:
             skipped = bool(found_inf.item())  # behind the syncs above: no extra wait
         if self.scaler is not None:
@@ -257,6 +273,7 @@ class Engine(EngineState):
     def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
         """Forward-only mean loss (no gradients, no state change): hybrid_engine.evaluate.evaluate."""
         from .evaluate import evaluate
+        self.wait_for_parameters()
         return evaluate(self, inputs, targets, micro_batches)
 
     def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
@@ -317,31 +334,21 @@ class Engine(EngineState):
             self.update.step()
         return None, skipped, grad_norm
 
-    def _clip_group_for_shards(self) -> dist.ProcessGroup | None:
-        """ZeRO-1 clipping sums squared norms over DP as well as PP: the group of every (dp, pp) with this rank's mp
-        coordinate. dist.new_group is collective over the world, so every rank creates every such group."""
-        if self.precision.clip_grad <= 0 or not dist.is_initialized():
-            return None
-        mine = None
-        for m in range(self.grid.mp_size):
-            ranks = [r for r in range(self.grid.world_size) if self.grid.coords(r).mp == m]
-            group = dist.new_group(ranks)
-            if self.groups.coords.mp == m:
-                mine = group
-        return mine
+    def master_bytes(self) -> int:
+        """Bytes of fp32 master copies of half weights on this rank (under ZeRO-1 its shard of them); 0 with fp32
+        weights, which are their own masters."""
+        if self.zero is not None:
+            return self.zero.master_bytes()
+        return sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
 
     def optimizer_state_bytes(self) -> int:
-        """Bytes of fp32 masters (copies of half weights) and optimizer state on this rank."""
-        if self.zero is not None:
-            return self.zero.state_bytes()
-        total = sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
-        for state in self.optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+        """Bytes of the optimizer's state tensors on this rank (under ZeRO-1 its shard of them; Adam's moments
+        exist from the first step on)."""
+        return optim.state_bytes(self.optimizer)
 
     def _clip(self) -> float:
         """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
-        pairs = list(zip(self.parameters, self.optimized))
+        pairs = list(zip(self._parameters, self.optimized))
         counted = [(p, o) for p, o in pairs if id(p) not in self._tied.not_counted]
         split = [o.grad for p, o in counted if is_mp_split(p)]
         replicated = [o.grad for p, o in counted if not is_mp_split(p)]
@@ -369,6 +376,7 @@ class Engine(EngineState):
     def close(self) -> None:
         """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of
         it is process-wide, so other engines in the process are untouched."""
+        self.wait_for_parameters()  # no all-gather left writing into the parameters
         self._executor = None
         self._tied.close()
 
@@ -380,3 +388,28 @@ class Engine(EngineState):
     @property
     def trace(self) -> list:
         return list(self._executor.trace()) if self._executor is not None else []
+
+    @property
+    def comm_trace(self) -> list:
+        """The last step's DP collectives (_C.CommSpan: kind, bucket, start_us, end_us on the `trace` clock): its
+        gradient buckets' reduce-scatters or all-reduces, and under ZeRO-1 the parameter all-gathers its forward
+        waited for (launched by the previous step's update, so they start before 0)."""
+        return list(self._comm_spans)
+
+    def wait_for_parameters(self) -> None:
+        """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole
+        updated model is in place (the next forward waits layer by layer instead). A no-op otherwise."""
+        if self.zero is not None:
+            self.zero.gather.wait_all()
+
+    @property
+    def stages(self) -> dict[int, nn.Sequential]:
+        """This rank's stage modules {stage: nn.Sequential}, their parameters complete (waits for the gathers)."""
+        self.wait_for_parameters()
+        return self._stages
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters in stage order, complete (waits for ZeRO-1's gathers, like `stages`)."""
+        self.wait_for_parameters()
+        return self._parameters

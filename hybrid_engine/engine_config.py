@@ -124,6 +124,10 @@ class DataParallelConfig:
     """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
     (ZeRO-1, hybrid_engine/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
     updated parameters all-gathered."""
+    overlap_param_gather: bool = True
+    """With zero 1: each bucket's parameter all-gather is launched as soon as its shard is updated and waited for
+    only by the next forward's first layer that reads it (hybrid_engine/param_gather.py); false waits for all of
+    them at the end of the step (exposed)."""
 
     def validate(self) -> None:
         if self.zero not in (0, 1):

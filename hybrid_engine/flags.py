@@ -46,7 +46,7 @@ FIELDS = {
     "dp": ("parallel", "dp"), "pp": ("parallel", "pp"), "mp": ("parallel", "mp"), "order": ("parallel", "order"),
     "device": ("parallel", "device"), "memory_cap_gib": ("parallel", "memory_cap_gib"),
     "comm_timeout": ("parallel", "comm_timeout"), "dp_grad_dtype": ("data_parallel", "grad_dtype"),
-    "zero": ("data_parallel", "zero"),
+    "zero": ("data_parallel", "zero"), "overlap_param_gather": ("data_parallel", "overlap_param_gather"),
     "schedule": ("schedule", "name"), "micro_batches": ("schedule", "micro_batches"),
     "virtual_stages": ("schedule", "virtual_stages"), "lookahead": ("schedule", "lookahead"),
     "merge_wgrad": ("schedule", "merge_weight_grads"), "stage_impl": ("stages", "impl"),
@@ -112,6 +112,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--zero", type=int, choices=(0, 1),
                    help="1: the distributed optimizer (ZeRO-1): fp32 masters and optimizer state sharded over DP, "
                         f"gradient buckets reduce-scattered, the updated weights all-gathered {_default('zero')}")
+    g.add_argument("--overlap-param-gather", action=switch,
+                   help="with --zero 1: each bucket's weight all-gather overlaps the next forward, waited for by the "
+                        f"first layer that reads it; off: all waited for at the end of the step {_default('overlap_param_gather')}")
 
     s = p.add_argument_group("pipeline schedule and stages")
     s.add_argument("--schedule", choices=SCHEDULES, help=f"pipeline schedule {_default('schedule')}")

@@ -66,6 +66,12 @@ def _fused(params: list[torch.Tensor]) -> bool | None:
     return True if params and all(p.is_cuda and p.is_floating_point() for p in params) else None
 
 
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors (Adam's moments and step counts; nothing for plain SGD)."""
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
+               if torch.is_tensor(v))
+
+
 def from_name(name: str, lr: float) -> OptimizerFactory:
     """The command line's conveniences: sgd | adam | adamw with a learning rate and torch's other defaults."""
     factories = {"sgd": SGD, "adam": Adam, "adamw": AdamW}

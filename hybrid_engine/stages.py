@@ -26,6 +26,7 @@ import torch.utils.checkpoint
 
 from . import _C
 from .engine_config import ConfigError, PrecisionConfig, StageConfig
+from .param_gather import ForwardWaits
 from .tp_layers import Linear
 
 
@@ -84,23 +85,27 @@ def plan_stages(model: nn.Sequential, layout: list[list[int]], mp_size: int, pre
     return plans
 
 
-def native_program(stage: nn.Sequential, recompute: bool, grads: _C.GradBuffer) -> _C.NativeChainStage:
+def native_program(stage: nn.Sequential, recompute: bool, grads: _C.GradBuffer,
+                   param_gather: _C.DpParamGather | None = None) -> _C.NativeChainStage:
     params: list[torch.Tensor | None] = []
     for module in stage:
         if isinstance(module, (nn.Linear, Linear)):
             params += [module.weight, module.bias]
-    return _C.NativeChainStage(params, chain_relu_flags(stage), recompute, grads)
+    return _C.NativeChainStage(params, chain_relu_flags(stage), recompute, grads, param_gather)
 
 
-def autograd_forward(stage: nn.Module, precision: PrecisionConfig, device: torch.device, stage_cfg: StageConfig
-                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+def autograd_forward(stage: nn.Module, precision: PrecisionConfig, device: torch.device, stage_cfg: StageConfig,
+                     before: Callable[[], None] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The stage's forward as the autograd program calls it: under autocast when asked, through torch.compile
-    when asked, and with recomputation keeping only the stage input (torch's non-reentrant checkpoint)."""
+    when asked, and with recomputation keeping only the stage input (torch's non-reentrant checkpoint).
+    before: called first, outside the compiled region (a compiled stage's wait for its ZeRO-1 parameters)."""
     module = torch.compile(stage) if stage_cfg.compile else stage
     context = ((lambda: torch.autocast(device.type, dtype=precision.half_dtype)) if precision.autocast
                else contextlib.nullcontext)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
+        if before is not None:
+            before()
         with context():
             if stage_cfg.recompute and torch.is_grad_enabled():
                 return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)
@@ -110,14 +115,21 @@ def autograd_forward(stage: nn.Module, precision: PrecisionConfig, device: torch
 
 
 def build_programs(plans: list[StagePlan], stages: dict[int, nn.Sequential], precision: PrecisionConfig,
-                   stage_cfg: StageConfig, device: torch.device, grads: _C.GradBuffer) -> dict[int, object]:
-    """This rank's stage programs, {stage: _C.StageProgram}."""
+                   stage_cfg: StageConfig, device: torch.device, grads: _C.GradBuffer,
+                   waits: ForwardWaits | None = None) -> dict[int, object]:
+    """This rank's stage programs, {stage: _C.StageProgram}. waits (ZeRO-1 with the parameter all-gather
+    overlapped): every layer waits for its parameters' gather just before its forward (hybrid_engine/param_gather.py)."""
     programs = {}
     for s, stage in stages.items():
         plan = plans[s]
         if plan.native:
-            programs[s] = native_program(stage, stage_cfg.recompute, grads)
-        else:
-            programs[s] = _C.AutogradStage(autograd_forward(stage, precision, device, stage_cfg),
-                                           plan.describe(stage_cfg))
+            programs[s] = native_program(stage, stage_cfg.recompute, grads, waits.gather if waits else None)
+            continue
+        before = None
+        if waits is not None and stage_cfg.compile:
+            before = waits.stage_waiter(stage)
+        elif waits is not None:
+            waits.hook_layers(stage)
+        programs[s] = _C.AutogradStage(autograd_forward(stage, precision, device, stage_cfg, before),
+                                       plan.describe(stage_cfg))
     return programs

@@ -27,7 +27,7 @@ from .grid import GridGroups
 from .models.gpt import GPTConfig
 from .workloads import Workload, gpt_workload, mlp_workload
 from .progress import Progress, summary_line
-from .trace import gather_pipeline_rows, spans_of, write_trace
+from .trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
 
 class TrainingStopped(Exception):
@@ -114,11 +114,12 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
-def gather_floats(value: float, device: torch.device) -> list[float]:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def gather_per_rank(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values` (same length everywhere), by rank: one small all-gather."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
-    return [round(float(x.item()), 3) for x in out]
+    return [x.tolist() for x in out]
 
 
 def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int, engine: Engine,
@@ -167,13 +168,18 @@ class Trainer:
             for step in range(first_step, steps):
                 self.state.step = step
                 result = self._step(step)
-                peaks = gather_floats(peak_memory_gib(self.device), self.device)
+                # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
+                memory = gather_per_rank([peak_memory_gib(self.device), engine.master_bytes(),
+                                          engine.optimizer_state_bytes()], self.device)
+                peaks = [round(peak, 3) for peak, _, _ in memory]
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
                     times.append(result.step_time_s)
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
                                **self._throughput(result.step_time_s),
-                               "peak_mem_gib": peaks, "loss_scale": result.loss_scale, "skipped": result.skipped,
+                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _ in memory],
+                               "optimizer_state_bytes": [int(o) for _, _, o in memory],
+                               "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm})
                 self._maybe_validate(step + 1, progress)
                 self._maybe_save(step + 1, progress)
@@ -267,13 +273,18 @@ class Trainer:
         progress.say(f"saved {path}", verbose=True)
 
     def _write_trace(self, progress: Progress) -> None:
-        """Gather the last step's timed actions of one pipeline onto rank 0 (collective), which writes them."""
+        """Gather the last step's timed actions and DP collectives of one pipeline onto rank 0 (collective), which
+        writes them."""
         cfg, c = self.cfg, self.groups.coords
-        rows = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0)
+        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0,
+                                        comm_spans_of(self.engine.comm_trace))
         if self.rank == 0:
+            rows, comm_rows = gathered
             s, path = cfg.schedule, cfg.reporting.trace
-            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead)
+            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows)
+            collectives = ", ".join(f"{n} {kind}" for kind, n in summary.get("dp_collectives", {}).items())
             progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
                          f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
-                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)")
+                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)"
+                         + (f"; DP collectives beside them: {collectives}" if collectives else ""))
             progress.record({"trace": summary})

@@ -4,15 +4,14 @@ Every gradient bucket is reduce-scattered instead of all-reduced (csrc/executor/
 then holds the summed gradient of the r-th equal piece of each bucket, and keeps fp32 masters and optimizer state
 for that piece only. Parameters live in flat buffers laid out exactly like the gradient buckets, so a bucket's
 shard of gradients, of masters and of parameters cover the same elements. The step updates the shard and
-all-gathers each parameter buffer over DP, so every replica holds the whole updated model again.
+all-gathers each parameter buffer over DP, so every replica holds the whole updated model again: bucket by bucket,
+each gather launched as soon as its shard is written and waited for only by the next forward's first layer that
+reads it (hybrid_engine/param_gather.py; `overlap=False` waits for them all at the end of the step instead).
 
 The optimizer sees one flat tensor per bucket shard, so it must be elementwise (SGD, Adam, AdamW: what Megatron's
 distributed optimizer supports); a shard may cut a parameter anywhere. Decisions that need the whole gradient are
 agreed over the ranks that hold its pieces: the fp16 overflow flag over the world (DP too, since no rank sees all
 gradients), the clipping norm summed over DP as well as PP and MP (MP-replicated parameters counted once).
-
-Not yet overlapped: the parameter all-gathers run at the end of the step, not bucket by bucket ahead of the next
-forward.
 """
 from __future__ import annotations
 
@@ -25,7 +24,21 @@ import torch.nn as nn
 from . import _C, optim
 from .amp import clip_grad_norm
 from .grad_buffer import BufferLayout
+from .param_gather import ForwardWaits
 from .tp_layers import copy_placement, gather_full, is_mp_split, take_shard
+
+
+def clip_group_for_shards(groups, clip_grad: float) -> dist.ProcessGroup | None:
+    """ZeRO-1 clipping sums squared norms over DP as well as PP: the group of every (dp, pp) with this rank's mp
+    coordinate. dist.new_group is collective over the world, so every rank creates every such group."""
+    if clip_grad <= 0 or not dist.is_initialized():
+        return None
+    grid, mine = groups.grid, None
+    for m in range(grid.mp_size):
+        group = dist.new_group([r for r in range(grid.world_size) if grid.coords(r).mp == m])
+        if groups.coords.mp == m:
+            mine = group
+    return mine
 
 
 class ShardedOptimizer:
@@ -34,7 +47,9 @@ class ShardedOptimizer:
     fuses_unscale = False
 
     def __init__(self, factory: optim.OptimizerFactory, layout: BufferLayout, half_weights: bool, groups,
-                 clip_group: dist.ProcessGroup | None, device: torch.device, not_counted: set[int] = frozenset()):
+                 clip_group: dist.ProcessGroup | None, device: torch.device, stages: dict[int, nn.Sequential],
+                 overlap: bool = True, comm_trace: _C.CommTrace | None = None,
+                 not_counted: set[int] = frozenset()):
         self.layout, self.groups, self.device = layout, groups, device
         self.dp_rank, self.dp_size = groups.coords.dp, groups.grid.dp_size
         self.half_weights, self.clip_group = half_weights, clip_group
@@ -63,11 +78,18 @@ class ShardedOptimizer:
         # not_counted: id() of parameters left out of the clipping norm (a tied weight's second copy), still scaled.
         self._not_counted = not_counted
         self._split, self._replicated = self._norm_segments()
+        # The updated parameters go back to every replica through one in-place all-gather per bucket, launched in
+        # the order the next forward reads the buckets; with overlap, each layer of that forward waits for its own.
+        self.overlap = overlap
+        self.gather = _C.DpParamGather(self.param_flats, groups.dp, comm_trace)
+        self.waits = ForwardWaits(self.gather, layout)
+        self.launch_order = self.waits.launch_order(stages)
 
     def describe(self) -> str:
         how = "fused SGD + master -> half cast" if self.fused else "torch step"
         return (f"optimizer: {type(self.optimizer).__name__} sharded over {self.dp_size} DP ranks (ZeRO-1, {how}): "
-                f"{self.state_bytes() / 2**20:.1f} MiB of masters and optimizer state on this rank")
+                f"{(self.master_bytes() + optim.state_bytes(self.optimizer)) / 2**20:.1f} MiB of masters and "
+                "optimizer state on this rank")
 
     def _norm_segments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """This shard's gradient, cut at parameter boundaries: MP-split pieces and MP-replicated pieces."""
@@ -88,23 +110,22 @@ class ShardedOptimizer:
                 return self.grad_shards[b]
         raise KeyError("ZeRO-1: parameter not in this rank's gradient buckets")
 
-    def state_bytes(self) -> int:
-        """Bytes of fp32 masters (when they are copies) and optimizer state held by this rank."""
-        total = sum(m.numel() * m.element_size() for m in self.masters) if self.half_weights else 0
-        for state in self.optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+    def master_bytes(self) -> int:
+        """Bytes of this rank's fp32 master shards when they are copies (half weights; else 0: the parameter
+        shards are their own masters)."""
+        return sum(m.numel() * m.element_size() for m in self.masters) if self.half_weights else 0
 
     # ------------------------------------------------------------------------------------------------- step
     @torch.no_grad()
     def update(self, scaler, clip_grad: float) -> tuple[torch.Tensor | None, bool, float | None]:
         """The optimizer's side of a step, as Engine._update: (device overflow flag or None, skipped, norm)."""
+        self.gather.wait_all()  # a bucket no layer read is still in flight: its shard is about to be written
         if scaler is not None and self.fused and clip_grad <= 0:
             found_inf = scaler.find_nonfinite(self.grad_shards, self.world, self.device)
             lr = float(self.optimizer.param_groups[0]["lr"])
-            _C.sgd_step_and_cast(self.masters, self.grad_shards, self.param_shards, lr, inv_scale=scaler.inv_scale,
-                                 skip_if=found_inf)
-            self.all_gather_params()
+            self._publish(lambda b: _C.sgd_step_and_cast([self.masters[b]], [self.grad_shards[b]],
+                                                         [self.param_shards[b]], lr, inv_scale=scaler.inv_scale,
+                                                         skip_if=found_inf))
             return found_inf, False, None
         skipped = scaler.unscale_and_check(self.grad_shards, self.world, self.device) if scaler is not None else False
         grad_norm = None
@@ -119,21 +140,25 @@ class ShardedOptimizer:
         if not skipped:
             if self.fused:
                 lr = float(self.optimizer.param_groups[0]["lr"])
-                _C.sgd_step_and_cast(self.masters, self.grad_shards, self.param_shards, lr)
+                self._publish(lambda b: _C.sgd_step_and_cast([self.masters[b]], [self.grad_shards[b]],
+                                                             [self.param_shards[b]], lr))
             else:
+                # torch's step is one multi-tensor pass over every shard; each bucket's cast then launches its gather
                 self.optimizer.step()
-                if self.half_weights and self.masters:
-                    torch._foreach_copy_(self.param_shards, [m.detach() for m in self.masters])
-            self.all_gather_params()
+                if self.half_weights:
+                    self._publish(lambda b: self.param_shards[b].copy_(self.masters[b].detach()))
+                else:
+                    self._publish(lambda b: None)  # the masters are the parameter shards: already written
         return None, skipped, grad_norm
 
-    @torch.no_grad()
-    def all_gather_params(self) -> None:
-        """Every replica's updated shard into every replica's parameter buffers."""
-        if self.dp_size == 1:
-            return
-        for flat, shard in zip(self.param_flats, self.param_shards):
-            dist.all_gather(list(flat.chunk(self.dp_size)), shard.clone(), group=self.groups.dp)
+    def _publish(self, write_shard) -> None:
+        """Bucket by bucket in the next forward's order: write this rank's parameter shard, launch its all-gather.
+        Without overlap, wait for them all here (the gathers then sit exposed at the end of the step)."""
+        for b in self.launch_order:
+            write_shard(b)
+            self.gather.launch(b)
+        if not self.overlap:
+            self.gather.wait_all()
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def _full(self, shard: torch.Tensor) -> torch.Tensor:
@@ -169,7 +194,9 @@ class ShardedOptimizer:
     @torch.no_grad()
     def load_state(self, names: dict[int, str], weights: dict, optimizer: dict) -> None:
         """Inverse of full_state on any grid: full tensors sliced to this rank's MP shard, laid out in the
-        buckets, then this DP rank's shard taken. No collectives."""
+        buckets, then this DP rank's shard taken. No collectives (but in-flight gathers are finished: the
+        parameter buffers are about to be overwritten)."""
+        self.gather.wait_all()
         for b, members in enumerate(self.layout.members):
             master = torch.zeros(self.param_flats[b].numel(), dtype=torch.float32, device=self.device)
             keys = {}

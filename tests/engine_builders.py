@@ -15,7 +15,8 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
                 optimizer: str | object = "sgd", lr: float = 1e-3, amp: str = "off", impl: str = "half-weights",
                 loss_scale: float | None = None, scale_window: int = 2000, hysteresis: int = 1,
                 clip_grad: float = 0.0, stage_impl: str = "auto", recompute: bool = False,
-                dp_bucket_mb: float = 256.0, dp_grad_dtype: str = "fp32", zero: int = 0, device: str = "cpu",
+                dp_bucket_mb: float = 256.0, dp_grad_dtype: str = "fp32", zero: int = 0,
+                overlap_param_gather: bool = True, device: str = "cpu",
                 trace: bool = False, parallelize=None, layout: list[list[int]] | None = None) -> Engine:
     """parallelize / layout: the Engine's (None: its default, parallelize_mlp and a cut by layer count)."""
     model_kwargs = {"layout": layout} | ({"parallelize": parallelize} if parallelize is not None else {})
@@ -25,7 +26,8 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
         schedule=ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads),
         stages=StageConfig(stage_impl, recompute),
         precision=PrecisionConfig(amp, impl, loss_scale, scale_window, hysteresis, clip_grad),
-        data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype, zero), device=device, trace=trace,
+        data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype, zero, overlap_param_gather), device=device,
+        trace=trace,
         **model_kwargs)
 
 

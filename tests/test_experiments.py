@@ -368,6 +368,29 @@ def test_memory_model_of_the_gpu_run_shape():
     assert "x fp32 2.62" in max_batch.model_table(args)
 
 
+def test_memory_model_of_zero1_over_two_pipelines():
+    shape = dict(dim=4096, depth=16, pp=2, micro_batches=8, schedule="1f1b", half=True, recompute=False)
+    one, two, zero = (max_batch.memory_model(**shape, **extra) for extra in ({}, {"dp": 2}, {"dp": 2, "zero": 1}))
+    assert two["row_bytes"] == one["row_bytes"] / 2  # each pipeline runs half the global batch's rows
+    params = 8 * (4096 * 4096 + 4096)
+    assert one["fixed_bytes"] == two["fixed_bytes"] == params * (2 + 4 + 4 + 4)
+    assert zero["fixed_bytes"] == params * (2 + 4 + (4 + 4) / 2)  # masters and the optimizer's share halve
+    with pytest.raises(SystemExit, match="--zero 1 shards over the DP replicas"):
+        max_batch.main(["--device", "cpu", "--zero", "1", "--modes", "fp32"])
+
+
+def test_max_batch_runs_a_zero1_trial_over_two_pipelines_on_cpu(tmp_path):
+    assert max_batch.main(["--device", "cpu", "--dim", "32", "--depth", "4", "--pp", "1", "--dp", "2", "--zero", "1",
+                           "--micro-batches", "2", "--start", "16", "--cap", "16", "--modes", "fp32",
+                           "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-maxbatch.jsonl")
+    recs = [json.loads(ln) for ln in path.read_text().splitlines()]
+    trial = next(r for r in recs if r["kind"] == "trial")
+    assert trial["status"] == "ok" and "--dp 2 --zero 1" in trial["cmd"] and "nproc_per_node=2" in trial["cmd"]
+    result = next(r for r in recs if r["kind"] == "result")
+    assert result["max_batch"] == 16 and (result["dp"], result["zero"]) == (2, 1)
+
+
 def test_launcher_failures_are_transient_and_the_memory_cap_is_the_capacity():
     clash = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
              "address. port: 42551, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")

@@ -166,16 +166,56 @@ def _losses(stdout: str) -> list[float]:
     return [float(x) for x in re.findall(r"loss ([0-9.]+)", stdout)]
 
 
+def _metrics(path) -> list[dict]:
+    import json
+    return [rec for rec in map(json.loads, path.read_text().splitlines()) if "step" in rec and "loss" in rec]
+
+
 def test_driver_zero_flag_trains_like_the_replicated_run_and_its_checkpoint_loads_unsharded(tmp_path):
     from launch_utils import torchrun
 
     common = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--optimizer", "adam",
               "--lr", "0.01", "--steps", "4")
-    plain = torchrun(2, "--dp", "2", "--zero", "0", *common)
-    sharded = torchrun(2, "--dp", "2", "--zero", "1", *common, "--save", str(tmp_path / "ckpt"), "--save-every", "2")
+    plain = torchrun(2, "--dp", "2", "--zero", "0", *common, "--metrics", str(tmp_path / "plain.jsonl"))
+    sharded = torchrun(2, "--dp", "2", "--zero", "1", *common, "--save", str(tmp_path / "ckpt"), "--save-every", "2",
+                       "--metrics", str(tmp_path / "sharded.jsonl"))
     assert plain.returncode == 0 and sharded.returncode == 0, sharded.stderr[-2000:]
-    assert "ZeRO-1" in sharded.stdout  # the choice is announced
+    assert "ZeRO-1" in sharded.stdout  # the choices are announced
+    assert "zero: parameter all-gather overlapped with the next forward, per bucket" in sharded.stdout
     assert _losses(sharded.stdout) == pytest.approx(_losses(plain.stdout), rel=1e-5)
+    # Memory accounting per rank: Adam's two fp32 moments of 4 x (32 x 32 + 32) parameters and a 4-byte step count
+    # per tensor (8 tensors replicated; 1 flat shard of the one bucket under ZeRO-1); fp32 weights are their own
+    # masters.
+    params = 4 * (32 * 32 + 32)
+    for want_state, records in ((8 * params + 8 * 4, _metrics(tmp_path / "plain.jsonl")),
+                                (8 * params // 2 + 4, _metrics(tmp_path / "sharded.jsonl"))):
+        assert len(records) == 4
+        for rec in records:
+            assert rec["master_bytes"] == [0, 0] and rec["optimizer_state_bytes"] == [want_state] * 2
     resumed = torchrun(1, "--zero", "0", *common, "--load", str(tmp_path / "ckpt" / "step_000002"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _losses(resumed.stdout) == pytest.approx(_losses(sharded.stdout)[2:], rel=1e-5)
+
+
+def master_bytes(rank: int, world: int) -> dict:
+    out = {}
+    for zero in (0, 1):
+        groups = build_groups(ProcessGrid(2, 1, 1), rank)
+        engine = _engine(groups, "1f1b", zero, dict(amp="fp16", optimizer="adam", lr=1e-2))
+        engine.train_step(*_rows(groups, 2, 0))
+        out[zero] = (engine.master_bytes(), engine.optimizer_state_bytes(),
+                     sum(p.numel() for p in engine.parameters), len(engine.parameters), len(engine.grads.buckets))
+        engine.close()
+        groups.destroy()
+        dist.barrier()
+    return out
+
+
+def test_zero1_at_dp2_holds_half_the_masters_and_optimizer_state():
+    for out in run_ranks(2, master_bytes, timeout=120):
+        (plain_masters, plain_state, params, tensors, _), (masters, state, _, _, buckets) = out[0], out[1]
+        assert plain_masters == 4 * params  # fp32 masters of fp16 weights
+        assert plain_state == 8 * params + 4 * tensors  # two fp32 moments, a step count per tensor
+        # each bucket is padded to an even length, its shard then holds at most one element more than half
+        assert 0 <= masters - plain_masters / 2 <= 4 * buckets
+        assert 0 <= state - (plain_state - 4 * tensors) / 2 - 4 * buckets <= 8 * buckets

@@ -27,6 +27,13 @@ c10::intrusive_ptr<c10d::Work> all_reduce_sum_async(at::Tensor& tensor, const Gr
 // without a reduce-scatter (gloo) all-reduce the whole tensor instead: the piece holds the same sum.
 c10::intrusive_ptr<c10d::Work> reduce_scatter_sum_async(at::Tensor& tensor, const GroupPtr& group);
 
+// Asynchronous in-place all-gather: this member's equal piece of `tensor` (1-D, the piece at rank * numel / size)
+// is written into every member's `tensor`; the caller waits on the returned work (null for a trivial group).
+c10::intrusive_ptr<c10d::Work> all_gather_in_place_async(at::Tensor& tensor, const GroupPtr& group);
+
+// Whether the group's backend has a reduce-scatter (gloo has none: reduce_scatter_sum_async all-reduces there).
+bool has_reduce_scatter(const GroupPtr& group);
+
 // Every member's `tensor`, indexed by rank within the group; waits. All members must pass the same shape.
 // A null group or a group of one returns {tensor}.
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const GroupPtr& group);

@@ -14,11 +14,12 @@ uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.da
 }  // namespace
 
 DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
-                       std::optional<at::ScalarType> wire_dtype, bool shard)
+                       std::optional<at::ScalarType> wire_dtype, bool shard, std::shared_ptr<CommTrace> trace)
     : buckets_(std::move(buckets)),
       dp_group_(std::move(dp_group)),
       wire_dtype_(wire_dtype),
       shard_(shard),
+      trace_(std::move(trace)),
       launched_(buckets_.size(), false),
       armed_(buckets_.size(), false),
       announced_(buckets_.size()),
@@ -56,6 +57,10 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   at::Tensor wire = wire_dtype_ && *wire_dtype_ != grads.scalar_type() ? grads.to(*wire_dtype_) : at::Tensor();
   at::Tensor& payload = wire.defined() ? wire : grads;
   auto work = shard_ ? reduce_scatter_sum_async(payload, dp_group_) : all_reduce_sum_async(payload, dp_group_);
+  if (trace_) {
+    trace_->launched(shard_ && has_reduce_scatter(dp_group_) ? CommKind::ReduceScatter : CommKind::AllReduce, bucket,
+                     work);
+  }
   pending_.push_back({std::move(work), bucket, std::move(wire)});
 }
 

@@ -24,11 +24,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "comm/collectives.h"
+#include "executor/comm_trace.h"
 
 namespace hybrid {
 
@@ -47,9 +49,9 @@ class DpGradSync {
   // wire_dtype: the dtype buckets travel in (nullopt: their own); a bucket already of that dtype is sent as is.
   // shard: reduce-scatter instead of all-reduce (the distributed optimizer, ZeRO-1): afterwards each DP rank's
   // equal piece of every bucket holds the sum, the rest of the bucket is unspecified. Every bucket's size must
-  // divide by the DP size (GradBuffer pads them).
+  // divide by the DP size (GradBuffer pads them). trace: where launches are recorded for --trace (may be null).
   DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {},
-             bool shard = false);
+             bool shard = false, std::shared_ptr<CommTrace> trace = nullptr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
@@ -91,6 +93,7 @@ class DpGradSync {
   GroupPtr dp_group_;
   std::optional<at::ScalarType> wire_dtype_;
   bool shard_ = false;
+  std::shared_ptr<CommTrace> trace_;
   std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
 
   // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.

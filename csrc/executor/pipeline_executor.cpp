@@ -48,7 +48,8 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
                                    std::map<ChannelKey, Channel> recv_channels,
                                    std::vector<TensorSpec> stage_input_specs,
                                    std::vector<TensorSpec> stage_output_specs, at::Device device, GradBufferPtr grads,
-                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets)
+                                   std::shared_ptr<DpGradSync> dp_sync, std::map<int, std::vector<int>> stage_buckets,
+                                   std::shared_ptr<CommTrace> comm_trace)
     : actions_(std::move(actions)),
       config_(config),
       programs_(std::move(programs)),
@@ -60,7 +61,8 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
       device_(device),
       grads_(std::move(grads)),
       dp_sync_(std::move(dp_sync)),
-      stage_buckets_(std::move(stage_buckets)) {
+      stage_buckets_(std::move(stage_buckets)),
+      comm_trace_(std::move(comm_trace)) {
   if (!grads_) throw std::invalid_argument("executor needs the engine's GradBuffer");
   if (!loss_.builtin_mse && !loss_.fn) throw std::invalid_argument("executor needs a loss");
   if (static_cast<int>(input_specs_.size()) != config_.num_stages ||
@@ -166,6 +168,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
   if (device_trace) step_event_ = record_event();
   step_start_ = std::chrono::steady_clock::now();
+  if (comm_trace_ && config_.record_trace) comm_trace_->start_step(step_start_, step_event_);
   auto now_us = [this] {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start_).count();
   };

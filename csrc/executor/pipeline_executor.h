@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
+#include "executor/comm_trace.h"
 #include "executor/dp_grad_sync.h"
 #include "executor/stage_program.h"
 #include "executor/step_loss.h"
@@ -73,12 +74,14 @@ class PipelineExecutor {
 
   // programs: one per stage of this rank. grads: the engine's gradient buffer (W actions flush it; the DP sync
   // hears of final gradients through it). dp_sync may be null (no DP); stage_buckets: each stage's buckets.
+  // comm_trace (tracing only, may be null): the DP collectives' log, whose clock each step starts with this
+  // executor's own, so the collectives line up with the compute spans.
   PipelineExecutor(std::vector<Action> actions, ExecutorConfig config,
                    std::map<int, std::shared_ptr<StageProgram>> programs, LossSpec loss,
                    std::map<ChannelKey, Channel> send_channels, std::map<ChannelKey, Channel> recv_channels,
                    std::vector<TensorSpec> stage_input_specs, std::vector<TensorSpec> stage_output_specs,
                    at::Device device, GradBufferPtr grads, std::shared_ptr<DpGradSync> dp_sync,
-                   std::map<int, std::vector<int>> stage_buckets);
+                   std::map<int, std::vector<int>> stage_buckets, std::shared_ptr<CommTrace> comm_trace = nullptr);
 
   // One step. `inputs` has num_micro tensors on a rank holding stage 0 (else empty); `targets` likewise on
   // the rank holding the last stage. Returns the per-micro-batch losses (unmultiplied, detached) on the
@@ -150,6 +153,7 @@ class PipelineExecutor {
   GradBufferPtr grads_;
   std::shared_ptr<DpGradSync> dp_sync_;
   std::map<int, std::vector<int>> stage_buckets_;
+  std::shared_ptr<CommTrace> comm_trace_;
   // Index in actions_ of each stage's last backward-type action (B, I without W, or W): after it the
   // stage's gradients are final for the step and its DP buckets can be reduced.
   std::map<int, size_t> last_grad_action_;

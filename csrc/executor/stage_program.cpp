@@ -18,8 +18,12 @@ at::Tensor as_rows(const at::Tensor& t) { return t.dim() == 2 ? t : t.reshape({-
 }  // namespace
 
 NativeChainStage::NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute,
-                                   GradBufferPtr grads)
-    : params_(std::move(params)), relu_(std::move(relu)), recompute_(recompute), grads_(std::move(grads)) {
+                                   GradBufferPtr grads, std::shared_ptr<DpParamGather> param_gather)
+    : params_(std::move(params)),
+      relu_(std::move(relu)),
+      recompute_(recompute),
+      grads_(std::move(grads)),
+      param_gather_(std::move(param_gather)) {
   if (relu_.empty() || params_.size() != 2 * relu_.size()) {
     throw std::invalid_argument("native chain: " + std::to_string(relu_.size()) + " layers need " +
                                 std::to_string(2 * relu_.size()) + " params, got " + std::to_string(params_.size()));
@@ -37,7 +41,14 @@ std::string NativeChainStage::describe() const {
 
 at::Tensor NativeChainStage::run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,
                                          const std::vector<int64_t>& input_sizes) const {
-  at::Tensor out = chain_forward(rows, params_, relu_, recompute, saved);
+  std::function<void(size_t)> before_layer;
+  if (param_gather_) {
+    before_layer = [this](size_t i) {
+      param_gather_->wait_for(params_[2 * i]);
+      param_gather_->wait_for(params_[2 * i + 1]);  // the same bucket (whole layers); a no-op then
+    };
+  }
+  at::Tensor out = chain_forward(rows, params_, relu_, recompute, saved, before_layer);
   if (input_sizes.empty()) return out;
   std::vector<int64_t> sizes(input_sizes.begin(), input_sizes.end() - 1);
   sizes.push_back(out.size(-1));

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/dp_param_gather.h"
 #include "executor/step_loss.h"
 #include "grad/grad_buffer.h"
 
@@ -55,8 +56,10 @@ class StageProgram {
 
 class NativeChainStage : public StageProgram {
  public:
-  // params: weight_0, bias_0 (undefined: none), weight_1, ...; relu[i]: ReLU after layer i.
-  NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute, GradBufferPtr grads);
+  // params: weight_0, bias_0 (undefined: none), weight_1, ...; relu[i]: ReLU after layer i. param_gather (ZeRO-1
+  // with the all-gather overlapped, else null): each layer's forward first waits for its parameters' gather.
+  NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute, GradBufferPtr grads,
+                   std::shared_ptr<DpParamGather> param_gather = nullptr);
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;
@@ -72,6 +75,7 @@ class NativeChainStage : public StageProgram {
   std::vector<bool> relu_;
   bool recompute_;
   GradBufferPtr grads_;
+  std::shared_ptr<DpParamGather> param_gather_;
 };
 
 class AutogradStage : public StageProgram {

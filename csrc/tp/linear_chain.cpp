@@ -51,13 +51,14 @@ std::vector<at::Tensor> activations_for_backward(std::vector<at::Tensor> saved, 
 }  // namespace
 
 at::Tensor chain_forward(const at::Tensor& x, at::TensorList params, const std::vector<bool>& relu, bool recompute,
-                         std::vector<at::Tensor>& saved) {
+                         std::vector<at::Tensor>& saved, const std::function<void(size_t layer)>& before_layer) {
   check_chain(params, relu, "chain_forward");
   TORCH_CHECK(x.dim() == 2, "chain_forward: input must be [rows, features], got ", x.sizes());
   at::NoGradGuard no_grad;
   saved.assign({x});  // a_0 = x, a_{i+1} = layer i's output
   at::Tensor h = x;
   for (size_t i = 0; i < relu.size(); ++i) {
+    if (before_layer) before_layer(i);
     h = layer_forward(h, params[2 * i], params[2 * i + 1], relu[i]);
     // Recomputation keeps only the stage input; the backward runs the forward again to rebuild the rest.
     if (!recompute) saved.push_back(h);

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "grad/grad_buffer.h"
@@ -21,9 +22,11 @@ namespace hybrid {
 // The chain's forward: x [rows, features]; params: weight_0, bias_0, weight_1, bias_1, ... (an undefined bias
 // means none); relu[i]: ReLU after layer i. Returns the output and fills `saved` with what chain_backward needs
 // (a_0 = x, a_1, ..., a_n). recompute: keep only a_0 (the backward reruns the forward: activation
-// recomputation, one extra forward for a stage's activations shrunk to its input).
+// recomputation, one extra forward for a stage's activations shrunk to its input). before_layer(i), when given,
+// runs just before layer i reads its parameters (ZeRO-1: wait for the bucket's all-gather, no earlier).
 at::Tensor chain_forward(const at::Tensor& x, at::TensorList params, const std::vector<bool>& relu, bool recompute,
-                         std::vector<at::Tensor>& saved);
+                         std::vector<at::Tensor>& saved,
+                         const std::function<void(size_t layer)>& before_layer = {});
 
 // The chain's backward from the gradient of its output. Returns the input's gradient (undefined unless
 // want_input_grad). Parameter gradients (for parameters that require one) are stashed for a W action when the
