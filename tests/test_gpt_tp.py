@@ -297,3 +297,17 @@ def test_tensor_parallel_gpt_matches_the_dense_model(mp):
 
 def test_tensor_parallel_layers_reject_bad_shapes():
     run_ranks(4, _construction_errors, timeout=60)
+
+
+@pytest.mark.parametrize("b,p", [(1, 2), (2, 2), (3, 4)])
+def test_sequence_slabs_are_the_chunks_the_flat_collectives_exchange(b, p):
+    # On NCCL the sequence-parallel gather and reduce-scatter use the flat collectives, which read and write rank
+    # r's piece as the r-th slab along dim 0; these layouts must be exactly the sequence chunks (CPU runs gloo's
+    # list form, so this is what checks the GPU path's indexing).
+    from hybrid_engine.sequence_parallel import sequence_from_slabs, sequence_to_slabs
+    x = torch.randn(b, 4 * p, 3, 5)
+    slabs = sequence_to_slabs(x, p)
+    assert slabs.is_contiguous() and slabs.shape == (p, b, 4, 3, 5)
+    for r, chunk in enumerate(x.chunk(p, dim=1)):
+        assert torch.equal(slabs[r], chunk)
+    assert torch.equal(sequence_from_slabs(slabs), x)
