@@ -23,6 +23,9 @@ void bind_grad(py::module_& m) {
       .def("set_main_grad", &GradBuffer::set_main_grad, py::arg("param"), py::arg("buffer"),
            "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.")
       .def("has_main_grad", &GradBuffer::has_main_grad, py::arg("param"))
+      .def("grad_final", &GradBuffer::grad_final, py::arg("param"),
+           "announce that param's gradient got its last write of this backward (a no-op unless the executor "
+           "listens: during a stage's last gradient action)")
       .def(
           "set_defer", [](GradBuffer& g, bool defer) { g.wgrad().set_defer(defer); }, py::arg("defer"),
           "While set, the weight gradients of this buffer's layers are stashed for a later flush (zero-bubble W).")

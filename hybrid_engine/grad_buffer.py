@@ -114,22 +114,31 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
                 layout.members.append(members)
                 buckets.append(flat)
     layout.grads = _C.GradBuffer(buckets)
-    for param, view in routes:
-        layout.grads.set_main_grad(param, view)
-        # hybrid_engine's layers write this main grad themselves; any other module's parameter (a LayerNorm, an
-        # embedding) gets its half-precision gradient from autograd: fold it into the fp32 main grad as soon as
-        # it lands, micro-batch by micro-batch, as Megatron's main_grad hook does.
-        param.register_post_accumulate_grad_hook(_fold_into(view))
+    routed = {id(param): view for param, view in routes}
+    for param, _ in routes:
+        layout.grads.set_main_grad(param, routed[id(param)])
+    for members in layout.members:
+        for param, _ in members:
+            # hybrid_engine's layers write their main grads themselves (and announce them); any other module's
+            # parameter (a LayerNorm, an embedding) gets its gradient from autograd: a half one is folded into its
+            # fp32 main grad as soon as it lands, micro-batch by micro-batch, as Megatron's main_grad hook does.
+            param.register_post_accumulate_grad_hook(_on_autograd_grad(layout.grads, routed.get(id(param))))
     return layout
 
 
-def _fold_into(main_grad: torch.Tensor):
-    def fold(param: torch.Tensor) -> None:
-        if param.grad is not None:  # None: the layer wrote its main grad itself
+def _on_autograd_grad(grads: _C.GradBuffer, main_grad: torch.Tensor | None):
+    """Autograd has accumulated a parameter's gradient of one backward (it sums a parameter's uses first, so this
+    runs once per backward): fold it into the fp32 main grad if there is one, then announce it final, which lets
+    the DP sync start the bucket's collective during the stage's last backward instead of after it."""
+    def on_grad(param: torch.Tensor) -> None:
+        if param.grad is None:  # the layer wrote its main grad itself
+            return
+        if main_grad is not None:
             main_grad.add_(param.grad)
             param.grad = None
+        grads.grad_final(param)
 
-    return fold
+    return on_grad
 
 
 def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer) -> None:

@@ -68,6 +68,10 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
       // A weight with an fp32 main grad accumulates there directly (half weights, fp32 accumulation).
       if (buffer->has_main_grad(weight)) {
         buffer->accumulate_linear_grads(grad_2d, x_2d, w, b);
+        // One backward writes a weight once: in a stage's last gradient action that write is final, and the DP
+        // sync (listening only then) may start reducing the bucket while earlier layers' backward goes on.
+        buffer->grad_final(w);
+        buffer->grad_final(b);
         return {grad_input, none, none, none};
       }
     }
