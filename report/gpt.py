@@ -1,5 +1,5 @@
 """Section 7, the GPT (issue #17): the GPT-1B shape on one GPU against its peers, per card; its data-parallel
-scaling; the validation-loss curves of the real-text run, bf16 against fp32. Every cell is computed from one record
+scaling; pp=2 and tp=2 on two GPUs beside their peers (report/gpt_pptp.py); the validation-loss curves of the real-text run, bf16 against fp32. Every cell is computed from one record
 of the files report/gpt_data.py reads; a run whose file is absent is a sentence saying it has not been made."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from . import gpt_pptp  # noqa: E402
 from .data import NOT_RUN, finite  # noqa: E402
 from .figures import PAGE  # noqa: E402
 from .gpt_data import GptFile, GptResults  # noqa: E402
@@ -185,7 +186,8 @@ def prose(g: GptResults, root: Path) -> list[Block]:
         out.append(("b", f"{f.gpus} x {f.card} ({rel(f.path, root)}): efficiency " + "; ".join(cells) + "."))
     if not g.dp:
         out.append(("b", "not measured in this results set (no *-gpt-dp.json)."))
-    out.append(("h", "7.3 Real text: bf16 against fp32"))
+    out += gpt_pptp.prose(g.pp_tp, root)
+    out.append(("h", "7.4 Real text: bf16 against fp32"))
     for f in g.realtext:
         runs = f.data["runs"]
         finals = ", ".join(f"{p} {r.get('final_val_loss', float('nan')):.4f}" for p, r in runs.items())
@@ -200,6 +202,8 @@ def prose(g: GptResults, root: Path) -> list[Block]:
 def gpt_pages(rep: Report, g: GptResults, root: Path) -> None:
     rep.text("7. GPT", prose(g, root))
     parts = [bench_table(f, root) for f in g.benches] + [dp_table(f, root) for f in g.dp]
+    for f in g.pp_tp:
+        parts += [gpt_pptp.runs_table(f, root), gpt_pptp.ratios_table(f, root)]
     parts += [realtext_table(f, root) for f in g.realtext]
     if parts:
         rep.tables(parts)
@@ -209,4 +213,4 @@ def gpt_pages(rep: Report, g: GptResults, root: Path) -> None:
 
 def commands(g: GptResults, root: Path) -> list[Block]:
     """The appendix lines: each GPT file's command."""
-    return [("m", f"{rel(f.path, root)}: {f.data.get('command', '?')}") for f in g.benches + g.dp + g.realtext]
+    return [("m", f"{rel(f.path, root)}: {f.data.get('command', '?')}") for f in g.benches + g.dp + g.pp_tp + g.realtext]
