@@ -84,6 +84,10 @@ def runs_table(f: GptFile, root: Path) -> Table:
                "loss vs 1 GPU: the largest relative difference of the run's per-step losses from its 1-GPU engine "
                f"reference ({', '.join(refs) or '?'}, as named in the file's loss_check); tolerance "
                f"{tol.get('max_rel_diff', '?')}: {tol.get('why', '?')}"]
+    unchecked = [n for n, r in f.data["runs"].items() if _loss_cell(f, n) == DASH and tokens_per_s(r, f)[0]]
+    if unchecked:
+        t.notes.append(f"no loss check (–): {', '.join(unchecked)} (the references themselves, and runs the file does "
+                       "not hold to the tolerance).")
     if computed:
         t.notes.append(f"* tokens/s computed here as batch x seq over step ms (the record holds none): "
                        f"{', '.join(computed)}.")
