@@ -1,7 +1,8 @@
 """The report's GPT section (report/gpt.py, report/gpt_data.py): its tables hold the numbers of the committed GPT
 results files, each cell recomputed here from the JSON; the real-text run is a line saying it has not been made
 when its file is absent, and a table, a figure and the target's verdict when it is present; the pages build to the
-same bytes twice."""
+same bytes twice. The pp=2 / tp=2 file (report/gpt_pptp.py) and the autocast real-text pass likewise: cells
+recomputed from the JSON, a line saying each is not measured when its file is absent."""
 import json
 import shutil
 import sys
@@ -15,12 +16,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
 import realtext_results  # noqa: E402
-from report import gpt  # noqa: E402
+from report import gpt, gpt_pptp  # noqa: E402
 from report.gpt_data import load_gpt  # noqa: E402
 from report.render import Report  # noqa: E402
 
 BENCHES = sorted(RESULTS.glob("*-1x*-gpt.json"))
 DP = sorted(RESULTS.glob("*-gpt-dp.json"))
+PP_TP = sorted(RESULTS.glob("*-gpt-pp-tp.json"))
+REALTEXT = sorted(RESULTS.glob("*-gpt-realtext.json"))
+AUTOCAST = sorted(RESULTS.glob("*-gpt-realtext-autocast.json"))
 
 
 def rows_of(table) -> dict[str, dict]:
@@ -31,11 +35,12 @@ def text_of(blocks) -> str:
     return " ".join(t for _, t in blocks)
 
 
-def gpt_only(tmp_path: Path) -> Path:
-    """A results folder holding only the committed GPT files (no real-text file)."""
+def gpt_only(tmp_path: Path, extra: tuple = ()) -> Path:
+    """A results folder holding only the committed GPT files of one GPU and of dp (no real-text or pp-tp file),
+    and `extra`."""
     root = tmp_path / "results"
     root.mkdir()
-    for path in BENCHES + DP:
+    for path in BENCHES + DP + list(extra):
         shutil.copy(path, root / path.name)
     return root
 
@@ -111,9 +116,13 @@ def test_without_the_real_text_file_the_section_says_the_run_has_not_been_made(t
     prose = text_of(gpt.prose(g, root))
     assert "The real-text run has not been made: no *-gpt-realtext.json" in prose
     assert "bash experiments/gpt_realtext_pass.sh" in prose
+    assert "not measured in this results set (no *-gpt-realtext-autocast.json)" in prose
+    assert "AMP_IMPL=autocast bash experiments/gpt_realtext_pass.sh" in prose
+    assert "not measured in this results set (no *-gpt-pp-tp.json)" in prose
+    assert "bash experiments/gpt_pp_tp_pass.sh" in prose
     pages = Pages()
     gpt.gpt_pages(pages, g, root)
-    assert pages.titles[0] == "7. GPT" and not any("real text" in t for t in pages.titles)
+    assert pages.titles[0] == "7. GPT" and not any("real text" in t or "pp=2" in t for t in pages.titles)
 
 
 def realtext_file(root: Path, tmp_path: Path, bf16_final: float) -> Path:
@@ -160,9 +169,10 @@ def test_with_the_real_text_file_the_section_has_its_table_figure_and_verdict(tm
 
 @pytest.mark.slow  # two PDFs with a figure: about 8 s
 def test_the_gpt_pages_build_to_the_same_bytes_twice(tmp_path):
-    root = gpt_only(tmp_path)
+    root = gpt_only(tmp_path, (*PP_TP, *AUTOCAST))
     realtext_file(root, tmp_path, 2.01)
     g = load_gpt(root)
+    assert g.pp_tp and g.realtext and g.realtext_autocast
     built = []
     for name in ("a.pdf", "b.pdf"):
         rep = Report(str(tmp_path / name))
@@ -170,3 +180,98 @@ def test_the_gpt_pages_build_to_the_same_bytes_twice(tmp_path):
         rep.close()
         built.append((tmp_path / name).read_bytes())
     assert built[0] == built[1] and len(built[0]) > 10_000
+
+
+def test_the_new_kinds_are_told_apart_by_their_whole_name(tmp_path):
+    assert PP_TP and REALTEXT and AUTOCAST
+    g = load_gpt(RESULTS)
+    assert [f.path for f in g.pp_tp] == PP_TP and [f.path for f in g.realtext] == REALTEXT
+    assert [f.path for f in g.realtext_autocast] == AUTOCAST and set(g.used) >= set(PP_TP + REALTEXT + AUTOCAST)
+    root = gpt_only(tmp_path, (AUTOCAST[0],))
+    (root / "2026-11-26-1xH100-gpt-realtext-other.json").write_text(REALTEXT[0].read_text())  # no kind of ours
+    (root / "2026-11-26-2xH100-gpt-pp.json").write_text(PP_TP[0].read_text())
+    g = load_gpt(root)
+    assert not g.realtext and not g.pp_tp and [f.path.name for f in g.realtext_autocast] == [AUTOCAST[0].name]
+    assert not any(p.name.endswith(("-other.json", "-gpt-pp.json")) for p in g.claimed)
+
+
+def test_pp_tp_table_cells_equal_the_results_file():
+    raw = json.loads(PP_TP[-1].read_text())
+    f = load_gpt(RESULTS).pp_tp[0]
+    rows = rows_of(gpt_pptp.runs_table(f, RESULTS))
+    assert set(rows) == set(raw["runs"])
+    tol = raw["loss_tolerance"]["max_rel_diff"]
+    for name, rec in raw["runs"].items():
+        row = rows[name]
+        assert row["tokens/s"] == f"{rec['tokens_s']:,.0f}" and row["MFU"] == f"{rec['mfu']:.1%}"
+        assert row["step ms"] == f"{rec['step_ms']:.2f}"
+        assert row["peak GiB per rank"] == ", ".join(f"{p:.1f}" for p in rec["peak_gib"])
+        assert row["GPUs"] == str(rec.get("gpus", len(rec["peak_gib"])))
+        check = raw["loss_check"].get(name)
+        if check:
+            assert row["loss vs 1 GPU"] == f"{check['max_rel_diff']:.1e} " + ("ok" if check["max_rel_diff"] <= tol
+                                                                              else "OVER")
+        else:
+            assert row["loss vs 1 GPU"] == "–"
+    assert rows["engine_pp2_1f1b"]["grid"] == "pp2 tp1" and rows["dtensor_tp_sp"]["grid"] == "pp1 tp2 SP"
+    targets = rows_of(gpt_pptp.ratios_table(f, RESULTS))
+    assert set(targets) == set(raw["ratios"])
+    for key, r in raw["ratios"].items():
+        value = raw["runs"][r["engine"]]["tokens_s"] / raw["runs"][r["peer"]]["tokens_s"]
+        row = targets[key]
+        assert row["engine / peer"] == f"{value:.2f}x" and abs(value - r["value"]) <= 0.0006
+        assert row["goal"] == f">= {r['target']:.2f}x"
+        assert row["verdict"] == ("met" if value >= r["target"] else "missed") == ("met" if r["met"] else "missed")
+    prose = text_of(gpt_pptp.prose([f], RESULTS))
+    worst = max(raw["loss_check"], key=lambda k: raw["loss_check"][k]["max_rel_diff"])
+    assert f"{raw['loss_check'][worst]['max_rel_diff']:.1e} ({worst}), tolerance {tol}" in prose
+    r = raw["ratios"]["pp_engine_vs_best_torch_pipelining"]
+    assert f"pp_engine_vs_best_torch_pipelining {r['value']:.2f}x (goal {r['target']}x, " in prose
+
+
+def test_pp_tp_tokens_per_second_is_computed_where_the_record_holds_none(tmp_path):
+    raw = json.loads(PP_TP[-1].read_text())
+    want = raw["runs"]["engine_1gpu"]["tokens_s"]
+    raw["runs"]["engine_1gpu"]["tokens_s"] = None  # no batch or seq in an engine record: from `shape`
+    raw["runs"]["torch_pp"]["tokens_s"] = None  # batch and seq in the record
+    root = tmp_path / "results"
+    root.mkdir()
+    (root / PP_TP[-1].name).write_text(json.dumps(raw))
+    f = load_gpt(root).pp_tp[0]
+    rows = rows_of(gpt_pptp.runs_table(f, root))
+    tps = 16 * 2048 / (raw["runs"]["engine_1gpu"]["step_ms"] / 1000)
+    assert rows["engine_1gpu"]["tokens/s"] == f"{tps:,.0f}*" and abs(tps - want) <= 1
+    torch_pp = raw["runs"]["torch_pp"]
+    assert rows["torch_pp"]["tokens/s"] == f"{torch_pp['batch'] * torch_pp['seq'] / torch_pp['step_ms'] * 1000:,.0f}*"
+    assert "engine_1gpu, torch_pp" in " ".join(gpt_pptp.runs_table(f, root).notes)
+
+
+def test_the_autocast_pass_is_drawn_and_stated_beside_the_half_weights_one(tmp_path):
+    g = load_gpt(RESULTS)
+    files = gpt.realtext_cards(g)["H100"]
+    assert files["realtext"].path == REALTEXT[-1] and files["realtext_autocast"].path == AUTOCAST[-1]
+    line = gpt.comparison_text(files)
+    for path, how in ((REALTEXT[-1], "bf16 half weights"), (AUTOCAST[-1], "bf16 by autocast")):
+        runs = json.loads(path.read_text())["runs"]
+        bf16, fp32 = runs["bf16"]["final_val_loss"], runs["fp32"]["final_val_loss"]
+        diff = abs(bf16 - fp32) / fp32
+        assert (f"{how}" in line and f"final validation {bf16:.4f} vs its fp32 {fp32:.4f}, {diff:.3%} apart "
+                f"(1% target {'met' if diff <= 0.01 else 'NOT met'})" in line)
+    assert "4.114% apart (1% target NOT met)" in line and "0.865% apart (1% target met)" in line
+    assert f"both passes: {line}." in text_of(gpt.prose(g, RESULTS))
+    rows = rows_of(gpt.realtext_table(g.realtext_autocast[0], RESULTS, autocast=True))
+    auto = json.loads(AUTOCAST[-1].read_text())["runs"]
+    assert rows["bf16"]["final val loss"] == f"{auto['bf16']['final_val_loss']:.4f}"
+    fig = gpt.realtext_figure(files)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels == ["bf16 half weights", "fp32", "bf16 by autocast", "fp32 (autocast pass)"]
+    assert len(fig.axes[1].get_lines()) == 2 + 3  # the two bf16 differences and the target lines
+    # The autocast pass alone: its table and its figure, and the half-weights run said to be missing.
+    root = gpt_only(tmp_path, (AUTOCAST[-1],))
+    g = load_gpt(root)
+    pages = Pages()
+    gpt.gpt_pages(pages, g, root)
+    assert pages.titles[-1] == "7. GPT real text (H100)"
+    prose = text_of(gpt.prose(g, root))
+    assert "The real-text run has not been made" in prose and "both passes" not in prose
+    assert "H100, bf16 by autocast (fp32 weights cast per matrix product) (" in prose and "0.865% apart (met)" in prose
