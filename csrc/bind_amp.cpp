@@ -29,8 +29,6 @@ std::vector<at::Tensor> defined_or_empty(const MaybeTensors& tensors) {
   return out;
 }
 
-GroupPtr group_or_null(const MaybeGroup& group) { return group.value_or(GroupPtr()); }
-
 py::dict state_to_dict(const LossScalerState& s) {
   py::dict d;
   d["scale"] = static_cast<double>(s.scale);

@@ -10,13 +10,6 @@ namespace py = pybind11;
 
 namespace hybrid {
 
-namespace {
-
-// None (no model parallelism) arrives as nullopt and becomes the null group every region treats as trivial.
-GroupPtr group_or_null(const std::optional<GroupPtr>& group) { return group.value_or(GroupPtr()); }
-
-}  // namespace
-
 void bind_tp(py::module_& m) {
   struct Region {
     const char* name;

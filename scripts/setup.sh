@@ -15,7 +15,7 @@ echo "setup: installing the build and test tools"
 if command -v ccache > /dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
-echo "setup: building the C++ extension (about 4 minutes on 2 cores for a first build; a rebuild compiles what changed)"
+echo "setup: building the C++ extension (about 1.5 minutes on 2 cores for a first build; a rebuild compiles what changed)"
 start=$(date +%s)
 log=$(mktemp)
 # pip -v shows the build's output; only ninja's progress lines ("[3/24] Building CXX object ...") reach the

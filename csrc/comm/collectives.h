@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <optional>
 #include <vector>
 
 namespace hybrid {
@@ -39,5 +40,9 @@ bool has_reduce_scatter(const GroupPtr& group);
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const GroupPtr& group);
 
 inline bool is_trivial(const GroupPtr& group) { return !group || group->getSize() == 1; }
+
+// A group argument bound to Python: None (no such parallelism) arrives as nullopt and becomes the null group,
+// which every helper here treats as trivial.
+inline GroupPtr group_or_null(const std::optional<GroupPtr>& group) { return group.value_or(GroupPtr()); }
 
 }  // namespace hybrid

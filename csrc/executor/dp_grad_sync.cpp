@@ -5,13 +5,9 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "executor/buffer_address.h"
+
 namespace hybrid {
-
-namespace {
-
-uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
-
-}  // namespace
 
 DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
                        std::optional<at::ScalarType> wire_dtype, bool shard, std::shared_ptr<CommTrace> trace)
@@ -30,7 +26,7 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
     TORCH_CHECK(!shard_ || is_trivial(dp_group_) || buckets_[b].numel() % dp_group_->getSize() == 0,
                 "DP gradient bucket ", b, " of ", buckets_[b].numel(), " elements does not split into ",
                 dp_group_->getSize(), " equal shards");
-    if (buckets_[b].nbytes() > 0) by_address_[address(buckets_[b])] = b;
+    if (buckets_[b].nbytes() > 0) by_address_[buffer_address(buckets_[b])] = b;
   }
   clear_step_locked();
 }
@@ -91,12 +87,12 @@ int DpGradSync::bucket_of(uintptr_t begin, uintptr_t end) const {
   auto it = by_address_.upper_bound(begin);
   if (it == by_address_.begin()) return -1;
   const int b = std::prev(it)->second;
-  return end <= address(buckets_[b]) + buckets_[b].nbytes() ? b : -1;
+  return end <= buffer_address(buckets_[b]) + buckets_[b].nbytes() ? b : -1;
 }
 
 bool DpGradSync::notify(const at::Tensor& grad) {
   if (!grad.defined() || grad.nbytes() == 0 || !grad.is_contiguous()) return false;
-  const uintptr_t begin = address(grad);
+  const uintptr_t begin = buffer_address(grad);
   const uintptr_t end = begin + grad.nbytes();
   std::lock_guard<std::mutex> lock(mutex_);
   const int b = bucket_of(begin, end);

@@ -6,13 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "executor/buffer_address.h"
+
 namespace hybrid {
-
-namespace {
-
-uintptr_t address(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
-
-}  // namespace
 
 DpParamGather::DpParamGather(std::vector<at::Tensor> params, GroupPtr dp_group, std::shared_ptr<CommTrace> trace)
     : params_(std::move(params)), dp_group_(std::move(dp_group)), trace_(std::move(trace)),
@@ -22,7 +18,7 @@ DpParamGather::DpParamGather(std::vector<at::Tensor> params, GroupPtr dp_group, 
                 " must be one flat contiguous buffer");
     TORCH_CHECK(is_trivial(dp_group_) || params_[b].numel() % dp_group_->getSize() == 0, "parameter bucket ", b,
                 " of ", params_[b].numel(), " elements does not split into ", dp_group_->getSize(), " equal pieces");
-    if (params_[b].nbytes() > 0) by_address_[address(params_[b])] = b;
+    if (params_[b].nbytes() > 0) by_address_[buffer_address(params_[b])] = b;
   }
 }
 
@@ -84,11 +80,11 @@ std::vector<std::pair<int, GatherWait>> DpParamGather::last_waits() const {
 }
 
 int DpParamGather::bucket_of(const at::Tensor& t) const {
-  const uintptr_t begin = address(t);
+  const uintptr_t begin = buffer_address(t);
   auto it = by_address_.upper_bound(begin);
   if (it == by_address_.begin()) return -1;
   const int b = std::prev(it)->second;
-  return begin + t.nbytes() <= address(params_[b]) + params_[b].nbytes() ? b : -1;
+  return begin + t.nbytes() <= buffer_address(params_[b]) + params_[b].nbytes() ? b : -1;
 }
 
 }  // namespace hybrid
