@@ -76,7 +76,9 @@ def test_bpe_tokens_decode_back_to_the_text(prepared):
     ds = data.open_dataset(prepared["out"], 32, seed=0)
     x, y = ds.batch(0, 4)
     assert ds.vocab_size == VOCAB and torch.equal(x[:, 1:], y[:, :-1])
-    assert all(tok.decode(row.tolist()) in prepared["text"] for row in x)
+    # A window may start or end inside a multi-byte character (the text holds e.g. "×"): byte-level BPE decodes
+    # such an edge as U+FFFD, so only the edges may differ.
+    assert all(tok.decode(row.tolist()).strip("\ufffd") in prepared["text"] for row in x)
 
 
 def _losses(stdout: str, what: str) -> list[float]:
