@@ -5,6 +5,7 @@
 
 #include "tp/linear.h"
 #include "tp/mp_region.h"
+#include "tp/sequence_region.h"
 
 namespace py = pybind11;
 
@@ -24,6 +25,15 @@ void bind_tp(py::module_& m) {
        "Megatron g: all-reduce(sum) over `group` forward, identity backward."},
       {"gather_from_mp_region", &gather_from_mp_region,
        "All-gather along the last dim forward (rank order); backward keeps this rank's slice of the gradient."},
+      {"gather_along_sequence", &gather_along_sequence,
+       "Sequence parallel: [b, s/p, ...] chunks -> [b, s, ...] on every rank (rank order); backward sums the "
+       "gradient over `group` and keeps this rank's chunk. None or a group of one: identity."},
+      {"reduce_scatter_along_sequence", &reduce_scatter_along_sequence,
+       "Sequence parallel: [b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum over `group`; "
+       "backward all-gathers along dim 1."},
+      {"scatter_along_sequence", &scatter_along_sequence,
+       "Sequence parallel: a [b, s, ...] tensor replicated over `group` -> this rank's chunk of dim 1; backward "
+       "all-gathers along dim 1."},
   };
   for (const Region& region : regions) {
     auto fn = region.fn;
@@ -32,6 +42,11 @@ void bind_tp(py::module_& m) {
         [fn](const at::Tensor& x, const std::optional<GroupPtr>& group) { return fn(x, group_or_null(group)); },
         py::arg("x"), py::arg("group"), py::call_guard<py::gil_scoped_release>(), region.doc);
   }
+  m.def("sequence_to_slabs", &sequence_to_slabs, py::arg("x"), py::arg("parts"),
+        "[b, s, ...] -> [p, b, s/p, ...], contiguous: rank r's sequence chunk is the r-th slab, the layout the flat "
+        "collectives read and write.");
+  m.def("sequence_from_slabs", &sequence_from_slabs, py::arg("slabs"),
+        "[p, b, s/p, ...] -> [b, s, ...], the inverse of sequence_to_slabs.");
   m.def(
       "linear",
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

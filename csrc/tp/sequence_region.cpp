@@ -1,0 +1,124 @@
+#include "tp/sequence_region.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace hybrid {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// As in mp_region: the group rides in saved_data (a ProcessGroup is a TorchScript custom class, so an IValue
+// holds it and keeps it alive for as long as the graph node lives).
+constexpr const char* kGroup = "group";
+
+GroupPtr saved_group(AutogradContext* ctx) {
+  return ctx->saved_data.at(kGroup).toCustomClass<c10d::ProcessGroup>();
+}
+
+// The length of this rank's chunk of dim 1. TORCH_CHECK_VALUE: Python sees the ValueError the model's checks raise.
+int64_t chunk_length(const at::Tensor& x, int64_t parts) {
+  TORCH_CHECK_VALUE(x.dim() >= 2, "sequence parallel: needs a [b, s, ...] tensor, got ", x.dim(), " dimensions");
+  TORCH_CHECK_VALUE(x.size(1) % parts == 0, "sequence parallel: sequence length ", x.size(1),
+                    " is not divisible by the model-parallel size ", parts);
+  return x.size(1) / parts;
+}
+
+// [b, s/p, ...] -> [b, s, ...]. Gathered flat: gloo's all-gather into one tensor checks each piece's shape
+// against the input's, so both are 1-D; NCCL only counts elements.
+at::Tensor all_gather_seq(const at::Tensor& x, const GroupPtr& group) {
+  TORCH_CHECK_VALUE(x.dim() >= 2, "sequence parallel: needs a [b, s/p, ...] tensor, got ", x.dim(), " dimensions");
+  const int64_t parts = group->getSize();
+  at::Tensor mine = x.contiguous();  // incoming gradients may be expanded views
+  at::Tensor mine_flat = mine.view({-1});
+  at::Tensor flat = at::empty({parts * mine.numel()}, mine.options());
+  group->_allgather_base(flat, mine_flat)->wait();
+  std::vector<int64_t> slab_shape{parts};
+  slab_shape.insert(slab_shape.end(), mine.sizes().begin(), mine.sizes().end());
+  return sequence_from_slabs(flat.view(slab_shape));
+}
+
+// [b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum, a fresh tensor (the input may alias
+// another gradient, so nothing is reduced in place on it).
+at::Tensor reduce_scatter_seq(const at::Tensor& x, const GroupPtr& group) {
+  const int64_t parts = group->getSize();
+  const int64_t chunk = chunk_length(x, parts);
+  if (!has_reduce_scatter(group)) {
+    at::Tensor total = x.clone(at::MemoryFormat::Contiguous);
+    all_reduce_sum(total, group);
+    return total.narrow(1, group->getRank() * chunk, chunk).contiguous();
+  }
+  at::Tensor slabs = sequence_to_slabs(x, parts);
+  at::Tensor out = at::empty_like(slabs[0]);
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  group->_reduce_scatter_base(out, slabs, options)->wait();
+  return out;
+}
+
+struct GatherSeq : public torch::autograd::Function<GatherSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
+    ctx->saved_data[kGroup] = group;
+    return all_gather_seq(x, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {reduce_scatter_seq(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
+    ctx->saved_data[kGroup] = group;
+    return reduce_scatter_seq(x, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {all_gather_seq(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
+    ctx->saved_data[kGroup] = group;
+    const int64_t chunk = chunk_length(x, group->getSize());
+    return x.narrow(1, group->getRank() * chunk, chunk).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {all_gather_seq(grads[0], saved_group(ctx)), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor sequence_to_slabs(const at::Tensor& x, int64_t parts) {
+  const int64_t chunk = chunk_length(x, parts);
+  std::vector<int64_t> split{x.size(0), parts, chunk};
+  split.insert(split.end(), x.sizes().begin() + 2, x.sizes().end());
+  return x.reshape(split).movedim(1, 0).contiguous();
+}
+
+at::Tensor sequence_from_slabs(const at::Tensor& slabs) {
+  TORCH_CHECK_VALUE(slabs.dim() >= 3, "sequence_from_slabs: needs [p, b, s/p, ...], got ", slabs.dim(),
+                    " dimensions");
+  return slabs.movedim(0, 1).flatten(1, 2);
+}
+
+at::Tensor gather_along_sequence(const at::Tensor& x, const GroupPtr& group) {
+  if (is_trivial(group)) return x;
+  return GatherSeq::apply(x, group);
+}
+
+at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, const GroupPtr& group) {
+  if (is_trivial(group)) return x;
+  return ReduceScatterSeq::apply(x, group);
+}
+
+at::Tensor scatter_along_sequence(const at::Tensor& x, const GroupPtr& group) {
+  if (is_trivial(group)) return x;
+  return ScatterSeq::apply(x, group);
+}
+
+}  // namespace hybrid
