@@ -2,20 +2,14 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "tp/saved_group.h"
+
 namespace hybrid {
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The group rides in saved_data: c10d::ProcessGroup is a registered TorchScript custom class, so an IValue holds
-// it (and keeps it alive for as long as the graph node lives).
-constexpr const char* kGroup = "group";
-
-GroupPtr saved_group(AutogradContext* ctx) {
-  return ctx->saved_data.at(kGroup).toCustomClass<c10d::ProcessGroup>();
-}
 
 // Incoming gradients may alias each other (an add node hands the same tensor to both inputs) or be expanded
 // views, so a collective never works in place on them.
@@ -27,7 +21,7 @@ at::Tensor reduced_copy(const at::Tensor& t, const GroupPtr& group) {
 
 struct CopyToMpRegion : public torch::autograd::Function<CopyToMpRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
-    ctx->saved_data[kGroup] = group;
+    save_group(ctx, group);
     return x;  // autograd turns a returned input into a fresh alias carrying this node
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -46,7 +40,7 @@ struct ReduceFromMpRegion : public torch::autograd::Function<ReduceFromMpRegion>
 struct GatherFromMpRegion : public torch::autograd::Function<GatherFromMpRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
     TORCH_CHECK(x.dim() >= 1, "gather_from_mp_region needs a tensor with at least one dimension");
-    ctx->saved_data[kGroup] = group;
+    save_group(ctx, group);
     ctx->saved_data["local"] = x.size(-1);
     return at::cat(all_gather(x, group), -1);
   }

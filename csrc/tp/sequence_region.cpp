@@ -2,20 +2,14 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "tp/saved_group.h"
+
 namespace hybrid {
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// As in mp_region: the group rides in saved_data (a ProcessGroup is a TorchScript custom class, so an IValue
-// holds it and keeps it alive for as long as the graph node lives).
-constexpr const char* kGroup = "group";
-
-GroupPtr saved_group(AutogradContext* ctx) {
-  return ctx->saved_data.at(kGroup).toCustomClass<c10d::ProcessGroup>();
-}
 
 // The length of this rank's chunk of dim 1. TORCH_CHECK_VALUE: Python sees the ValueError the model's checks raise.
 int64_t chunk_length(const at::Tensor& x, int64_t parts) {
@@ -59,7 +53,7 @@ at::Tensor reduce_scatter_seq(const at::Tensor& x, const GroupPtr& group) {
 
 struct GatherSeq : public torch::autograd::Function<GatherSeq> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
-    ctx->saved_data[kGroup] = group;
+    save_group(ctx, group);
     return all_gather_seq(x, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -70,7 +64,7 @@ struct GatherSeq : public torch::autograd::Function<GatherSeq> {
 
 struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
-    ctx->saved_data[kGroup] = group;
+    save_group(ctx, group);
     return reduce_scatter_seq(x, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -81,7 +75,7 @@ struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
 
 struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const GroupPtr& group) {
-    ctx->saved_data[kGroup] = group;
+    save_group(ctx, group);
     const int64_t chunk = chunk_length(x, group->getSize());
     return x.narrow(1, group->getRank() * chunk, chunk).contiguous();
   }
