@@ -30,3 +30,9 @@ from hybrid_engine.data import write_token_file
 write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
 PY
 }
+
+last_losses() {  # each metrics file in $RES: its last step's loss (runs that must agree are read side by side)
+  for f in "$RES"/*.jsonl; do
+    echo "$(basename "$f" .jsonl): last loss $(grep '"loss"' "$f" | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
+  done
+}

@@ -18,7 +18,5 @@ if [ -f .ab/sequence_parallel_old.py ]; then
   cp /tmp/sequence_parallel_new.py hybrid_engine/sequence_parallel.py
 fi
 engine tp2_sp_flat_again 2 $G --sequence-parallel
-for f in "$RES"/*.jsonl; do
-  echo "$(basename "$f" .jsonl): last loss $(grep '"loss"' "$f" | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
-done
+last_losses
 tar czf "$OUT/sp_ab.tgz" -C "$RES" .

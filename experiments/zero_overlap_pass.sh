@@ -29,8 +29,6 @@ G="$G --optimizer adamw --lr 3e-4 --steps 6 --warmup 2 --seed 0 --dp 2 --batch-s
 engine gpt_dp2_zero_exposed 2 $G --zero 1 --no-overlap-param-gather
 engine gpt_dp2_zero 2 $G --zero 1
 engine trace_gpt_dp2_zero 2 $G --zero 1 --steps 3 --warmup 1 --trace "$RES/trace_gpt_dp2_zero"
-for f in "$RES"/*.jsonl; do  # the last step's loss of every run: exposed, overlapped and replicated must agree
-  echo "$(basename "$f" .jsonl): last loss $(grep '"loss"' "$f" | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
-done
+last_losses
 grep -h "^trace:" "$RES"/trace_*.log
 tar czf "$OUT/zero_overlap_pass.tgz" -C "$RES" .

@@ -114,9 +114,9 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
                 layout.members.append(members)
                 buckets.append(flat)
     layout.grads = _C.GradBuffer(buckets)
+    for param, view in routes:
+        layout.grads.set_main_grad(param, view)
     routed = {id(param): view for param, view in routes}
-    for param, _ in routes:
-        layout.grads.set_main_grad(param, routed[id(param)])
     for members in layout.members:
         for param, _ in members:
             # hybrid_engine's layers write their main grads themselves (and announce them); any other module's

@@ -16,9 +16,6 @@ import os
 import signal
 import sys
 
-_PROG = "python -m hybrid_engine.launch"
-
-
 def _quiet_torchrun_logs() -> None:
     # torch's elastic loggers take their level from LOGLEVEL when they are created (on import), and each sets its
     # own level, so a parent logger's level would not reach them. The ranks inherit LOGLEVEL too; nothing of ours
