@@ -53,9 +53,13 @@ WALL=""
 # AMP_IMPL=autocast: the bf16 run keeps fp32 weights and casts per matrix product (--amp-impl autocast), to tell
 # the half-weight step's rounding from bf16's own
 AMP_IMPL=${AMP_IMPL:-half-weights}
+# FP32_RESIDUAL=1: the bf16 half-weight run keeps its residual stream in fp32 (--fp32-residual), the fix the
+# first measurement pointed at (NOTES)
+FP32_RESIDUAL=${FP32_RESIDUAL:-0}
+RESIDUAL_FLAG=$([ "$FP32_RESIDUAL" = 1 ] && echo "--fp32-residual")
 for prec in bf16 fp32; do
   amp=$([ $prec = fp32 ] && echo off || echo $prec)
-  impl=$([ $prec = fp32 ] || echo "--amp-impl $AMP_IMPL")
+  impl=$([ $prec = fp32 ] || echo "--amp-impl $AMP_IMPL $RESIDUAL_FLAG")
   start=$(date +%s)
   timeout 240 torchrun --nproc_per_node=1 hybrid_engine.py "${DEVICE[@]}" $G --amp "$amp" $impl \
     --metrics "$RES/$prec.jsonl" > "$RES/$prec.log" 2>&1 || { echo "$prec FAILED"; tail -8 "$RES/$prec.log"; }
@@ -63,10 +67,11 @@ for prec in bf16 fp32; do
   grep -E "validation loss|summary" "$RES/$prec.log" | tail -2 | sed "s/^/$prec: /"
 done
 
-NAME="$(date +%F)-1x$CARD-gpt-realtext$([ "$AMP_IMPL" = half-weights ] || echo "-$AMP_IMPL").json"
+NAME="$(date +%F)-1x$CARD-gpt-realtext$([ "$AMP_IMPL" = half-weights ] || echo "-$AMP_IMPL")"
+NAME="$NAME$([ "$FP32_RESIDUAL" = 1 ] && echo "-fp32-residual").json"
 python3 experiments/realtext_results.py --bf16 "$RES/bf16.jsonl" --fp32 "$RES/fp32.jsonl" --card "$CARD_FULL" \
   --data "$DATA" --shape "GPT $RUN, AdamW lr 6e-4 (constant), clip 1.0, seed 0, $STEPS steps, eval every $EVERY" \
-  --command "AMP_IMPL=$AMP_IMPL bash experiments/gpt_realtext_pass.sh" --wall "$WALL" --out "$OUT/$NAME"
+  --command "AMP_IMPL=$AMP_IMPL FP32_RESIDUAL=$FP32_RESIDUAL bash experiments/gpt_realtext_pass.sh" --wall "$WALL" --out "$OUT/$NAME"
 rc=$?
 [ "${SMOKE:-0}" = 1 ] || { [ $rc = 0 ] && cp "$OUT/$NAME" experiments/results/; }
 tar czf "$OUT/gpt_realtext.tgz" -C "$RES" --exclude realtext.tok .

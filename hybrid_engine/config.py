@@ -106,8 +106,13 @@ class ModelConfig:
     """GPT: LayerNorm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
     selective_recompute: bool = False
     """GPT: recompute only the attention core in the backward (--recompute recomputes whole stages)."""
+    fp32_residual: bool = False
+    """GPT under --amp with half weights: the residual stream (the embedding's output, every block's input and
+    output, the activations between pipeline stages) stays fp32; LayerNorms normalise it in fp32 and hand the
+    GEMMs half precision (Megatron's fp32_residual_connection)."""
 
-    GPT_ONLY = ("layers", "hidden", "heads", "seq_len", "tie_embeddings", "sequence_parallel", "selective_recompute")
+    GPT_ONLY = ("layers", "hidden", "heads", "seq_len", "tie_embeddings", "sequence_parallel", "selective_recompute",
+                "fp32_residual")
     MLP_ONLY = ("dim", "depth")
 
 
@@ -255,6 +260,11 @@ class RunConfig:
         if s.lookahead > s.micro_batches:
             raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
                               "step: there are no forwards that far ahead")
+        if m.fp32_residual and not self.precision.half_weights:
+            why = ("--amp off keeps everything in fp32" if self.precision.amp == "off" else
+                   "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
+            raise ConfigError(f"--fp32-residual applies to --amp fp16|bf16 with half weights (--amp-impl "
+                              f"half-weights) only: {why}")
         if self.precision.loss_scale is not None and self.precision.amp != "fp16":
             raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.precision.amp}")
         s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)

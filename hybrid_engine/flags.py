@@ -55,6 +55,7 @@ FIELDS = {
     "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
     "seq_len": ("model", "seq_len"), "tie_embeddings": ("model", "tie_embeddings"),
     "sequence_parallel": ("model", "sequence_parallel"), "selective_recompute": ("model", "selective_recompute"),
+    "fp32_residual": ("model", "fp32_residual"),
     "data": ("data", "path"), "eval_every": ("training", "eval_every"),
     "batch_size": ("data", "batch_size"), "stream_data": ("data", "stream"),
     "steps": ("training", "steps"), "warmup": ("training", "warmup"), "log_every": ("training", "log_every"),
@@ -154,6 +155,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     m.add_argument("--selective-recompute", action=switch,
                    help="GPT: recompute only the attention core in the backward (--recompute: whole stages) "
                         f"{_default('selective_recompute')}")
+    m.add_argument("--fp32-residual", action=switch,
+                   help="GPT with --amp half weights: keep the residual stream (block inputs and outputs, the "
+                        "activations between stages) in fp32; LayerNorms normalise it in fp32 "
+                        f"{_default('fp32_residual')}")
     m.add_argument("--data", metavar="PATH",
                    help="GPT: a text file (byte-level) or a token file (python -m hybrid_engine.data prepare IN OUT) "
                         "(default: the built-in seeded Markov corpus, whose entropy rate is known)")

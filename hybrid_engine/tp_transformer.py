@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _C
-from .models.gpt import LN_EPS, TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm
+from .models.gpt import TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm, layer_norm, residual_stream
 from .sequence_parallel import (_check_divisible, _sp_param, gather_along_sequence,
                                 reduce_scatter_along_sequence, scatter_along_sequence)
 from .tp_layers import ColumnParallelLinear, RowParallelLinear, _mark, _rank_and_size
@@ -107,6 +107,8 @@ def _mark_vocab_split(param: nn.Parameter, mp_size: int, vocab_size: int) -> Non
 class ParallelEmbedding(nn.Module):
     """Vocab-parallel token embedding + replicated positions: tokens [b, s] -> [b, s, h] ([b, s/p, h] under SP)."""
 
+    fp32_residual = Embedding.fp32_residual  # the residual stream in fp32 under half weights (models/gpt.py)
+
     def __init__(self, cfg: GPTConfig, mp_group: Optional[dist.ProcessGroup], sequence_parallel: bool = False, *,
                  device=None, dtype=None, init: bool = True):
         super().__init__()
@@ -158,18 +160,22 @@ class ParallelEmbedding(nn.Module):
         if tokens.dim() != 2 or s > self.cfg.seq_len:
             raise ValueError(f"GPT Embedding: tokens must be [batch, seq <= {self.cfg.seq_len}], got "
                              f"{tuple(tokens.shape)}")
+        fp32 = self.fp32_residual
         if self.mp_size == 1:
-            return F.embedding(tokens, self.word) + self.position[:s]
+            return residual_stream(F.embedding(tokens, self.word), fp32) + residual_stream(self.position[:s], fp32)
         local = tokens - self.vocab_start
         outside = (local < 0) | (local >= self.rows)
         rows = F.embedding(local.masked_fill(outside, 0), self.word)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
         if not self.sequence_parallel:
-            return _C.reduce_from_mp_region(rows, self.mp_group) + self.position[:s]
+            # the sum over MP is exact in half precision (one rank holds each token's row, the others add zeros)
+            return (residual_stream(_C.reduce_from_mp_region(rows, self.mp_group), fp32)
+                    + residual_stream(self.position[:s], fp32))
         _check_divisible(s, self.mp_size)
         chunk = s // self.mp_size
         position = _sp_param(self.position, self.mp_group)[self.mp_rank * chunk : (self.mp_rank + 1) * chunk]
-        return reduce_scatter_along_sequence(rows, self.mp_group) + position
+        rows = reduce_scatter_along_sequence(rows, self.mp_group)
+        return residual_stream(rows, fp32) + residual_stream(position, fp32)
 
     def extra_repr(self) -> str:
         return (f"vocab={self.cfg.vocab_size} (padded {self.vocab_padded}; rows [{self.vocab_start}, "
@@ -251,8 +257,7 @@ class ParallelBlock(Block):
         return out
 
     def _sp_layer_norm(self, x: torch.Tensor, ln: LayerNorm) -> torch.Tensor:
-        return F.layer_norm(x, (ln.dim,), _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group),
-                            LN_EPS)
+        return layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
 
     def _sp_column(self, x: torch.Tensor, layer: ColumnParallelLinear) -> torch.Tensor:
         return _C.linear(gather_along_sequence(x, self.mp_group), layer.weight, layer.bias)
@@ -337,8 +342,7 @@ class ParallelHead(Head):
         if not self.sequence_parallel:
             return super().forward(x)
         ln = self.ln_f
-        x = F.layer_norm(x, (ln.dim,), _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group),
-                         LN_EPS)
+        x = layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
         return _C.linear(gather_along_sequence(x, self.mp_group), self.lm_head.weight, None)
 
     def extra_repr(self) -> str:

@@ -54,7 +54,8 @@ def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Worklo
     if m.name == "gpt":
         shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, m.seed)  # vocab: the data's
         return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
-                            recompute="selective" if m.selective_recompute else "none")
+                            recompute="selective" if m.selective_recompute else "none",
+                            fp32_residual=m.fp32_residual)
     return mlp_workload(m.dim, m.depth, m.seed, device)
 
 

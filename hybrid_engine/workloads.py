@@ -44,15 +44,17 @@ class ParallelizeGPT:
 
     sequence_parallel: bool = False
     selective_recompute: bool = False
+    fp32_residual: bool = False
 
     def __call__(self, stage: nn.Sequential, mp_group) -> nn.Sequential:
-        from .tp_transformer import parallelize_gpt
+        from .tp_transformer import ParallelEmbedding, parallelize_gpt
 
         out = parallelize_gpt(stage, mp_group, self.sequence_parallel)
-        if self.selective_recompute:
-            for module in out:
-                if isinstance(module, Block):
-                    module.recompute_attention_core = True
+        for module in out:
+            if isinstance(module, Block) and self.selective_recompute:
+                module.recompute_attention_core = True
+            if isinstance(module, ParallelEmbedding) and self.fp32_residual:
+                module.fp32_residual = True
         return out
 
 
@@ -142,14 +144,16 @@ def gpt_config_of(model: dict) -> GPTConfig:
 
 
 def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
-                 recompute: str = "none") -> Workload:
+                 recompute: str = "none", fp32_residual: bool = False) -> Workload:
     """A GPT of shape `cfg` on `data`: a text or token file path, a ready TokenDataset, or None for the built-in
     Markov corpus of seed cfg.seed (vocabulary 256, known entropy rate). The vocabulary is the data's:
     cfg.vocab_size is replaced by it. Windows are cfg.seq_len + 1 tokens drawn from (cfg.seed, step).
 
     recompute: "none"; "full" (every stage keeps only its input: `full_recompute`, for StageConfig.recompute);
     "selective" (keep everything but the attention core, Megatron's selective recompute). The loss is the
-    vocab-parallel cross-entropy; stages are cut by `balanced_partition(layer_costs(cfg), n)`."""
+    vocab-parallel cross-entropy; stages are cut by `balanced_partition(layer_costs(cfg), n)`. fp32_residual: the
+    residual stream stays fp32 under half weights (models/gpt.py, Embedding.fp32_residual); the stages then
+    exchange fp32 activations."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     if not isinstance(data, TokenDataset):
@@ -165,10 +169,11 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
     summary = (f"model: GPT, {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, seq {cfg.seq_len}, "
                f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings, "
                f"{params / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
-               f"{'on' if sequence_parallel else 'off'}; recompute {recompute}")
+               f"{'on' if sequence_parallel else 'off'}; recompute {recompute}"
+               f"{'; residual stream fp32' if fp32_residual else ''}")
     return Workload(
         name="gpt", model=build_gpt(cfg, "meta"), loss=losses.VocabParallelCrossEntropy(cfg.vocab_size),
-        parallelize=ParallelizeGPT(sequence_parallel, recompute == "selective"),
+        parallelize=ParallelizeGPT(sequence_parallel, recompute == "selective", fp32_residual),
         layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,

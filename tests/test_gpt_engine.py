@@ -41,7 +41,7 @@ def train_engine(rank: int, run: dict, steps: int = STEPS, data: TokenDataset | 
     state_for_checkpoint) when given; the caller closes them."""
     data = data or dataset()
     workload = gpt_workload(config(run.get("tied", False)), data, sequence_parallel=run.get("sp", False),
-                            recompute=run.get("recompute", "none"))
+                            recompute=run.get("recompute", "none"), fp32_residual=run.get("fp32_residual", False))
     pp, v = run.get("pp", 1), run.get("v", 1)
     groups = build_groups(ProcessGrid(run.get("dp", 1), pp, run.get("mp", 1)), rank)
     engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
@@ -166,6 +166,9 @@ GRIDS_HALF = {
     # plain SGD with half weights takes the fused SGD + cast update (no momentum: only step 0 compares)
     "pp2 fp16 fused SGD tied": {"pp": 2, "tied": True, "amp": "fp16", "optimizer": optim.SGD(LR)},
     "dp2 zero1 bf16 tied": {"dp": 2, "zero": 1, "tied": True, "amp": "bf16"},
+    # --fp32-residual: fp32 activations between the stages, fp32 LayerNorm inputs under sequence parallelism
+    "pp2 bf16 fp32 residual tied": {"pp": 2, "tied": True, "amp": "bf16", "fp32_residual": True},
+    "mp2 sp fp16 fp32 residual tied": {"mp": 2, "sp": True, "tied": True, "amp": "fp16", "fp32_residual": True},
 }
 GRIDS_4 = {
     "pp4 1f1b tied": {"pp": 4, "tied": True},

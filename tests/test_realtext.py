@@ -62,19 +62,24 @@ def test_results_refuse_a_run_without_validation_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_the_pass_runs_end_to_end_on_the_cpu_at_a_tiny_shape(tmp_path):
+@pytest.mark.parametrize("fp32_residual", ["0", "1"])
+def test_the_pass_runs_end_to_end_on_the_cpu_at_a_tiny_shape(tmp_path, fp32_residual):
     """SMOKE=1 on the repository's README (bytes, as on the device, which has no tokenizers): both runs train,
-    the results file holds both curves and the target, and experiments/results/ is left alone."""
+    the results file holds both curves and the target, and experiments/results/ is left alone. FP32_RESIDUAL=1:
+    the bf16 run keeps its residual stream in fp32 and the file says so in its name and command."""
     before = sorted(os.listdir(REPO / "experiments" / "results"))
     out = tmp_path / "out"
-    env = {**os.environ, "SMOKE": "1", "TEXT": str(REPO / "README.md"), "TOKENIZE": "bytes", "OUT": str(out)}
+    env = {**os.environ, "SMOKE": "1", "TEXT": str(REPO / "README.md"), "TOKENIZE": "bytes", "OUT": str(out),
+           "FP32_RESIDUAL": fp32_residual}
     done = subprocess.run(["bash", str(REPO / "experiments" / "gpt_realtext_pass.sh")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    files = [f for f in os.listdir(out) if f.endswith("-1xcpu-gpt-realtext.json")]
+    suffix = "-fp32-residual" if fp32_residual == "1" else ""
+    files = [f for f in os.listdir(out) if f.endswith(f"-1xcpu-gpt-realtext{suffix}.json")]
     assert len(files) == 1 and (out / "gpt_realtext.tgz").exists()
     result = json.loads((out / files[0]).read_text())
     assert "tokens: bytes" in result["data"] and "README.md" in result["data"]
+    assert f"FP32_RESIDUAL={fp32_residual}" in result["command"]
     for prec in ("bf16", "fp32"):
         run = result["runs"][prec]
         assert run["steps"] == 6 and [s for s, _ in run["val_loss"]] == [2, 5] and run["tokens_s"] > 0

@@ -131,11 +131,20 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--micro-batches", "0"), "micro-batches must be >= 1 (got 0)"),
     (("--order", "mp-dp"), "grid order 'mp-dp' must name dp, pp and mp once each"),
     (("--resume",), "--resume and --save-every need --save DIR"),
+    (("--fp32-residual",), "--fp32-residual applies to --model gpt only"),
+    (("--model", "gpt", "--fp32-residual"), "--fp32-residual applies to --amp fp16|bf16 with half weights"),
+    (("--model", "gpt", "--fp32-residual", "--amp", "bf16", "--amp-impl", "autocast"),
+     "the residual stream is fp32 already"),
 ])
 def test_every_number_and_flag_is_checked_before_setup_with_one_line(flags, message):
     with pytest.raises(ConfigError) as info:
         validate(*flags)
     assert message in str(info.value), str(info.value)
+
+
+def test_fp32_residual_passes_with_half_weights():
+    assert parse_config(["--model", "gpt", "--fp32-residual", "--amp", "bf16"]).model.fp32_residual
+    validate("--model", "gpt", "--fp32-residual", "--amp", "bf16")
 
 
 def test_the_largest_sane_numbers_pass():

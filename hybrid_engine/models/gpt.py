@@ -46,6 +46,8 @@ __all__ = [
     "GPTConfig",
     "Dense",
     "LayerNorm",
+    "layer_norm",
+    "residual_stream",
     "Embedding",
     "Block",
     "Head",
@@ -127,7 +129,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.dim,), self.weight, self.bias, LN_EPS)
+        return layer_norm(x, self.weight, self.bias)
 
     def reset_to_identity(self) -> None:
         with torch.no_grad():
@@ -154,10 +156,29 @@ def _draw_full(shape: tuple[int, ...], std: float, gen: torch.Generator, device,
 # ---------------------------------------------------------------------------------------------- layers
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """LayerNorm over the last dimension, normalised in x's precision, returned in the parameters' dtype (what the
+    GEMM after it reads). The two differ only under an fp32 residual stream with half weights (`fp32_residual`):
+    the fp32 stream is normalised in fp32 with the half parameters widened, then rounded to half once."""
+    if x.dtype == weight.dtype:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, LN_EPS)
+    return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), LN_EPS).to(weight.dtype)
+
+
+def residual_stream(x: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """The embedding's output as the residual stream carries it: in fp32 when `fp32` (each block's output then
+    stays fp32, as fp32 + half promotes), else as computed."""
+    return x.float() if fp32 else x
+
+
 class Embedding(nn.Module):
     """tokens [b, s] int64 -> word[tokens] + position[:s], [b, s, h]. Module 0 of the Sequential."""
 
     index = 0
+    # Megatron's fp32_residual_connection: under half weights the residual stream -- this layer's output, every
+    # block's input and output, the head's input, the activations between pipeline stages -- stays fp32, so the
+    # blocks' updates are not rounded to half as they are added. Set by whoever builds the stage.
+    fp32_residual = False
 
     def __init__(self, cfg: GPTConfig, *, device=None, dtype=None):
         super().__init__()
@@ -188,7 +209,8 @@ class Embedding(nn.Module):
         if tokens.dim() != 2 or tokens.shape[1] > self.cfg.seq_len:
             raise ValueError(f"GPT Embedding: tokens must be [batch, seq <= {self.cfg.seq_len}], got "
                              f"{tuple(tokens.shape)}")
-        return F.embedding(tokens, self.word) + self.position[: tokens.shape[1]]
+        word, position = F.embedding(tokens, self.word), self.position[: tokens.shape[1]]
+        return residual_stream(word, self.fp32_residual) + residual_stream(position, self.fp32_residual)
 
 
 class Block(nn.Module):
