@@ -21,8 +21,6 @@ for sched in 1f1b zb1m; do
   engine "Lw_dp2_$sched" 2 --dp 2 $Lw $S
   engine "Lw_dp2_zero_$sched" 2 --dp 2 $Lw $S --zero 1
 done
-for f in "$RES"/*.jsonl; do  # the last step's loss of every run: sharded and replicated must agree
-  echo "$(basename "$f" .jsonl): last loss $(tail -1 "$f" | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
-done
+last_losses  # sharded and replicated must agree
 timeout 300 python3 -m pytest -q tests/test_fused_sgd.py tests/test_nonfinite_flag.py 2>&1 | tail -3
 tar czf "$OUT/zero_pass.tgz" -C "$RES" .
