@@ -2,10 +2,11 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <stdexcept>
 #include <optional>
 #include <tuple>
 
-#include "executor/comm_trace.h"
+#include "comm/comm_trace.h"
 #include "executor/dp_grad_sync.h"
 #include "executor/dp_param_gather.h"
 #include "executor/pipeline_executor.h"
@@ -34,10 +35,12 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
 }  // namespace
 
 void bind_executor(py::module_& m) {
-  py::class_<CommSpan>(m, "CommSpan", "One DP collective of a traced step, in microseconds from the step's start.")
+  py::class_<CommSpan>(m, "CommSpan", "One DP or MP collective of a traced step, in microseconds from the step's start.")
       .def_property_readonly("kind", [](const CommSpan& s) { return std::string(comm_kind_name(s.kind)); },
                              "all_reduce | reduce_scatter (gradient buckets) | all_gather (ZeRO-1 parameters)")
-      .def_readonly("bucket", &CommSpan::bucket)
+      .def_readonly("bucket", &CommSpan::bucket, "DP: the bucket; MP: the chain layer")
+      .def_property_readonly("axis", [](const CommSpan& s) { return std::string(comm_axis_name(s.axis)); },
+                             "dp | mp: the group the collective ran on")
       .def_readonly("start_us", &CommSpan::start_us)
       .def_readonly("end_us", &CommSpan::end_us);
   py::class_<CommTrace, std::shared_ptr<CommTrace>>(m, "CommTrace",
@@ -112,18 +115,39 @@ void bind_executor(py::module_& m) {
       .def("describe", &StageProgram::describe)
       .def("__repr__", &StageProgram::describe);
   py::class_<NativeChainStage, StageProgram, std::shared_ptr<NativeChainStage>>(
-      m, "NativeChainStage", "A Linear(+ReLU) chain run by C++ without autograd (tp/linear_chain.h).")
-      .def(py::init([](const std::vector<std::optional<at::Tensor>>& params, std::vector<bool> relu, bool recompute,
-                       GradBufferPtr grads, std::shared_ptr<DpParamGather> param_gather) {
-             std::vector<at::Tensor> tensors;
-             for (const auto& p : params) tensors.push_back(p.value_or(at::Tensor()));
-             return std::make_shared<NativeChainStage>(std::move(tensors), std::move(relu), recompute,
-                                                       std::move(grads), std::move(param_gather));
+      m, "NativeChainStage",
+      "A Linear(+ReLU) chain run by C++ without autograd, on one rank or tensor-parallel (tp/linear_chain.h).")
+      .def(py::init([](const std::vector<std::optional<at::Tensor>>& params, const std::vector<bool>& relu,
+                       bool recompute, GradBufferPtr grads, std::shared_ptr<DpParamGather> param_gather,
+                       std::optional<std::vector<int>> kinds, const std::optional<GroupPtr>& mp_group, int chunks,
+                       std::shared_ptr<CommTrace> trace) {
+             if (params.size() != 2 * relu.size() || (kinds && kinds->size() != relu.size())) {
+               throw std::invalid_argument("native chain: " + std::to_string(relu.size()) + " layers need " +
+                                           std::to_string(2 * relu.size()) + " params and as many kinds, got " +
+                                           std::to_string(params.size()) + " params");
+             }
+             std::vector<ChainLayer> layers;
+             for (size_t i = 0; i < relu.size(); ++i) {
+               const int kind = kinds ? (*kinds)[i] : 0;
+               if (kind < 0 || kind > static_cast<int>(LayerKind::ColumnGather)) {
+                 throw std::invalid_argument("native chain: unknown layer kind " + std::to_string(kind));
+               }
+               layers.push_back({params[2 * i].value_or(at::Tensor()), params[2 * i + 1].value_or(at::Tensor()),
+                                 static_cast<LayerKind>(kind), relu[i]});
+             }
+             LinearChain chain(std::move(layers), group_or_null(mp_group), ChainChunking{chunks}, std::move(trace));
+             return std::make_shared<NativeChainStage>(std::move(chain), recompute, std::move(grads),
+                                                       std::move(param_gather));
            }),
            py::arg("params"), py::arg("relu"), py::arg("recompute"), py::arg("grads"),
-           py::arg("param_gather") = nullptr,
+           py::arg("param_gather") = nullptr, py::arg("kinds") = py::none(), py::arg("mp_group") = py::none(),
+           py::arg("chunks") = 0, py::arg("trace") = nullptr,
            "params: [w0, b0 or None, w1, ...]; relu[i]: ReLU after layer i. param_gather: each layer waits for "
-           "its parameters' ZeRO-1 all-gather just before it runs.");
+           "its parameters' ZeRO-1 all-gather just before it runs. kinds[i]: 0 dense, 1 column-parallel, 2 "
+           "row-parallel, 3 column-parallel with its output all-gathered (default: all dense); mp_group: their MP "
+           "group; chunks: row chunks per micro-batch whose MP collectives overlap the next chunk's GEMMs (0: "
+           "auto); trace: where the MP collectives are recorded (--trace).")
+      .def_property_readonly("mp_size", [](const NativeChainStage& s) { return s.chain().mp_size(); });
   py::class_<AutogradStage, StageProgram, std::shared_ptr<AutogradStage>>(
       m, "AutogradStage", "Any module, called through Python; its backward is torch's autograd.")
       .def(py::init([](py::function forward, std::string description) {

@@ -5,6 +5,7 @@
 
 #include "tp/linear.h"
 #include "tp/mp_region.h"
+#include "tp/parallel_linear.h"
 #include "tp/sequence_region.h"
 
 namespace py = pybind11;
@@ -55,6 +56,32 @@ void bind_tp(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
         "x @ weight.T + bias. With `grads` (the engine's GradBuffer) the weight gradient goes where it routes it: "
         "stashed while it defers (zero-bubble W), else into the weight's fp32 main grad when it has one.");
+  m.def(
+      "column_parallel_linear",
+      [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+         const std::optional<GradBufferPtr>& grads, const std::optional<GroupPtr>& group, bool sequence_parallel,
+         std::shared_ptr<CommTrace> trace, int64_t layer) {
+        return column_parallel_linear(x, weight, bias, grads.value_or(GradBufferPtr()), group_or_null(group),
+                                      sequence_parallel, trace, layer);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("grads"), py::arg("group"),
+      py::arg("sequence_parallel") = false, py::arg("trace") = nullptr, py::arg("layer") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "Megatron's column-parallel linear: (sequence parallel: all-gather x along dim 1) then x @ weight.T + bias "
+      "on this rank's output slice; backward all-reduces (reduce-scatters) the input gradient while the weight "
+      "gradient's GEMM runs.");
+  m.def(
+      "row_parallel_linear",
+      [](const at::Tensor& x, const at::Tensor& weight, const std::optional<GradBufferPtr>& grads,
+         const std::optional<GroupPtr>& group, bool sequence_parallel, std::shared_ptr<CommTrace> trace,
+         int64_t layer) {
+        return row_parallel_linear(x, weight, grads.value_or(GradBufferPtr()), group_or_null(group),
+                                   sequence_parallel, trace, layer);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("grads"), py::arg("group"), py::arg("sequence_parallel") = false,
+      py::arg("trace") = nullptr, py::arg("layer") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Megatron's row-parallel linear without its bias: x @ weight.T on this rank's input slice, summed over "
+      "`group` (sequence parallel: reduce-scattered along dim 1); the caller adds the bias after the sum.");
 }
 
 }  // namespace hybrid

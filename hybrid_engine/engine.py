@@ -23,10 +23,12 @@ from .engine_config import DataParallelConfig, PrecisionConfig, ScheduleConfig, 
 from .engine_state import EngineState
 from .grad_buffer import attach, build_grad_buffer
 from .grid import ACTIVATION, GridGroups
+from .micro_batches import MicroBatches, micro_batch_fn
 from .models import materialize
 from .partition import check_layout, partition, stages_of_rank
 from .precision import MasterWeights
 from .schedule import make_schedule
+from .stage_specs import probe_stage_specs
 from .stages import build_programs, plan_stages
 from .tied import TiedGradients
 from .tp_layers import is_mp_split, parallelize_mlp
@@ -35,10 +37,6 @@ from .zero import ShardedOptimizer, clip_group_for_shards
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
 
-# A step's data on one rank: the whole slice, a callable micro -> that micro-batch, or None (not consumed here).
-MicroBatches = torch.Tensor | Callable[[int], torch.Tensor] | None
-
-
 @dataclass
 class StepResult:
     loss: float  # mean loss over the global batch (same value on every rank)
@@ -46,23 +44,6 @@ class StepResult:
     skipped: bool = False
     loss_scale: float | None = None
     grad_norm: float | None = None
-
-
-def _micro_batch_fn(data: MicroBatches, micro_batches: int, dtype: torch.dtype | None,
-                    what: str) -> Callable[[int], torch.Tensor]:
-    """micro -> that micro-batch (floating data in `dtype` when given), from a callable or a whole slice."""
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
-
-    if callable(data):
-        def fetch(micro: int) -> torch.Tensor:
-            batch = data(micro)
-            if not isinstance(batch, torch.Tensor):
-                raise TypeError(f"{what}({micro}) must return a tensor, got {type(batch).__name__}")
-            return cast(batch)
-        return fetch
-    chunks = cast(data).chunk(micro_batches)
-    return lambda micro: chunks[micro]
 
 
 class Engine(EngineState):
@@ -82,7 +63,7 @@ class Engine(EngineState):
         the last stage before every update (hybrid_engine/tied.py).
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
     schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/engine_config.py).
-    trace: time every action of each step (`trace` property) and its DP collectives (`comm_trace`).
+    trace: time every action of each step (`trace` property) and its DP and MP collectives (`comm_trace`).
     """
 
     def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
@@ -106,7 +87,8 @@ class Engine(EngineState):
         layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
                                                                                        self.num_stages)
         self.layout = layout
-        self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages)
+        self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages,
+                                 tp_chains=parallelize is parallelize_mlp)
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
         self._stages: dict[int, nn.Sequential] = {}
@@ -129,9 +111,9 @@ class Engine(EngineState):
                                                pad_to=self.dp_size if sharded else 1,
                                                alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
-        attach(self._stages, self.grads)
-        # --trace: the DP collectives' launches and completions, beside the executor's compute spans.
+        # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
         self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        attach(self._stages, self.grads, self._comm_trace)
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
                                       clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
@@ -139,7 +121,8 @@ class Engine(EngineState):
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
-        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits)
+        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits,
+                                        groups.mp, self._comm_trace)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         if self.zero is not None:
@@ -153,9 +136,10 @@ class Engine(EngineState):
         self.scaler = make_loss_scaler(precision.amp, precision.loss_scale, precision.scale_window,
                                        precision.hysteresis)
         self.overflow_watch = OverflowWatch(rank=groups.rank)
-        # Merged W over native chains writes every gradient of the rank exactly once per step: the executor may
-        # then overwrite the gradient buffers, and the step skips zeroing them.
-        self._overwrite_grads = schedule.merge_weight_grads and all(self.plans[s].native for s in self.stage_ids)
+        # Native chains write every gradient of the rank exactly once per step in a merged W, or in the one B of a
+        # single micro-batch: the executor may then overwrite the gradient buffers, and the step skips zeroing them.
+        self._overwrite_grads = ((schedule.merge_weight_grads or schedule.micro_batches == 1)
+                                 and all(self.plans[s].native for s in self.stage_ids))
         self._post_backward_hooks: list[Callable[["Engine"], None]] = []
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
         if groups.rank == 0:
@@ -177,33 +161,12 @@ class Engine(EngineState):
         print("\n".join(lines), flush=True)
 
     # ----------------------------------------------------------------------------------------------- setup
-    def _probe_specs(self, micro_input: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Shape and dtype of every stage's input and output, as meta tensors. Stage by stage, the owner runs its
-        stage once on zeros (no grad) and tells the whole pipeline what came out."""
-        pp_group = self.groups.pp
-        specs: list[tuple[tuple[int, ...], torch.dtype] | None] = [None] * (self.num_stages + 1)
-        box = [(tuple(micro_input.shape), micro_input.dtype) if micro_input is not None else None]
-        if self.pp_size > 1:
-            dist.broadcast_object_list(box, src=self.groups.pp_ranks[0], group=pp_group)
-        specs[0] = box[0]
-        autocast = self.precision.autocast
-        for s in range(self.num_stages):
-            owner = s % self.pp_size
-            box = [None]
-            if owner == self.pp_rank:
-                shape, dtype = specs[s]
-                with torch.no_grad(), torch.autocast(self.device.type, dtype=self.precision.half_dtype,
-                                                     enabled=autocast):
-                    out = self._stages[s](torch.zeros(shape, dtype=dtype, device=self.device))
-                box = [(tuple(out.shape), out.dtype)]
-            if self.pp_size > 1:
-                dist.broadcast_object_list(box, src=self.groups.pp_ranks[owner], group=pp_group)
-            specs[s + 1] = box[0]
-        meta = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in specs]
-        return meta[:-1], meta[1:]
+    def stage_specs(self, micro_input: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every stage's input and output shape and dtype (meta tensors); all ranks of the pipeline join."""
+        return probe_stage_specs(self._stages, self.groups, self.num_stages, self.precision, self.device, micro_input)
 
     def _build_executor(self, micro_input: torch.Tensor | None) -> _C.PipelineExecutor:
-        inputs, outputs = self._probe_specs(micro_input)
+        inputs, outputs = self.stage_specs(micro_input)
         sends, recvs = {}, {}
         for (src, dst, kind), channel in self.groups.channels.items():
             code = 0 if kind == ACTIVATION else 1
@@ -286,8 +249,8 @@ class Engine(EngineState):
                                  f"stage: train_step needs its {what}")
         half = self.precision.half_dtype if self.precision.half_weights else None
         if callable(inputs) or callable(targets):
-            input_fn = _micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
-            target_fn = (_micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
+            input_fn = micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
+            target_fn = (micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
                          else None)
             self._prepare(input_fn(0) if input_fn and self._executor is None else None)
             return self._executor.run_streamed(input_fn, target_fn, multiplier)
@@ -391,9 +354,10 @@ class Engine(EngineState):
 
     @property
     def comm_trace(self) -> list:
-        """The last step's DP collectives (_C.CommSpan: kind, bucket, start_us, end_us on the `trace` clock): its
+        """The last step's collectives (_C.CommSpan: axis, kind, bucket, start_us, end_us on the `trace` clock): DP's
         gradient buckets' reduce-scatters or all-reduces, and under ZeRO-1 the parameter all-gathers its forward
-        waited for (launched by the previous step's update, so they start before 0)."""
+        waited for (launched by the previous step's update, so they start before 0); MP's all-reduces and
+        all-gathers of tensor-parallel chains (`bucket`: the chain layer)."""
         return list(self._comm_spans)
 
     def wait_for_parameters(self) -> None:

@@ -68,9 +68,14 @@ class StageConfig:
     """Activation recomputation: keep only each stage's input between a micro-batch's forward and backward."""
     compile: bool = False
     """Run autograd stages' modules under torch.compile (native stages are already fused)."""
+    tp_chunks: int = 0
+    """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
+    GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
 
     def validate(self) -> None:
         _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
+        if self.tp_chunks < 0:
+            raise ConfigError(f"stages.tp_chunks (--tp-chunks) must be >= 0 (0: auto), got {self.tp_chunks}")
 
 
 @dataclass(frozen=True)

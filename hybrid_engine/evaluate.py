@@ -36,7 +36,7 @@ def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, 
     half = engine.precision.half_dtype if engine.precision.half_weights else None
     if half is not None:
         micro_in = [x.to(half) if x.is_floating_point() else x for x in micro_in]
-    in_specs, _ = engine._probe_specs(micro_in[0] if micro_in else None)
+    in_specs, _ = engine.stage_specs(micro_in[0] if micro_in else None)
     loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
     autocast = (torch.autocast(engine.device.type, dtype=engine.precision.half_dtype)
                 if engine.precision.autocast else contextlib.nullcontext())

@@ -50,7 +50,7 @@ FIELDS = {
     "schedule": ("schedule", "name"), "micro_batches": ("schedule", "micro_batches"),
     "virtual_stages": ("schedule", "virtual_stages"), "lookahead": ("schedule", "lookahead"),
     "merge_wgrad": ("schedule", "merge_weight_grads"), "stage_impl": ("stages", "impl"),
-    "recompute": ("stages", "recompute"), "compile": ("stages", "compile"),
+    "recompute": ("stages", "recompute"), "compile": ("stages", "compile"), "tp_chunks": ("stages", "tp_chunks"),
     "dim": ("model", "dim"), "depth": ("model", "depth"), "seed": ("model", "seed"), "model": ("model", "name"),
     "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
     "seq_len": ("model", "seq_len"), "tie_embeddings": ("model", "tie_embeddings"),
@@ -137,6 +137,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help=f"activation recomputation: keep only stage inputs between forward and backward {_default('recompute')}")
     s.add_argument("--compile", action=switch,
                    help=f"run autograd stages under torch.compile {_default('compile')}")
+    s.add_argument("--tp-chunks", type=int, metavar="N",
+                   help="native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one "
+                        "chunk runs under the next one's GEMMs (0: auto, which does not split: on 4 x H200 "
+                        f"splitting cost more than it hid) {_default('tp_chunks')}")
 
     m = p.add_argument_group("model and data")
     m.add_argument("--model", choices=("mlp", "gpt"),

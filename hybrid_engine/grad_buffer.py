@@ -141,9 +141,12 @@ def _on_autograd_grad(grads: _C.GradBuffer, main_grad: torch.Tensor | None):
     return on_grad
 
 
-def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer) -> None:
-    """Hand the buffer to every layer that writes gradients through it (hybrid_engine.tp_layers)."""
+def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer, comm_trace=None) -> None:
+    """Hand the buffer to every layer that writes gradients through it (hybrid_engine.tp_layers), and the
+    engine's collective trace (--trace, else None) to every layer that runs MP collectives."""
     for stage in stages.values():
         for module in stage.modules():
             if hasattr(module, "grad_buffer"):
                 module.grad_buffer = grads
+            if hasattr(module, "comm_trace"):
+                module.comm_trace = comm_trace

@@ -5,9 +5,13 @@ through `copy_to_mp_region`, the paper's `f`) feeds, through an elementwise acti
 RowParallelLinear (weight split along input features, its partial outputs summed by `reduce_from_mp_region`, the
 paper's `g`, bias added after the sum). One all-reduce per pair forward, one backward.
 
-All layers compute through `hybrid_engine._C.linear`. A layer's `grad_buffer` (None until an Engine hands it its
-`_C.GradBuffer`) decides where the weight gradient goes: deferred for a zero-bubble W action while the buffer
-defers, or into an fp32 main grad for a half weight; without one it is nn.Linear's, through autograd.
+All layers compute through the C++ core: `Linear` through `_C.linear`, the parallel ones through
+`_C.column_parallel_linear` / `_C.row_parallel_linear`, which hold their MP collective inside the layer's autograd
+function, so the backward's input-gradient all-reduce runs under the weight gradient's GEMM (csrc/tp/parallel_linear.h).
+A layer's `grad_buffer` (None until an Engine hands it its `_C.GradBuffer`) decides where the weight gradient
+goes: deferred for a zero-bubble W action while the buffer defers, or into an fp32 main grad for a half weight;
+without one it is nn.Linear's, through autograd. Its `comm_trace` (an Engine's `_C.CommTrace` under --trace)
+records the MP collectives, labelled `trace_layer`.
 
 Parameter placement. Every parameter these layers (and `parallelize_mlp`) create carries `param.mp_split`:
   True   this MP rank holds a slice; the full tensor is the concatenation of the group's slices.
@@ -173,6 +177,7 @@ class ColumnParallelLinear(nn.Module):
                  bias: bool = True, gather_output: bool = False, *, device=None, dtype=None, init: bool = True):
         super().__init__()
         self.grad_buffer = None  # the owning Engine's _C.GradBuffer
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -202,9 +207,12 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gather_output:
+            return _C.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group, False,
+                                             self.comm_trace, self.trace_layer)
         x = _C.copy_to_mp_region(x, self.mp_group)
         y = _C.linear(x, self.weight, self.bias, self.grad_buffer)
-        return _C.gather_from_mp_region(y, self.mp_group) if self.gather_output else y
+        return _C.gather_from_mp_region(y, self.mp_group)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on rank "
@@ -221,6 +229,7 @@ class RowParallelLinear(nn.Module):
                  bias: bool = True, *, device=None, dtype=None, init: bool = True):
         super().__init__()
         self.grad_buffer = None  # the owning Engine's _C.GradBuffer
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -248,7 +257,8 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _C.reduce_from_mp_region(_C.linear(x, self.weight, None, self.grad_buffer), self.mp_group)
+        y = _C.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, False, self.comm_trace,
+                                   self.trace_layer)
         # After the sum, so the bias counts once, not MP times.
         return y + self.bias if self.bias is not None else y
 
@@ -282,6 +292,7 @@ def parallelize_mlp(seq: nn.Sequential, mp_group: Optional[dist.ProcessGroup]) -
                         f"elementwise modules can run on feature shards")
             replaced[col] = ColumnParallelLinear.from_dense(children[col][1], mp_group)
             replaced[row] = RowParallelLinear.from_dense(children[row][1], mp_group)
+            replaced[col].trace_layer, replaced[row].trace_layer = col, row
         if len(linear_at) % 2:
             last = linear_at[-1]
             replaced[last] = ColumnParallelLinear.from_dense(children[last][1], mp_group, gather_output=True)

@@ -204,6 +204,8 @@ class ParallelBlock(Block):
         self.ln2 = LayerNorm(h, **factory)
         self.mlp_fc1 = ColumnParallelLinear(h, 4 * h, mp_group, **factory, init=False)
         self.mlp_fc2 = RowParallelLinear(4 * h, h, mp_group, **factory, init=False)
+        for layer in (self.attn_qkv, self.attn_proj, self.mlp_fc1, self.mlp_fc2):
+            layer.trace_layer = index  # its MP collectives are drawn as the block's
         self._place()
         if init:
             self.reset_parameters()
@@ -260,11 +262,13 @@ class ParallelBlock(Block):
         return layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
 
     def _sp_column(self, x: torch.Tensor, layer: ColumnParallelLinear) -> torch.Tensor:
-        return _C.linear(gather_along_sequence(x, self.mp_group), layer.weight, layer.bias)
+        return _C.column_parallel_linear(x, layer.weight, layer.bias, layer.grad_buffer, self.mp_group, True,
+                                         layer.comm_trace, layer.trace_layer)
 
     def _sp_row(self, x: torch.Tensor, layer: RowParallelLinear) -> torch.Tensor:
-        partial = _C.linear(x, layer.weight, None)
-        return reduce_scatter_along_sequence(partial, self.mp_group) + _sp_param(layer.bias, self.mp_group)
+        summed = _C.row_parallel_linear(x, layer.weight, layer.grad_buffer, self.mp_group, True, layer.comm_trace,
+                                        layer.trace_layer)
+        return summed + _sp_param(layer.bias, self.mp_group)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         if not self.sequence_parallel:
@@ -298,6 +302,7 @@ class ParallelHead(Head):
         self.ln_f = LayerNorm(cfg.hidden, **factory)
         self.lm_head = ColumnParallelLinear(cfg.hidden, self.vocab_padded, mp_group, bias=False, **factory,
                                             init=False)
+        self.lm_head.trace_layer = self.index
         self._place()
         if init:
             self.reset_parameters()
@@ -343,7 +348,9 @@ class ParallelHead(Head):
             return super().forward(x)
         ln = self.ln_f
         x = layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
-        return _C.linear(gather_along_sequence(x, self.mp_group), self.lm_head.weight, None)
+        head = self.lm_head
+        return _C.column_parallel_linear(x, head.weight, None, head.grad_buffer, self.mp_group, True, head.comm_trace,
+                                         self.index)
 
     def extra_repr(self) -> str:
         return (f"vocab={self.cfg.vocab_size} (padded {self.vocab_padded}, {self.vocab_padded // self.mp_size} "

@@ -1,4 +1,4 @@
-"""The DP collectives in a traced step (csrc/executor/comm_trace.h, hybrid_engine/trace.py): every gradient bucket's
+"""The DP collectives in a traced step (csrc/comm/comm_trace.h, hybrid_engine/trace.py): every gradient bucket's
 all-reduce (gloo's stand-in for the reduce-scatter) and, under ZeRO-1, every parameter all-gather the forward waited
 for, beside the compute actions on one clock; the written Chrome trace stays valid and readable."""
 from __future__ import annotations

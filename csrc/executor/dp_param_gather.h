@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
-#include "executor/comm_trace.h"
+#include "comm/comm_trace.h"
 
 namespace hybrid {
 

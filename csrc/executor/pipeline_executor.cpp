@@ -97,7 +97,9 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   }
   // Without W actions, I computes everything (there is nothing to defer to).
   if (!has_w) config_.merge_weight_grads = false;
-  if (!config_.merge_weight_grads) config_.overwrite_weight_grads = false;
+  // A gradient is written once per step in the merged W, or (no W at all) in a single micro-batch's B.
+  overwrite_in_backward_ = config_.overwrite_weight_grads && !has_w && config_.num_micro == 1;
+  if (!config_.merge_weight_grads && !overwrite_in_backward_) config_.overwrite_weight_grads = false;
 }
 
 MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
@@ -274,6 +276,8 @@ void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   const at::Tensor output_grad = is_last_stage(a.stage) ? at::Tensor() : take_recv(a, TensorKind::Gradient);
   std::optional<DeferWeightGrads> defer;
   if (defer_weight_grads) defer.emplace(grads_->wgrad(), WgradKey{a.stage, a.micro});
+  std::optional<OverwriteWeightGrads> overwrite;
+  if (overwrite_in_backward_ && !defer_weight_grads) overwrite.emplace(*grads_);
   at::Tensor input_grad = program(a).backward(s, a.micro, output_grad, is_first_stage(a.stage),
                                               is_last_stage(a.stage) ? step_.loss : nullptr);
   if (!is_first_stage(a.stage)) s.input_grad = std::move(input_grad);

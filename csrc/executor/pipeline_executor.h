@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
-#include "executor/comm_trace.h"
+#include "comm/comm_trace.h"
 #include "executor/dp_grad_sync.h"
 #include "executor/stage_program.h"
 #include "executor/step_loss.h"
@@ -51,8 +51,9 @@ struct ExecutorConfig {
   // zb1 only: W actions of a stage are gathered into one weight-gradient GEMM per layer at the stage's last
   // W (K = all micro-batches' rows) instead of one small GEMM per micro-batch.
   bool merge_weight_grads = false;
-  // With merged weight gradients covering every parameter of the rank: write them instead of adding, so
-  // the engine need not zero the gradient buffers before the step.
+  // Every parameter of the rank is written once per step by a native chain -- in the merged W, or with a single
+  // micro-batch and no W actions in its one B: write the gradients instead of adding, so the engine need not zero
+  // the gradient buffers before the step. Cleared where neither holds.
   bool overwrite_weight_grads = false;
   bool record_trace = false;
 };
@@ -158,6 +159,7 @@ class PipelineExecutor {
   // stage's gradients are final for the step and its DP buckets can be reduced.
   std::map<int, size_t> last_grad_action_;
   std::map<int, int> last_w_micro_;  // stage -> micro of its last W (merged weight gradients run there)
+  bool overwrite_in_backward_ = false;  // overwrite_weight_grads, written by the B actions
 
   std::map<std::pair<int, int>, MicroState> micro_;
   std::map<std::tuple<int, int, int>, PendingRecv> recvs_;  // (stage, micro, kind)

@@ -5,7 +5,6 @@
 
 #include <stdexcept>
 
-#include "tp/linear_chain.h"
 
 namespace hybrid {
 
@@ -17,26 +16,17 @@ at::Tensor as_rows(const at::Tensor& t) { return t.dim() == 2 ? t : t.reshape({-
 
 }  // namespace
 
-NativeChainStage::NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute,
-                                   GradBufferPtr grads, std::shared_ptr<DpParamGather> param_gather)
-    : params_(std::move(params)),
-      relu_(std::move(relu)),
+NativeChainStage::NativeChainStage(LinearChain chain, bool recompute, GradBufferPtr grads,
+                                   std::shared_ptr<DpParamGather> param_gather)
+    : chain_(std::move(chain)),
       recompute_(recompute),
       grads_(std::move(grads)),
       param_gather_(std::move(param_gather)) {
-  if (relu_.empty() || params_.size() != 2 * relu_.size()) {
-    throw std::invalid_argument("native chain: " + std::to_string(relu_.size()) + " layers need " +
-                                std::to_string(2 * relu_.size()) + " params, got " + std::to_string(params_.size()));
-  }
   if (!grads_) throw std::invalid_argument("native chain: needs the engine's GradBuffer");
 }
 
 std::string NativeChainStage::describe() const {
-  size_t relus = 0;
-  for (bool r : relu_) relus += r;
-  std::string what = relus == relu_.size() ? "Linear+ReLU" : relus == 0 ? "Linear" : "Linear(+ReLU)";
-  return "native " + what + " chain, " + std::to_string(relu_.size()) + " layer" + (relu_.size() == 1 ? "" : "s") +
-         (recompute_ ? ", recomputed" : "");
+  return "native " + chain_.describe() + (recompute_ ? ", recomputed" : "");
 }
 
 at::Tensor NativeChainStage::run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,
@@ -44,11 +34,12 @@ at::Tensor NativeChainStage::run_forward(const at::Tensor& rows, bool recompute,
   std::function<void(size_t)> before_layer;
   if (param_gather_) {
     before_layer = [this](size_t i) {
-      param_gather_->wait_for(params_[2 * i]);
-      param_gather_->wait_for(params_[2 * i + 1]);  // the same bucket (whole layers); a no-op then
+      const ChainLayer& layer = chain_.layers()[i];
+      param_gather_->wait_for(layer.weight);
+      if (layer.bias.defined()) param_gather_->wait_for(layer.bias);  // the same bucket (whole layers); a no-op then
     };
   }
-  at::Tensor out = chain_forward(rows, params_, relu_, recompute, saved, before_layer);
+  at::Tensor out = chain_.forward(rows, recompute, saved, before_layer);
   if (input_sizes.empty()) return out;
   std::vector<int64_t> sizes(input_sizes.begin(), input_sizes.end() - 1);
   sizes.push_back(out.size(-1));
@@ -91,8 +82,8 @@ at::Tensor NativeChainStage::backward(MicroState& s, int micro, const at::Tensor
   } else {
     grad = std::move(s.output_grad);
   }
-  at::Tensor input_grad = chain_backward(as_rows(grad), std::move(s.saved), params_, relu_, recompute,
-                                         /*want_input_grad=*/!first_stage, *grads_);
+  at::Tensor input_grad = chain_.backward(as_rows(grad), std::move(s.saved), recompute,
+                                          /*want_input_grad=*/!first_stage, *grads_);
   if (input_grad.defined() && !s.input_sizes.empty()) input_grad = input_grad.view(s.input_sizes);
   s = MicroState{};
   return input_grad;

@@ -1,8 +1,9 @@
 // A stage program: what the pipeline executor runs for one stage's F, B and I actions (W, the deferred weight
 // gradients, is the GradBuffer's flush and the same for every program). Two implementations:
 //
-//   NativeChainStage  a chain of Linear (+ ReLU) layers run by C++ with no autograd (tp/linear_chain.h); with
-//                     the built-in MSE on the last stage the output's gradient is computed with the loss.
+//   NativeChainStage  a chain of Linear (+ ReLU) layers run by C++ with no autograd (tp/linear_chain.h), on one
+//                     rank or tensor-parallel over the MP group; with the built-in MSE on the last stage the
+//                     output's gradient is computed with the loss.
 //   AutogradStage     any nn.Module, called through Python; its backward is torch's autograd from the stage
 //                     output (or the loss) to the stage input. Autocast, recomputation and torch.compile live
 //                     inside the callable (hybrid_engine/stages.py).
@@ -20,6 +21,7 @@
 #include "executor/dp_param_gather.h"
 #include "executor/step_loss.h"
 #include "grad/grad_buffer.h"
+#include "tp/linear_chain.h"
 
 namespace hybrid {
 
@@ -56,9 +58,9 @@ class StageProgram {
 
 class NativeChainStage : public StageProgram {
  public:
-  // params: weight_0, bias_0 (undefined: none), weight_1, ...; relu[i]: ReLU after layer i. param_gather (ZeRO-1
-  // with the all-gather overlapped, else null): each layer's forward first waits for its parameters' gather.
-  NativeChainStage(std::vector<at::Tensor> params, std::vector<bool> relu, bool recompute, GradBufferPtr grads,
+  // param_gather (ZeRO-1 with the all-gather overlapped, else null): each layer's forward first waits for its
+  // parameters' gather.
+  NativeChainStage(LinearChain chain, bool recompute, GradBufferPtr grads,
                    std::shared_ptr<DpParamGather> param_gather = nullptr);
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
@@ -66,13 +68,13 @@ class NativeChainStage : public StageProgram {
   bool needs_output_for_backward() const override { return false; }
   bool native() const override { return true; }
   std::string describe() const override;
+  const LinearChain& chain() const { return chain_; }
 
  private:
   at::Tensor run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,
                          const std::vector<int64_t>& input_sizes) const;
 
-  std::vector<at::Tensor> params_;
-  std::vector<bool> relu_;
+  LinearChain chain_;
   bool recompute_;
   GradBufferPtr grads_;
   std::shared_ptr<DpParamGather> param_gather_;

@@ -51,6 +51,11 @@ class GradBuffer : public torch::CustomClassHolder {
 
   WeightGradStore& wgrad() { return wgrad_; }
 
+  // While set (an OverwriteWeightGrads scope), the backward running is every gradient's only write of the step:
+  // a native chain then writes its weight gradients instead of adding them (the step skips zeroing them).
+  bool overwrites() const { return overwrite_.load(); }
+  void set_overwrites(bool overwrite) { overwrite_.store(overwrite); }
+
   // grad_target(weight) += grad_output^T input (in-place GEMM once the gradient exists) and likewise for bias;
   // overwrite: write instead of adding (the caller knows this is the step's only contribution).
   void accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor& input_2d,
@@ -86,6 +91,19 @@ class GradBuffer : public torch::CustomClassHolder {
   std::mutex listener_mutex_;
   GradFinalListener listener_;
   std::atomic<bool> listening_{false};  // lets grad_final skip the lock when nobody listens (most actions)
+  std::atomic<bool> overwrite_{false};
+};
+
+// Scope of a backward that writes every gradient of its stage for the last time in the step (its only write).
+class OverwriteWeightGrads {
+ public:
+  explicit OverwriteWeightGrads(GradBuffer& grads) : grads_(grads) { grads_.set_overwrites(true); }
+  ~OverwriteWeightGrads() { grads_.set_overwrites(false); }
+  OverwriteWeightGrads(const OverwriteWeightGrads&) = delete;
+  OverwriteWeightGrads& operator=(const OverwriteWeightGrads&) = delete;
+
+ private:
+  GradBuffer& grads_;
 };
 
 using GradBufferPtr = c10::intrusive_ptr<GradBuffer>;

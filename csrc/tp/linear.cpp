@@ -51,36 +51,43 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 
     const bool want_weight = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(2);
-    const at::Tensor none;
-    if (!want_weight && !want_bias) return {grad_input, none, none, none};
-
-    at::Tensor x_2d = x.reshape({-1, in_features});
+    if (!want_weight && !want_bias) return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
     auto found = ctx->saved_data.find("grads");
-    if (found != ctx->saved_data.end() && deferrable) {
-      auto buffer = c10::static_intrusive_pointer_cast<GradBuffer>(found->second.toCapsule());
-      const at::Tensor w = want_weight ? weight : none;
-      const at::Tensor b = want_bias ? bias : none;
-      // A double backward (create_graph) needs the weight gradient in the graph, so never defer it.
-      if (buffer->wgrad().defer() && !at::GradMode::is_enabled()) {
-        buffer->wgrad().stash({x_2d.detach(), grad_2d.detach(), w, b});
-        return {grad_input, none, none, none};
-      }
-      // A weight with an fp32 main grad accumulates there directly (half weights, fp32 accumulation).
-      if (buffer->has_main_grad(weight)) {
-        buffer->accumulate_linear_grads(grad_2d, x_2d, w, b);
-        // One backward writes a weight once: in a stage's last gradient action that write is final, and the DP
-        // sync (listening only then) may start reducing the bucket while earlier layers' backward goes on.
-        buffer->grad_final(w);
-        buffer->grad_final(b);
-        return {grad_input, none, none, none};
-      }
-    }
-    return {grad_input, want_weight ? linear_weight_grad(grad_2d, x_2d) : none,
-            want_bias ? linear_bias_grad(grad_2d, bias) : none, none};
+    const GradBufferPtr buffer = found != ctx->saved_data.end()
+                                     ? c10::static_intrusive_pointer_cast<GradBuffer>(found->second.toCapsule())
+                                     : GradBufferPtr();
+    LinearParamGrads params = linear_param_grads(grad_2d, x.reshape({-1, in_features}), weight, bias, want_weight,
+                                                 want_bias, buffer, deferrable);
+    return {grad_input, params.weight, params.bias, at::Tensor()};
   }
 };
 
 }  // namespace
+
+LinearParamGrads linear_param_grads(const at::Tensor& grad_2d, const at::Tensor& x_2d, const at::Tensor& weight,
+                                    const at::Tensor& bias, bool want_weight, bool want_bias,
+                                    const GradBufferPtr& grads, bool deferrable) {
+  const at::Tensor none;
+  if (grads && deferrable) {
+    const at::Tensor w = want_weight ? weight : none;
+    const at::Tensor b = want_bias ? bias : none;
+    // A double backward (create_graph) needs the weight gradient in the graph, so never defer it.
+    if (grads->wgrad().defer() && !at::GradMode::is_enabled()) {
+      grads->wgrad().stash({x_2d.detach(), grad_2d.detach(), w, b});
+      return {};
+    }
+    // A weight with an fp32 main grad accumulates there directly (half weights, fp32 accumulation).
+    if (grads->has_main_grad(weight)) {
+      grads->accumulate_linear_grads(grad_2d, x_2d, w, b);
+      // One backward writes a weight once: in a stage's last gradient action that write is final, and the DP
+      // sync (listening only then) may start reducing the bucket while earlier layers' backward goes on.
+      grads->grad_final(w);
+      grads->grad_final(b);
+      return {};
+    }
+  }
+  return {want_weight ? linear_weight_grad(grad_2d, x_2d) : none, want_bias ? linear_bias_grad(grad_2d, bias) : none};
+}
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const GradBufferPtr& grads) {

@@ -21,34 +21,41 @@ int64_t chunk_length(const at::Tensor& x, int64_t parts) {
 
 // [b, s/p, ...] -> [b, s, ...]. Gathered flat: gloo's all-gather into one tensor checks each piece's shape
 // against the input's, so both are 1-D; NCCL only counts elements.
-at::Tensor all_gather_seq(const at::Tensor& x, const GroupPtr& group) {
+PendingCollective all_gather_seq_start(const at::Tensor& x, const GroupPtr& group) {
   TORCH_CHECK_VALUE(x.dim() >= 2, "sequence parallel: needs a [b, s/p, ...] tensor, got ", x.dim(), " dimensions");
   const int64_t parts = group->getSize();
   at::Tensor mine = x.contiguous();  // incoming gradients may be expanded views
-  at::Tensor mine_flat = mine.view({-1});
   at::Tensor flat = at::empty({parts * mine.numel()}, mine.options());
-  group->_allgather_base(flat, mine_flat)->wait();
+  at::Tensor mine_flat = mine.view({-1});
+  auto work = group->_allgather_base(flat, mine_flat);
   std::vector<int64_t> slab_shape{parts};
   slab_shape.insert(slab_shape.end(), mine.sizes().begin(), mine.sizes().end());
-  return sequence_from_slabs(flat.view(slab_shape));
+  return {work, [flat, slab_shape, mine] { return sequence_from_slabs(flat.view(slab_shape)); }};
 }
 
 // [b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum, a fresh tensor (the input may alias
 // another gradient, so nothing is reduced in place on it).
-at::Tensor reduce_scatter_seq(const at::Tensor& x, const GroupPtr& group) {
+PendingCollective reduce_scatter_seq_start(const at::Tensor& x, const GroupPtr& group) {
   const int64_t parts = group->getSize();
   const int64_t chunk = chunk_length(x, parts);
   if (!has_reduce_scatter(group)) {
     at::Tensor total = x.clone(at::MemoryFormat::Contiguous);
-    all_reduce_sum(total, group);
-    return total.narrow(1, group->getRank() * chunk, chunk).contiguous();
+    auto work = all_reduce_sum_async(total, group);
+    const int64_t start = group->getRank() * chunk;
+    return {work, [total, start, chunk] { return total.narrow(1, start, chunk).contiguous(); }};
   }
   at::Tensor slabs = sequence_to_slabs(x, parts);
   at::Tensor out = at::empty_like(slabs[0]);
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  group->_reduce_scatter_base(out, slabs, options)->wait();
-  return out;
+  auto work = group->_reduce_scatter_base(out, slabs, options);
+  return {work, [out, slabs] { return out; }};
+}
+
+at::Tensor all_gather_seq(const at::Tensor& x, const GroupPtr& group) { return all_gather_seq_start(x, group).wait(); }
+
+at::Tensor reduce_scatter_seq(const at::Tensor& x, const GroupPtr& group) {
+  return reduce_scatter_seq_start(x, group).wait();
 }
 
 struct GatherSeq : public torch::autograd::Function<GatherSeq> {
@@ -113,6 +120,16 @@ at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, const GroupPtr& gr
 at::Tensor scatter_along_sequence(const at::Tensor& x, const GroupPtr& group) {
   if (is_trivial(group)) return x;
   return ScatterSeq::apply(x, group);
+}
+
+PendingCollective all_gather_seq_async(const at::Tensor& x, const GroupPtr& group) {
+  if (is_trivial(group)) return {{}, [x] { return x; }};
+  return all_gather_seq_start(x, group);
+}
+
+PendingCollective reduce_scatter_seq_async(const at::Tensor& x, const GroupPtr& group) {
+  if (is_trivial(group)) return {{}, [x] { return x; }};
+  return reduce_scatter_seq_start(x, group);
 }
 
 }  // namespace hybrid

@@ -20,6 +20,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "comm/collectives.h"
 
 namespace hybrid {
@@ -30,6 +32,20 @@ at::Tensor gather_along_sequence(const at::Tensor& x, const GroupPtr& group);
 at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, const GroupPtr& group);
 // [b, s, ...] replicated over the group -> this rank's chunk [b, s/p, ...]. s must divide by the group size.
 at::Tensor scatter_along_sequence(const at::Tensor& x, const GroupPtr& group);
+
+// A collective in flight whose result needs a last step once it is done (a chunk narrowed out, slabs reordered).
+struct PendingCollective {
+  c10::intrusive_ptr<c10d::Work> work;  // null: nothing in flight
+  std::function<at::Tensor()> result;
+  // On a device the current stream waits for the collective (the host runs on); on the CPU the host waits.
+  at::Tensor wait() {
+    if (work) work->wait();
+    return result();
+  }
+};
+// The same collectives as the autograd functions above, started and not waited for (a trivial group: the input).
+PendingCollective all_gather_seq_async(const at::Tensor& x, const GroupPtr& group);
+PendingCollective reduce_scatter_seq_async(const at::Tensor& x, const GroupPtr& group);
 
 // [b, s, ...] -> [p, b, s/p, ...], contiguous (one copy): rank r's sequence chunk is the r-th slab.
 at::Tensor sequence_to_slabs(const at::Tensor& x, int64_t parts);

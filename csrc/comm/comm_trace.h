@@ -1,6 +1,7 @@
-// The DP collectives of a step, for --trace: every bucket's reduce-scatter (or all-reduce) and every parameter
-// all-gather of the distributed optimizer, from launch to completion, on the executor's step clock, so that they
-// can be drawn beside its compute spans.
+// The collectives of a step, for --trace, from launch to completion on the executor's step clock, so that they
+// can be drawn beside its compute spans: DP's (every bucket's reduce-scatter or all-reduce, every parameter
+// all-gather of the distributed optimizer) and MP's (the all-reduces and all-gathers of native tensor-parallel
+// chains, one per layer and row chunk).
 //
 // Host (CPU, gloo): the launch is the host clock when the collective was issued, the completion the host clock
 // when its future completed (gloo completes it on its worker thread): the span is when the collective really ran.
@@ -8,8 +9,8 @@
 // that point, so it cannot start earlier -- and the completion an event on a side stream made to wait for the
 // collective (Work::wait on that stream), so the compute stream is never held back by the tracing.
 //
-// One object per traced engine, shared by its DP gradient sync, its parameter gather and its executor (which
-// starts each step's clock); nothing process-wide.
+// One object per traced engine, shared by its DP gradient sync, its parameter gather, its tensor-parallel chains
+// and its executor (which starts each step's clock); nothing process-wide.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,10 +30,14 @@ namespace hybrid {
 
 enum class CommKind { AllReduce = 0, ReduceScatter = 1, AllGather = 2 };
 const char* comm_kind_name(CommKind kind);
+// Which group a collective ran on: data parallel (gradient buckets, parameter gathers) or model parallel.
+enum class CommAxis { DP = 0, MP = 1 };
+const char* comm_axis_name(CommAxis axis);
 
 struct CommSpan {
   CommKind kind = CommKind::AllReduce;
-  int bucket = 0;
+  int bucket = 0;  // DP: the gradient / parameter bucket; MP: the chain layer
+  CommAxis axis = CommAxis::DP;
   // Microseconds from the step's start; negative: launched before it (the previous update's all-gathers).
   double start_us = 0;
   double end_us = 0;
@@ -45,8 +50,10 @@ class CommTrace {
 
   // A step's clock starts: the executor's origin (its host time; on a device, its event on the compute stream).
   void start_step(Clock::time_point host, std::shared_ptr<c10::Event> device_event);
-  // `work`, the collective of `bucket`, was just issued from the calling thread's current stream.
-  void launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10d::Work>& work);
+  // `work`, the collective of `bucket` (MP: of a chain layer), was just issued from the calling thread's current
+  // stream.
+  void launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10d::Work>& work,
+                CommAxis axis = CommAxis::DP);
   // The recorded collectives that have completed, relative to the last start_step, in launch order; they are
   // removed (one still running on the host stays for a later call). On a device this waits for their events.
   std::vector<CommSpan> take();
@@ -55,6 +62,7 @@ class CommTrace {
   struct Record {
     CommKind kind;
     int bucket;
+    CommAxis axis;
     c10::intrusive_ptr<c10d::Work> work;
     Clock::time_point launch;
     std::shared_ptr<std::atomic<int64_t>> done_ns;  // host: completion, ns since the clock's epoch; 0 until then

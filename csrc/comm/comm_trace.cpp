@@ -1,4 +1,4 @@
-#include "executor/comm_trace.h"
+#include "comm/comm_trace.h"
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -31,6 +31,8 @@ const char* comm_kind_name(CommKind kind) {
   return "?";
 }
 
+const char* comm_axis_name(CommAxis axis) { return axis == CommAxis::DP ? "dp" : "mp"; }
+
 CommTrace::CommTrace(at::Device device) : device_(device), on_device_(device.type() != c10::DeviceType::CPU) {}
 
 void CommTrace::start_step(Clock::time_point host, std::shared_ptr<c10::Event> device_event) {
@@ -42,9 +44,9 @@ void CommTrace::start_step(Clock::time_point host, std::shared_ptr<c10::Event> d
   }
 }
 
-void CommTrace::launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10d::Work>& work) {
+void CommTrace::launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10d::Work>& work, CommAxis axis) {
   if (!work) return;  // a trivial group: nothing ran
-  Record r{kind, bucket, work, Clock::now(), std::make_shared<std::atomic<int64_t>>(0), nullptr, nullptr};
+  Record r{kind, bucket, axis, work, Clock::now(), std::make_shared<std::atomic<int64_t>>(0), nullptr, nullptr};
   if (on_device_) {
     c10::impl::VirtualGuardImpl impl(device_.type());
     const c10::Stream compute = impl.getStream(device_);
@@ -79,7 +81,7 @@ std::vector<CommSpan> CommTrace::take() {
     if (on_device_) {
       if (!step_event_) continue;  // no step to place it on
       r.end->synchronize();
-      spans.push_back({r.kind, r.bucket, previous_step_event_->elapsedTime(*r.start) * 1e3 - step_us,
+      spans.push_back({r.kind, r.bucket, r.axis, previous_step_event_->elapsedTime(*r.start) * 1e3 - step_us,
                        previous_step_event_->elapsedTime(*r.end) * 1e3 - step_us});
       continue;
     }
@@ -90,7 +92,8 @@ std::vector<CommSpan> CommTrace::take() {
     }
     const double launch_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(r.launch.time_since_epoch()).count();
-    spans.push_back({r.kind, r.bucket, (launch_ns - step_ns) / 1e3, (static_cast<double>(done) - step_ns) / 1e3});
+    spans.push_back(
+        {r.kind, r.bucket, r.axis, (launch_ns - step_ns) / 1e3, (static_cast<double>(done) - step_ns) / 1e3});
   }
   records_ = std::move(running);
   return spans;
