@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The GPT's peers at pp=2 and tp=2: what a user would run instead of the engine, one JSON line per run.
+"""The GPT's peers on a pipeline or tensor-parallel grid: what a user would run instead of the engine, one JSON line
+per run.
 
     torchrun --nproc_per_node=2 experiments/gpt_pp_tp_peers.py --mode MODE --data TOKENS [--hidden 2048 ...]
 
 Modes (all ranks form one pipeline or one tensor-parallel group):
   torch-pp, torch-pp-compile  torch.distributed.pipelining Schedule1F1B (torch_pp_peer.py), per-block compile
   dtensor-tp, dtensor-tp-sp   DTensor tensor parallel, torchtitan's plan, with SequenceParallel (dtensor_tp_peer.py)
-  megatron-pp, megatron-tp, megatron-tp-sp
-                              Megatron-core's GPTModel, local spec, its pipeline schedule / TP / SP (megatron_gpt.py;
-                              CUDA only, its wheel on PYTHONPATH)
+  megatron-pp, megatron-tp, megatron-tp-sp, megatron-pp-tp
+                              Megatron-core's GPTModel, local spec, its pipeline schedule / TP / SP over all ranks, or
+                              tp 2 x pp (ranks / 2) (megatron_gpt.py; CUDA only, its wheel on PYTHONPATH)
   single                      one process, the plain GPT with gradient accumulation: the reference of the tests
 
 The torch modes and `single` train the engine's initial weights on the engine's draw of every step
@@ -30,7 +31,7 @@ from hybrid_engine.models.gpt import gpt_loss
 from plain_gpt import PlainGPT, load_engine_init
 
 MODES = ("torch-pp", "torch-pp-compile", "dtensor-tp", "dtensor-tp-sp", "megatron-pp", "megatron-tp",
-         "megatron-tp-sp", "single")
+         "megatron-tp-sp", "megatron-pp-tp", "single")
 
 
 def build_single(a: argparse.Namespace, cfg, device: torch.device):
@@ -70,9 +71,9 @@ def build(a: argparse.Namespace, cfg, device: torch.device):
     if device.type != "cuda":
         common.fail(f"--mode {a.mode}: Megatron-core runs on CUDA only")
     import megatron_gpt  # only here: the CPU modes never import megatron
-    return megatron_gpt.build_step(a, cfg, device, pp=2 if a.mode == "megatron-pp" else 1,
-                                   tp=2 if a.mode.startswith("megatron-tp") else 1,
-                                   sequence_parallel=a.mode == "megatron-tp-sp")
+    world = dist.get_world_size()
+    pp, tp = {"megatron-pp": (world, 1), "megatron-pp-tp": (world // 2, 2)}.get(a.mode, (1, world))
+    return megatron_gpt.build_step(a, cfg, device, pp=pp, tp=tp, sequence_parallel=a.mode == "megatron-tp-sp")
 
 
 def main() -> None:

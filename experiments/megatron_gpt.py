@@ -95,7 +95,8 @@ def build_step(a: argparse.Namespace, cfg: GPTConfig, device: torch.device, *, p
 
     if tp * pp != dist.get_world_size():
         common.fail(f"megatron: tp {tp} x pp {pp} must use all {dist.get_world_size()} ranks")
-    first_blocks = sum(1 for i in engine_cut(cfg, pp)[0] if 1 <= i <= cfg.layers) if pp > 1 else None
+    # pp = 2: the engine's cut; deeper pipelines: Megatron's own even split of the blocks
+    first_blocks = sum(1 for i in engine_cut(cfg, pp)[0] if 1 <= i <= cfg.layers) if pp == 2 else None
     model, optimizer, tcfg = build_model(cfg, a.lr, device, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
                                          first_stage_layers=first_blocks, clip_grad=0.0)
     last = parallel_state.is_pipeline_last_stage()
@@ -123,11 +124,12 @@ def build_step(a: argparse.Namespace, cfg: GPTConfig, device: torch.device, *, p
         dist.all_reduce(loss)  # the last stage's tp ranks each hold the loss
         return loss / tp
 
-    fields = {"system": f"megatron-{'pp' if pp > 1 else 'tp'}{'-sp' if sequence_parallel else ''}", "pp": pp, "tp": tp,
+    axes = "-".join(a for a, n in (("pp", pp), ("tp", tp)) if n > 1)
+    fields = {"system": f"megatron-{axes}{'-sp' if sequence_parallel else ''}", "pp": pp, "tp": tp,
               "sequence_parallel": sequence_parallel, "spec": "local (no TransformerEngine, no apex)",
               "optimizer": "Megatron bf16 optimizer over torch AdamW (fp32 masters), no clipping",
               "init": "Megatron's own (so its losses compare with the others only in size)"}
-    if pp > 1:
+    if first_blocks:
         fields["first_stage_blocks"] = first_blocks
     if sequence_parallel:
         fields["norm"] = "torch LayerNorm tagged sequence_parallel (the local spec's WrappedTorchNorm refuses SP)"
