@@ -28,9 +28,11 @@ SAME_FLAGS = {
     **{f"{c}_{g}": f"{c}_1gpu_m4" for c in "LC" for g in ("pp2mp2", "dp2pp2")},
     **{f"{c}_pp4": f"{c}_1gpu_m8" for c in "LC"},
     "L_base": "L_1gpu_m8",
-    **{f"gpt_{g}": "gpt_1gpu" for g in ("dp2pp2", "pp2tp2", "tp4", "pp4", "dp4", "dp2tp2", "tp4_sp", "tp4_m2",
+    **{f"gpt_{g}": "gpt_1gpu" for g in ("dp2pp2", "pp2tp2", "tp4", "pp4", "dp4", "dp2tp2", "tp4_sp",
                                         "pp4_interleaved")},
 }
+# Variants whose flags differ from every 1-GPU run of the job: set beside the named run, and said so
+OTHER_FLAGS = {"gpt_tp4_m2": "gpt_1gpu", "L_mp2_zb1m": "L_mp2"}
 PEERS = {"gpt_pp2tp2": ["megatron_pp2tp2"], "gpt_pp4": ["megatron_pp4", "torch_pp4", "torch_pp4_compile"],
          "gpt_tp4": ["megatron_tp4", "dtensor_tp4"]}
 GPUS = {"1gpu": 1, "mp2": 2}
@@ -100,6 +102,10 @@ def ratios(runs: dict) -> dict:
             if r.get("last_loss") is not None and b.get("last_loss"):
                 rel["last_loss_rel_diff"] = round(abs(r["last_loss"] - b["last_loss"]) / abs(b["last_loss"]), 5)
             out[name] = rel
+    for name, other in OTHER_FLAGS.items():
+        if "per_s" in runs.get(name, {}) and "per_s" in runs.get(other, {}):
+            out[name] = {f"vs_{other}": round(runs[name]["per_s"] / runs[other]["per_s"], 3),
+                         "note": f"other flags than {other}: a variant, not a same-flags ratio"}
     for name, peers in PEERS.items():
         for peer in peers:
             if "per_s" in runs.get(name, {}) and (runs.get(peer) or {}).get("per_s"):

@@ -19,9 +19,10 @@ sys.path.insert(0, str(REPO))
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from report import figures, gpt, tables, text  # noqa: E402
+from report import figures, gpt, grids, tables, text  # noqa: E402
 from report.data import NOT_MEASURED, Bench, Results, grid_of, grid_text, load, mode_text, ok, status  # noqa: E402
 from report.gpt_data import GptResults, load_gpt  # noqa: E402
+from report.grids import GridResults, load_grids  # noqa: E402
 from report.render import Report  # noqa: E402
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb1")
@@ -141,11 +142,14 @@ def memory_pages(rep: Report, res: Results, b: Bench) -> None:
         rep.figure(figures.convergence_figure(conv), f"4. Convergence ({b.card})")
 
 
-def appendix(rep: Report, res: Results, g: GptResults) -> None:
+def appendix(rep: Report, res: Results, g: GptResults, four: GridResults) -> None:
     rep.tables([tables.files_table(res)])
     blocks = []
     if g.used:
         blocks += [("h", "The GPT files (section 7): the command of each"), *gpt.commands(g, res.root), ("gap", "")]
+    if four.files:
+        blocks += [("h", "The 4-GPU grids (section 8): every run's command"), *grids.commands(four, res.root),
+                   ("gap", "")]
     for b in res.benches:
         blocks += [("h", f"{tables.rel(b.path, res.root)}: the exact command of every run (cmd field)")]
         blocks += [("m", line) for line in tables.commands(b)]
@@ -159,8 +163,10 @@ def appendix(rep: Report, res: Results, g: GptResults) -> None:
 def build(results: Path, out: Path) -> Report:
     res = load(results)
     g = load_gpt(results)  # the GPT's files replace report/data.py's "not a bench results file" verdict on them
-    res.files_used += g.used
-    res.files_ignored = [(p, why) for p, why in res.files_ignored if p not in g.claimed] + g.ignored
+    four = load_grids(results)  # and so do the 4-GPU grids' files
+    res.files_used += g.used + four.used
+    res.files_ignored = ([(p, why) for p, why in res.files_ignored if p not in g.claimed | four.claimed]
+                         + g.ignored + four.ignored)
     out.parent.mkdir(parents=True, exist_ok=True)
     rep = Report(str(out))
     title_page(rep, res)
@@ -175,7 +181,8 @@ def build(results: Path, out: Path) -> Report:
         rep.text(f"6. Bottlenecks ({b.card})", text.conclusions(b, res.maxbatch.get(b.card),
                                                                  res.convergence.get(b.card), res.root))
     gpt.gpt_pages(rep, g, res.root)
-    appendix(rep, res, g)
+    grids.grid_pages(rep, four, res.root)
+    appendix(rep, res, g, four)
     rep.close()
     return rep
 
