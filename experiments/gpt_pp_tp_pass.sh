@@ -25,30 +25,13 @@ else
 fi
 gpt_tokens
 
-run() {  # name limit_s command...: logged under $RES, killed at its limit or the budget's end; returns its status
-  local name=$1 limit=$2; shift 2
-  local left=$((DEADLINE - SECONDS - RESERVE))
-  if (( left < 30 )); then
-    echo "$name SKIPPED ($left s of the budget left)"; echo "$name" >> "$RES/skipped.txt"; return 1
-  fi
-  (( limit > left )) && limit=$left
-  echo "$*" > "$RES/$name.cmd"
-  timeout -k 10 "$limit" "$@" > "$RES/$name.log" 2>&1
-  local rc=$?
-  echo "$rc" > "$RES/$name.rc"
-  if (( rc == 124 )); then echo "$name TIMED OUT after ${limit}s"
-  elif (( rc != 0 )); then
-    echo "$name FAILED (exit $rc)"; grep -E -m2 ': error: |Error: |out of memory' "$RES/$name.log" || tail -3 "$RES/$name.log"
-  fi
-  return "$rc"
-}
 engine() {  # name nproc driver-args...
   local name=$1 n=$2; shift 2
-  run "$name" 150 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" $G "$@" \
+  budget_run "$name" 150 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" $G "$@" \
     && grep -o 'summary.*' "$RES/$name.log" | sed "s|^|$name: |"
 }
 peer() {  # name mode [limit]: experiments/gpt_pp_tp_peers.py on both GPUs
-  run "$1" "${3:-150}" torchrun --nproc_per_node=2 experiments/gpt_pp_tp_peers.py --mode "$2" $P \
+  budget_run "$1" "${3:-150}" torchrun --nproc_per_node=2 experiments/gpt_pp_tp_peers.py --mode "$2" $P \
     && grep '^{' "$RES/$1.log" | tail -1 | cut -c1-400
 }
 

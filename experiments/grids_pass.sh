@@ -19,7 +19,7 @@
 # Out: ${OUT:-/tmp/he_out}/grids_<phase>.tgz (logs, metrics, commands) and <date>-4x<card>-grids-<phase>.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
+source experiments/pass_lib.sh
 PHASE=${PHASE:-mlp}
 DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540}))
 RESERVE=25
@@ -36,28 +36,14 @@ else
   mkdir -p /tmp/he_so && cp "$so" /tmp/he_so/ && cp "$so" "$OUT/"  # the next call on this machine reuses it
 fi
 
-run() {  # name limit_s command...: logged under $RES, killed at its limit or the budget's end
-  local name=$1 limit=$2; shift 2
-  local left=$((DEADLINE - SECONDS - RESERVE))
-  if (( left < 25 )); then echo "$name SKIPPED ($left s left)"; echo "$name" >> "$RES/skipped.txt"; return 1; fi
-  (( limit > left )) && limit=$left
-  echo "$*" > "$RES/$name.cmd"
-  timeout -k 10 "$limit" "$@" > "$RES/$name.log" 2>&1
-  local rc=$?
-  echo "$rc" > "$RES/$name.rc"
-  if (( rc == 124 )); then echo "$name TIMED OUT after ${limit}s"
-  elif (( rc != 0 )); then echo "$name FAILED ($rc)"; grep -E -m2 'error|Error|out of memory' "$RES/$name.log"
-  fi
-  return "$rc"
-}
 engine() {  # name gpus driver-args...: one GPU runs on GPU 0
   local name=$1 n=$2; shift 2
-  run "$name" 150 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" "$@" \
+  budget_run "$name" 150 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" "$@" \
     && echo "$name: $(grep -o 'median step [0-9.]* ms' "$RES/$name.log")"
 }
 program() {  # name gpus limit script args...: a base or peer program, its JSON line kept
   local name=$1 n=$2 limit=$3 script=$4; shift 4
-  run "$name" "$limit" torchrun --nproc_per_node="$n" "experiments/$script" "$@" \
+  budget_run "$name" "$limit" torchrun --nproc_per_node="$n" "experiments/$script" "$@" \
     && echo "$name: $(grep '^{' "$RES/$name.log" | tail -1 | grep -o '"\(samples\|tokens\)_s": [0-9.]*')"
 }
 

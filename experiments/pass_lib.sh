@@ -1,5 +1,6 @@
-# Sourced by the device pass scripts (tune_pass.sh, ab_pass.sh, dp_pass.sh, profile_pass.sh): the NCCL settings
-# every GPU run keeps, the build, and the helpers that log one run under $RES and print its one-line result.
+# Sourced by the device pass scripts (tune_pass.sh, ab_pass.sh, dp_pass.sh, profile_pass.sh, gpt_pp_tp_pass.sh,
+# grids_pass.sh): the NCCL settings every GPU run keeps, the build, and the helpers that log one run under $RES and
+# print its one-line result.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
 
 pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_out}
@@ -7,6 +8,25 @@ pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_ou
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
     || { tail -40 "$RES/build.log"; exit 1; }
+}
+
+budget_run() {  # name limit_s command...: logged under $RES (.cmd, .log, .rc), killed at its limit or at the pass's
+  # $DEADLINE less $RESERVE seconds (a run that no longer fits is skipped, said, and listed in skipped.txt)
+  local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS - RESERVE))
+  if (( left < 25 )); then
+    echo "$name SKIPPED ($left s of the budget left)"; echo "$name" >> "$RES/skipped.txt"; return 1
+  fi
+  (( limit > left )) && limit=$left
+  echo "$*" > "$RES/$name.cmd"
+  timeout -k 10 "$limit" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  echo "$rc" > "$RES/$name.rc"
+  if (( rc == 124 )); then echo "$name TIMED OUT after ${limit}s"
+  elif (( rc != 0 )); then
+    echo "$name FAILED (exit $rc)"; grep -E -m2 ': error: |Error: |out of memory' "$RES/$name.log" || tail -3 "$RES/$name.log"
+  fi
+  return "$rc"
 }
 
 engine() {  # name nproc driver-args...: the driver with --metrics, its median step printed
