@@ -58,6 +58,7 @@ import torch
 # names, safe reads, manifest, finding; checkpoint_lock: one run per directory; checkpoint_agree: every rank
 # leaves together), whose names are re-exported here so that callers keep importing hybrid_engine.checkpoint.
 from .checkpoint_agree import _agree, _all_gather, _from_rank0, _raise_first, _world  # noqa: F401
+from .checkpoint_digest import HashingWriter, intact, newest_intact_before, verify  # noqa: F401
 from .checkpoint_files import (  # noqa: F401
     DTYPES, FORMAT, LATEST, LOCK, MANIFEST, MAX_MANIFEST_BYTES, MAX_POINTER_BYTES, Checkpoint, CheckpointError,
     _complete, _inside, _is_count, _LEFTOVER, _manifest_problem, _read_capped, _regular_file, _SHARD, _STEP_DIR,
@@ -82,7 +83,8 @@ def _rng_state(device: torch.device) -> dict:
     return state
 
 
-def _write_shard(path: str, shard: dict, crash: bool) -> int:
+def _write_shard(path: str, shard: dict, crash: bool) -> tuple[int, str]:
+    """Write and fsync one shard; (its size, its SHA-256, hashed on the way to the file)."""
     with open(path, "wb") as f:
         if crash:  # test hook: half a shard reaches the disk, then the process dies (see hybrid_engine.faults)
             import io
@@ -94,10 +96,11 @@ def _write_shard(path: str, shard: dict, crash: bool) -> int:
             f.flush()
             os.fsync(f.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
-        torch.save(shard, f)
+        writer = HashingWriter(f)
+        torch.save(shard, writer)
         f.flush()
         os.fsync(f.fileno())
-    return os.path.getsize(path)
+    return os.path.getsize(path), writer.hexdigest()
 
 
 def _non_finite(shard: dict) -> str | None:
@@ -151,14 +154,14 @@ def save(engine, root: str, step: int, run_info: dict, keep: int = 3, crash_in_s
     tmp_name = _from_rank0(f".tmp_{step_dir_name(step)}_{uuid.uuid4().hex[:8]}")
     tmp = os.path.join(root, tmp_name)
     file = os.path.join(tmp, shard_name(rank))
-    report = {"file": shard_name(rank), "bytes": 0, "params": {}, "error": None}
+    report = {"file": shard_name(rank), "bytes": 0, "sha256": None, "params": {}, "error": None}
     bad = _non_finite(shard)  # the state is on the CPU already: one isfinite pass, before any byte is written
     if bad:
         report["error"] = f"{bad} on rank {rank}): an update diverged (lower --lr)"
     else:
         try:
             os.makedirs(tmp, exist_ok=True)
-            report["bytes"] = _write_shard(file, shard, crash_in_save)
+            report["bytes"], report["sha256"] = _write_shard(file, shard, crash_in_save)
             report["params"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")]
                                 for k, v in shard["weights"].items()}
         except Exception as exc:  # noqa: BLE001 - OSError, or torch's RuntimeError around one (a full disk)
@@ -196,6 +199,7 @@ def _publish(root, tmp, final, step, engine, run_info, reports, world) -> None:
         "model": run_info["model"], "optimizer": run_info["optimizer"],
         "params": dict(sorted(params.items(), key=lambda kv: _param_order(kv[0]))),
         "files": {r["file"]: r["bytes"] for r in reports},
+        "sha256": {r["file"]: r["sha256"] for r in reports},
     }
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -208,13 +212,32 @@ def _publish(root, tmp, final, step, engine, run_info, reports, world) -> None:
         os.rename(final, os.path.join(root, f".old_{os.path.basename(final)}_{uuid.uuid4().hex[:8]}"))
     os.rename(tmp, final)
     _fsync_dir(root)
+    _point_latest(root, os.path.basename(final))
+
+
+def _point_latest(root: str, name: str) -> None:
+    """Replace root/latest with `name`, atomically: a temporary file, fsynced, then os.replace."""
     pointer_tmp = os.path.join(root, f".{LATEST}.{uuid.uuid4().hex[:8]}")
     with open(pointer_tmp, "w") as f:
-        f.write(os.path.basename(final) + "\n")
+        f.write(name + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(pointer_tmp, os.path.join(root, LATEST))
     _fsync_dir(root)
+
+
+def rewind_latest(root: str, ckpt: Checkpoint) -> None:
+    """Collective: point root/latest at `ckpt`, an older checkpoint of root that this run continues from (the
+    newer ones stay on disk). Every rank raises the same CheckpointError if rank 0 cannot."""
+    error = None
+    if _world()[0] == 0:
+        try:
+            _point_latest(root, os.path.basename(os.path.normpath(ckpt.path)))
+        except OSError as exc:
+            error = f"cannot point {os.path.join(root, LATEST)} at {ckpt.path}: {_cause(exc)}"
+    error = _from_rank0(error)
+    if error:
+        raise CheckpointError(error)
 
 
 def _param_order(name: str) -> tuple[int, str]:
@@ -234,7 +257,9 @@ def prune(root: str, keep: int, protect: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _read(path: str) -> dict:
+def read_shard(path: str, digest: str | None) -> dict:
+    """A shard, after its SHA-256 matched the manifest's `digest` (None: a checkpoint without checksums)."""
+    verify(path, digest)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable shard is the same user-facing problem
@@ -284,7 +309,8 @@ def load(engine, ckpt: Checkpoint) -> int:
     try:
         names = engine.checkpoint_names()
         files = sorted({ckpt.manifest["params"][n]["file"] for n in names} | {shard_name(0)})
-        shards = {f: _read(os.path.join(ckpt.path, f)) for f in files}
+        sums = ckpt.checksums or {}
+        shards = {f: read_shard(os.path.join(ckpt.path, f), sums.get(f)) for f in files}
         for f, shard in shards.items():
             if shard.get("format") != FORMAT or shard.get("step") != ckpt.step:
                 raise CheckpointError(f"checkpoint shard {os.path.join(ckpt.path, f)} does not belong to this "
@@ -297,7 +323,8 @@ def load(engine, ckpt: Checkpoint) -> int:
             _check_tensors(os.path.join(ckpt.path, entry["file"]), n, entry, weights[n], optimizer[n])
         engine.load_checkpoint_state(weights, optimizer, shards[shard_name(0)]["scaler"])
         if same_grid:
-            rng = _read(os.path.join(ckpt.path, shard_name(rank)))["rng"]
+            own = shard_name(rank)
+            rng = (shards[own] if own in shards else read_shard(os.path.join(ckpt.path, own), sums.get(own)))["rng"]
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and engine.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], engine.device)

@@ -26,6 +26,7 @@ LOCK = ".lock"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")  # the names the engine writes, and no others
 _SHARD = re.compile(r"^rank_\d{5,}\.pt$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)_step_\d{6,}_[0-9a-f]{8}$")
+_HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(ConfigError):
@@ -133,6 +134,12 @@ def _manifest_problem(m: dict) -> str | None:
             return f"the size of {name} is not a whole number"
     if shard_name(0) not in files:
         return f"'files' has no {shard_name(0)}"
+    sums = m.get("sha256")  # absent only in a manifest written before checksums were recorded
+    if sums is not None:
+        if not isinstance(sums, dict) or sorted(sums) != sorted(files):
+            return "'sha256' does not name the shards of 'files'"
+        if not all(isinstance(d, str) and _HEX_DIGEST.match(d) for d in sums.values()):
+            return "'sha256' holds a digest that is not 64 hex digits"
     params = m.get("params")
     if not isinstance(params, dict):
         return "'params' is not an object"
@@ -190,6 +197,11 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return int(self.manifest["step"])
+
+    @property
+    def checksums(self) -> dict[str, str] | None:
+        """{shard name: SHA-256}; None for a checkpoint written before checksums were recorded."""
+        return self.manifest.get("sha256")
 
 
 def _step_dirs(root: str) -> list[tuple[int, str]]:

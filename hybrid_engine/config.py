@@ -30,6 +30,8 @@ class LaunchEnv:
     local_rank: int
     launched: bool = True
     """False for a plain `python hybrid_engine.py` (no RANK / WORLD_SIZE from a launcher)."""
+    attempt: int = 0
+    """Which attempt of the run this is: torchrun's TORCHELASTIC_RESTART_COUNT (0: the first)."""
 
     @staticmethod
     def from_environ() -> "LaunchEnv":
@@ -45,7 +47,7 @@ class LaunchEnv:
                 raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
         return LaunchEnv(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0),
-                         launched="WORLD_SIZE" in os.environ)
+                         launched="WORLD_SIZE" in os.environ, attempt=read("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 # ------------------------------------------------------------------------------------------------ the run's parts

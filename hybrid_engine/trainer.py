@@ -27,6 +27,7 @@ from .grid import GridGroups
 from .models.gpt import GPTConfig
 from .workloads import Workload, gpt_workload, mlp_workload
 from .progress import Progress, summary_line
+from .run_checkpoints import RunCheckpoints, checkpoint_to_start_from  # noqa: F401
 from .trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
 
@@ -65,24 +66,6 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
                   stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
-
-
-def checkpoint_to_start_from(cfg: RunConfig, workload: Workload) -> checkpoint.Checkpoint | None:
-    """The checkpoint this run continues (None: from scratch), checked on every rank before any collective."""
-    c = cfg.checkpoint
-    existing = None
-    if c.save:
-        checkpoint.hold_directory(c.save)  # one run per directory: a second one stops before training (exit 2)
-        existing = checkpoint.latest_path(c.save)
-        if existing and not c.resume:
-            raise ConfigError(f"--save {c.save} already holds checkpoints (latest {existing}); pass --resume "
-                              "to continue from it, or choose another directory")
-    path = existing if (c.resume and existing) else c.load
-    if path is None:
-        return None
-    ckpt = checkpoint.open_checkpoint(path)
-    checkpoint.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
-    return ckpt
 
 
 def check_output_paths(cfg: RunConfig) -> None:
@@ -156,13 +139,10 @@ class Trainer:
 
     def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
         cfg, engine, steps = self.cfg, self.engine, self.cfg.training.steps
-        first_step = checkpoint.load(engine, start_from) if start_from else 0
-        self.state.last_checkpoint = start_from.path if start_from else None
         progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
                             log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
                             metrics=cfg.reporting.metrics, append=start_from is not None)
-        if start_from:
-            progress.say(f"resumed from {start_from.path} at step {first_step}")
+        first_step = RunCheckpoints(cfg, engine, self.state, progress, self.rank).start(start_from)
         times: list[float] = []
         peaks: list[float] = []
         try:

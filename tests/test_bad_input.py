@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from checkpoint_fakes import sha256_of
 from launch_utils import DRIVER, REPO, torchrun
 
 SMALL = ("--dim", "32", "--depth", "2", "--batch-size", "8", "--micro-batches", "2", "--optimizer", "adam",
@@ -143,6 +144,7 @@ def test_checkpoint_tensor_of_the_wrong_shape(saved, tmp_path):
     torch.save(state, shard)
     record = json.loads(manifest.read_text())
     record["files"]["rank_00000.pt"] = shard.stat().st_size
+    record["sha256"]["rank_00000.pt"] = sha256_of(shard)  # only the tensor is wrong
     manifest.write_text(json.dumps(record))
     fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
                         f"checkpoint shard {shard} holds 0.weight as shape [32] float32; the manifest says shape "
