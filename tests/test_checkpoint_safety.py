@@ -344,3 +344,32 @@ def test_a_checkpoint_written_before_checksums_still_opens_and_says_so(saved):
     ckpt = checkpoint.open_checkpoint(str(saved))
     assert ckpt.step == 2 and ckpt.checksums is None
     assert checkpoint.newest_intact_before(str(saved / "step_000003"), 3) == str(saved / "step_000001")
+
+
+class _FullDiskNow(_FullDisk):
+    """A file on a disk with no space left at all."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_pointing_latest_leaves_nothing_and_says_what_latest_is(tmp_path, monkeypatch):
+    real_open = open
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        if os.path.basename(str(path)).startswith(".latest."):
+            return _FullDiskNow(path, "w")  # created, then nothing fits
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    with pytest.raises(CheckpointError) as err:  # the first checkpoint: there is no latest to speak of
+        _save(tmp_path, 1)
+    assert str(err.value).endswith(f"No space left on device; {tmp_path} holds no earlier checkpoint"), str(err.value)
+    assert os.listdir(tmp_path) == []  # no zero-byte .latest.*, and no step_000001 that latest does not name
+    monkeypatch.undo()
+    _save(tmp_path, 1)
+    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    with pytest.raises(CheckpointError) as err:
+        _save(tmp_path, 2)
+    assert str(err.value).endswith(f"No space left on device; {tmp_path / 'latest'} still names step_000001")
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_000001"]
