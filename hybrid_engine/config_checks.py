@@ -37,6 +37,8 @@ def check_numbers(cfg) -> None:
     for flag, value in (("--dp", p.dp), ("--pp", p.pp), ("--mp", p.mp)):
         if value is not None and value > MAX_RANKS:
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")
+    if p.device not in DEVICES:  # the flag's choices, for a --config file's value too (case matters: cuda)
+        raise ConfigError(f"parallel.device (--device) must be one of {', '.join(DEVICES)}, got {p.device!r}")
     _in_range("--comm-timeout", p.comm_timeout, 1e-3, MAX_TIMEOUT_S,
               f"a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week)")
     if p.memory_cap_gib is not None:

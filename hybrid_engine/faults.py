@@ -213,7 +213,10 @@ class Heartbeat:
             return None
         if os.getppid() != self.launcher_pid:  # re-parented to init or a subreaper: the agent died
             return "torchrun was killed"
-        if self.enabled and uses_agent_store() and not self.store_answers(self.timeout_s):
+        # the store's silence means something only once this rank has heard from it (start(): the rendezvous);
+        # a rank that fails before then (a bad --config) has simply not asked it yet
+        started = self._thread is not None
+        if self.enabled and started and uses_agent_store() and not self.store_answers(self.timeout_s):
             return f"its rendezvous store has not answered for {self.timeout_s:g} s"
         return None
 

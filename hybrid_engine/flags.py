@@ -9,8 +9,9 @@ import argparse
 import sys
 
 from . import optim
-from .config import SCHEDULES, ConfigError, ModelConfig, RunConfig
+from .config import DEVICES, SCHEDULES, ConfigError, ModelConfig, RunConfig
 from .engine_config import AMP_IMPLS, AMP_MODES, DP_GRAD_DTYPES, STAGE_IMPLS
+from .input_files import read_regular_file
 
 EPILOG = """\
 examples:
@@ -101,7 +102,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--order", metavar="AXES", help="rank layout: mp, dp and pp joined by '-', fastest-varying first "
                    f"(mp-dp-pp, mp-pp-dp, dp-mp-pp, dp-pp-mp, pp-mp-dp, pp-dp-mp); the default keeps MP peers on "
                    f"adjacent ranks {_default('order')}")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"),
+    g.add_argument("--device", choices=DEVICES,
                    help=f"auto: CUDA + NCCL when GPUs exist, else CPU + gloo {_default('device')}")
     g.add_argument("--memory-cap-gib", type=float, metavar="GIB",
                    help="CUDA: let this process allocate at most this much GPU memory (default: no cap)")
@@ -222,19 +223,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def read_toml(path: str) -> dict:
-    """A --config file as {table: {key: value}}; a missing or malformed file is one ConfigError."""
+    """A --config file as {table: {key: value}}; a missing, unreadable or malformed file is one ConfigError. Only
+    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
+    raw = read_regular_file(path, MAX_CONFIG_BYTES, f"--config {path}")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                          "a TOML file is text") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> RunConfig:

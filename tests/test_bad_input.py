@@ -149,3 +149,10 @@ def test_checkpoint_tensor_of_the_wrong_shape(saved, tmp_path):
     fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
                         f"checkpoint shard {shard} holds 0.weight as shape [32] float32; the manifest says shape "
                         "[32, 32] float32")
+
+
+def test_a_config_that_is_not_utf8_is_one_line_on_every_rank(tmp_path):
+    # it said "the launcher is gone (...); UnicodeDecodeError" after seconds, exit 1
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"[model]\ndim = \xff\n")
+    fails_on_every_rank(("--config", str(path)), f"hybrid_engine: error: --config {path} is not UTF-8 text")

@@ -184,3 +184,20 @@ def test_optimizer_config_makes_a_factory():
     factory = parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer.factory()
     opt = factory([torch.nn.Parameter(torch.zeros(2))])
     assert isinstance(opt, torch.optim.AdamW) and math.isclose(opt.param_groups[0]["lr"], 0.25)
+
+
+@pytest.mark.parametrize("device", ["tpu", "CUDA", "Cpu", ""])
+def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
+    # the flag refuses these (argparse choices); the same value in a --config file ran on the CPU silently
+    cfg = parse_config(["--config", write(tmp_path, f'[parallel]\ndevice = "{device}"\n')])
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(1, "cpu")
+    assert str(info.value) == f"parallel.device (--device) must be one of auto, cpu, cuda, got {device!r}"
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan"])
+def test_a_dp_bucket_size_beyond_a_tebibyte_is_one_line(tmp_path, value):
+    cfg = parse_config(["--config", write(tmp_path, f"[data_parallel]\nbucket_mb = {value}\n")])
+    with pytest.raises(ConfigError) as info:  # 1e308 MiB in bytes overflowed int() inside the engine
+        cfg.validate(1, "cpu")
+    assert "bucket" in str(info.value) and value.replace("1e308", "1e+308") in str(info.value), str(info.value)
