@@ -149,6 +149,9 @@ class TrainingConfig:
     """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
     eval_every: int = 0
     """GPT: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
+    spike_factor: float = 10.0
+    """Stop when a step's loss is more than this many times the largest of the 20 before it (0: never); a
+    checkpoint becomes `latest` only once the step that trains on it has a finite loss within this factor."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ def check_numbers(cfg) -> None:
     _in_range("--warmup", t.warmup, 0, MAX_INT, "a number of steps >= 0")
     _in_range("--log-every", t.log_every, 1, MAX_INT, "a number of steps >= 1")
     _in_range("--eval-every", t.eval_every, 0, MAX_INT, "a number of steps >= 0 (0: never)")
+    _in_range("--spike-factor", t.spike_factor, 0.0, 3.0e38, "0 (off) or a factor > 1")
+    if 0 < t.spike_factor <= 1:
+        raise ConfigError(f"--spike-factor must be 0 (off) or a factor > 1, got {t.spike_factor}")
     for flag, value in (("--layers", m.layers), ("--hidden", m.hidden), ("--heads", m.heads),
                         ("--seq-len", m.seq_len)):
         if value > MAX_DIM:

@@ -60,6 +60,7 @@ FIELDS = {
     "data": ("data", "path"), "eval_every": ("training", "eval_every"),
     "batch_size": ("data", "batch_size"), "stream_data": ("data", "stream"),
     "steps": ("training", "steps"), "warmup": ("training", "warmup"), "log_every": ("training", "log_every"),
+    "spike_factor": ("training", "spike_factor"),
     "optimizer": ("optimizer", "name"), "lr": ("optimizer", "lr"),
     "amp": ("precision", "amp"), "amp_impl": ("precision", "implementation"),
     "loss_scale": ("precision", "loss_scale"), "scale_window": ("precision", "scale_window"),
@@ -177,6 +178,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help=f"GPT: validation loss on the held-out ~1%% every N steps and after the last {_default('eval_every')}")
     t.add_argument("--warmup", type=int, metavar="N",
                    help=f"this run's first N steps, left out of the timing summary {_default('warmup')}")
+    t.add_argument("--spike-factor", type=float, metavar="F",
+                   help="stop when a step's loss is more than F times the largest of the 20 before it (0: never); "
+                        "a checkpoint becomes latest only once the step that trains on it has a finite loss within "
+                        f"F {_default('spike_factor')}")
     t.add_argument("--optimizer", choices=optim.NAMES,
                    help="sgd (plain; fused with the master->half cast under --amp), adam, or adamw (decoupled "
                         f"weight decay 0.01); torch's other defaults {_default('optimizer')}")

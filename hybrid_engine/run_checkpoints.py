@@ -1,8 +1,15 @@
-"""A run's checkpoints, seen from the training loop: which one it starts from, and what it says when that one
-cannot be read.
+"""A run's checkpoints, seen from the training loop: which one it starts from, when it writes one, when a
+written one becomes `latest`, and what to say when training or loading stops.
 
-    start_from = checkpoint_to_start_from(cfg, workload, restarted)    # every rank, before any collective
-    first_step = RunCheckpoints(cfg, engine, state, progress).start(start_from)      # collective
+    start_from = checkpoint_to_start_from(cfg, workload, restarted)          # every rank, before any collective
+    ckpts = RunCheckpoints(cfg, engine, workload, state, progress, rank)
+    first_step = ckpts.start(start_from)                                     # collective, as are the rest
+    ...  step N's loss passed the divergence guard:  ckpts.publish_written()  (the checkpoint of state N)
+    ...  after step N:                               ckpts.maybe_write(N + 1)
+    ...  a loss stopped training:                    ckpts.discard_written(); ckpts.where_to_continue()
+
+A checkpoint of state N is written after step N - 1 and published (renamed into place, named by `latest`) only
+once step N, which trains on that state, has a finite loss that is no spike (hybrid_engine/divergence.py).
 
 Which checkpoint: `--load PATH` starts from PATH; `--resume` continues from `--save DIR`'s latest when there is
 one. Both together: a PATH inside DIR is the user naming the checkpoint to continue from (an older one, when
@@ -52,8 +59,10 @@ def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False) 
 class RunCheckpoints:
     """The training loop's side of checkpoints (every rank holds one; each method is collective)."""
 
-    def __init__(self, cfg: RunConfig, engine, state, progress, rank: int):
-        self.cfg, self.engine, self.state, self.progress, self.rank = cfg, engine, state, progress, rank
+    def __init__(self, cfg: RunConfig, engine, workload, state, progress, rank: int, faults=None):
+        self.cfg, self.engine, self.workload, self.state = cfg, engine, workload, state
+        self.progress, self.rank, self.faults = progress, rank, faults
+        self.written: checkpoint.Written | None = None  # on disk, waiting for its step's loss
 
     def continue_from(self, path: str) -> str:
         """The flags that continue a run from checkpoint `path`."""
@@ -89,3 +98,50 @@ class RunCheckpoints:
                                   "step again")
         self.progress.say(f"resumed from {ckpt.path} at step {step}")
         return step
+
+    def maybe_write(self, done: int) -> None:
+        """After `done` steps: write the checkpoint of that state if it is the last step or a multiple of
+        save_every (published later, by publish_written)."""
+        c = self.cfg.checkpoint
+        if not c.save or not (done == self.cfg.training.steps or (c.save_every and done % c.save_every == 0)):
+            return
+        crash = self.faults is not None and self.faults.crashes_in_save(done, self.rank)
+        self.written = checkpoint.write(self.engine, c.save, done, self.run_info(), crash_in_save=crash)
+
+    def run_info(self) -> dict:
+        """What the manifest records besides the state: the model, the optimizer, and the data (GPT)."""
+        info = {"model": self.workload.checkpoint_model, "optimizer": self.cfg.optimizer.name}
+        if self.workload.checkpoint_data is not None:
+            info["data"] = self.workload.checkpoint_data
+        return info
+
+    def publish_written(self) -> None:
+        """The written checkpoint's state has trained one step with a finite loss and no spike: make it latest."""
+        if self.written is None:
+            return
+        written, self.written = self.written, None
+        path = checkpoint.publish(written, keep=self.cfg.checkpoint.keep)
+        self.state.last_checkpoint = path
+        self.progress.say(f"saved {path}", verbose=True)
+
+    def discard_written(self) -> None:
+        """The written checkpoint's state diverged: it is never published."""
+        if self.written is not None:
+            checkpoint.discard(self.written)
+            self.written = None
+
+    def where_to_continue(self) -> str:
+        """After a loss stopped training: how to go on from the last checkpoint that trained on."""
+        last, save = self.state.last_checkpoint, self.cfg.checkpoint.save
+        if last is None:
+            return (f"nothing was published to --save {save}: start again with a lower --lr" if save
+                    else "start again with a lower --lr")
+        flags = "--resume" if save and _inside(last, save) and self._is_latest(last) else self.continue_from(last)
+        return (f"{flags} with a lower --lr continues from {last}, the last checkpoint that trained on with a "
+                "finite loss and no spike")
+
+    def _is_latest(self, path: str) -> bool:
+        try:
+            return checkpoint.latest_path(self.cfg.checkpoint.save) == path
+        except CheckpointError:
+            return False

@@ -77,6 +77,7 @@ class Workload:
     layer_costs: list[float]
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[GPTConfig] = None  # the GPT's shape (None for the MLP)
+    checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
 
     @property
     def flops_per_token(self) -> float:
@@ -178,7 +179,9 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
-        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg)
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
+        checkpoint_data={"name": data.name, "tokens": len(data.tokens), "vocab_size": data.vocab_size,
+                         "fingerprint": data.fingerprint, "tokenizer_sha256": data.tokenizer_sha256})
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,

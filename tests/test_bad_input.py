@@ -151,6 +151,12 @@ def test_checkpoint_tensor_of_the_wrong_shape(saved, tmp_path):
                         "[32, 32] float32")
 
 
+def test_a_metrics_file_that_cannot_be_written_is_named_on_every_rank():
+    # a full disk, as /dev/full is: the OSError named no file, and only rank 0 (the one writing) knew of it
+    fails_on_every_rank(("--pp", "2", *SMALL, "--metrics", "/dev/full"),
+                        "hybrid_engine: error: cannot write --metrics /dev/full: No space left on device")
+
+
 def test_a_config_that_is_not_utf8_is_one_line_on_every_rank(tmp_path):
     # it said "the launcher is gone (...); UnicodeDecodeError" after seconds, exit 1
     path = tmp_path / "run.toml"

@@ -131,3 +131,26 @@ def test_a_damaged_latest_names_the_intact_older_checkpoint_and_load_continues_f
     assert (root / "latest").read_text().strip() == "step_000006"
     assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
     assert shards_match_their_checksums(root / "step_000004")  # the damaged one was saved again by this run
+
+
+def test_a_diverged_update_never_becomes_latest_and_resume_with_a_lower_lr_trains_on(tmp_path):
+    # --lr 1e30: step 2's loss is finite, the update it makes is not; the checkpoint of that state (step 3) is
+    # written, but never published: step 3's loss is NaN. A spike (--lr 100) stops the same way.
+    root = tmp_path / "ckpt"
+    assert _one_rank("--steps", "2", "--save-every", "1", "--save", str(root)).returncode == 0
+    advice = (f"--resume with a lower --lr continues from {root / 'step_000002'}, the last checkpoint that trained "
+              "on with a finite loss and no spike")
+    run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "1e30")
+    assert run.returncode == 1 and _error_lines(run) == [
+        f"hybrid_engine: error: loss is NaN at step 3: training stopped (an update diverged); {advice}"], run.stderr
+    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000001", "step_000002"]
+    run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "100")
+    lines = _error_lines(run)
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert lines[0].startswith("hybrid_engine: error: loss ") and " at step 3 is more than 10x the largest of the " \
+        "1 before it (0.270601): a spike: training stopped (an update diverged); " in lines[0], lines[0]
+    assert lines[0].endswith(f"{advice} (--spike-factor 0 trains through spikes)"), lines[0]
+    assert (root / "latest").read_text().strip() == "step_000002"
+    run = _one_rank("--steps", "6", "--save", str(root), "--resume", "--lr", "0.01")  # what the line says works
+    assert run.returncode == 0, run.stderr
+    assert (root / "latest").read_text().strip() == "step_000006"

@@ -120,6 +120,8 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--steps", "-1"), "--steps must be a number of steps >= 0"),
     (("--warmup", "-1"), "--warmup must be a number of steps >= 0"),
     (("--log-every", "0"), "--log-every must be a number of steps >= 1"),
+    (("--spike-factor", "1"), "--spike-factor must be 0 (off) or a factor > 1, got 1.0"),
+    (("--spike-factor", "nan"), "--spike-factor must be a finite number"),
     (("--memory-cap-gib", "-1"), "--memory-cap-gib must be a positive number of GiB"),
     (("--seed", "-1"), "--seed must be in [0, 2^63 - 1]"),
     (("--seed", str(2**63)), "--seed must be in [0, 2^63 - 1]"),

@@ -10,6 +10,7 @@ import pytest
 
 from hybrid_engine.config import ConfigError
 from hybrid_engine.flags import parse_config
+from hybrid_engine.trainer import check_output_paths
 
 
 def _within(seconds: float, fn, unblock: str | None = None):
@@ -34,7 +35,28 @@ def _within(seconds: float, fn, unblock: str | None = None):
     return outcome[0]
 
 
+# ------------------------------------------------------------------------------- 3. outputs inside --save
+@pytest.mark.parametrize("flag, name", [("--metrics", "m.jsonl"), ("--trace", "t"), ("--metrics", "step_000002/m")])
+def test_an_output_inside_the_save_directory_is_refused(tmp_path, flag, name):
+    save = tmp_path / "ckpt"
+    with pytest.raises(ConfigError) as err:
+        check_output_paths(parse_config(["--save", str(save), flag, str(save / name)]))
+    assert f"{flag} {save / name}" in str(err.value) and f"is inside --save {save}: that directory holds the " \
+        "checkpoints alone" in str(err.value), str(err.value)
+    os.symlink(save, tmp_path / "link")  # also through a link to it
+    with pytest.raises(ConfigError, match="is inside --save"):
+        check_output_paths(parse_config(["--save", str(save), flag, str(tmp_path / "link" / name)]))
+    check_output_paths(parse_config(["--save", str(save), flag, str(tmp_path / "ckpt-metrics" / name)]))  # beside: fine
+
+
 # --------------------------------------------------------------------------------- 7. FIFOs never block
+def test_a_metrics_path_that_is_a_fifo_is_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    error = _within(10, lambda: check_output_paths(parse_config(["--metrics", str(fifo)])))
+    assert str(error) == f"--metrics {fifo} is a FIFO, not a file: give a file name"
+
+
 def test_a_config_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)
