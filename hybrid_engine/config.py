@@ -244,7 +244,7 @@ class RunConfig:
         if gpt:  # the GPT's shape and data first, in its own words; check_training then sees a shape that passes
             from .workloads import check_gpt
 
-            check_gpt(m, grid, m.sequence_parallel, s.virtual_stages, self.data.path)
+            check_gpt(m, grid, m.sequence_parallel, s.virtual_stages, self.data.path, device_type)
         check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages,
                        depth=m.layers + 2 if gpt else m.depth, dim=grid.mp_size if gpt else m.dim,
                        batch_size=self.data.batch_size, micro_batches=s.micro_batches,
