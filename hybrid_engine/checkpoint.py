@@ -69,7 +69,8 @@ from .checkpoint_digest import HashingWriter, intact, newest_intact_before  # no
 from .checkpoint_files import (  # noqa: F401
     DTYPES, FORMAT, LATEST, LOCK, MANIFEST, MAX_MANIFEST_BYTES, MAX_POINTER_BYTES, Checkpoint, CheckpointError,
     _complete, _inside, _is_count, _LEFTOVER, _manifest_problem, _read_capped, _regular_file, _SHARD, _STEP_DIR,
-    _step_dirs, check_compatible, latest_path, open_checkpoint, read_manifest, shard_name, step_dir_name,
+    _step_dirs, check_compatible, check_same_data, latest_path, open_checkpoint, pointed_to, read_manifest,
+    shard_name, step_dir_name,
 )
 from .checkpoint_load import load, read_shard  # noqa: F401
 from .checkpoint_lock import _HOLDS, DirectoryHold, _holder_of, agree_on_directory_holds, hold_directory  # noqa: F401

@@ -53,6 +53,10 @@ def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False) 
         return None
     ckpt = checkpoint.open_checkpoint(path)
     checkpoint.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
+    continuing = c.resume and c.save is not None and _inside(ckpt.path, c.save)
+    note = checkpoint.check_same_data(ckpt, workload.checkpoint_model, workload.checkpoint_data, continuing)
+    if note:
+        ckpt.notes.append(note)
     return ckpt
 
 
@@ -85,6 +89,8 @@ class RunCheckpoints:
             advice = (f"the newest intact older checkpoint is {older}: continue from it with "
                       f"{self.continue_from(older)}" if older else f"no older checkpoint in {where} is intact")
             raise CheckpointError(f"{exc}; {advice}") from None
+        for note in ckpt.notes:
+            self.progress.say(note)
         if ckpt.checksums is None:
             self.progress.say(f"note: {ckpt.path} records no checksums (written before hybrid_engine recorded them): "
                               "its shards were checked by size only")

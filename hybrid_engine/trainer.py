@@ -44,11 +44,15 @@ class RunState:
     step: int | None = None
     """The step being run; None before the first."""
     last_checkpoint: str | None = None
-    """The newest complete checkpoint of this run's lineage (the one it started from, or saved since)."""
+    """The newest published checkpoint of this run's lineage (the one it started from, or published since)."""
+    save: str | None = None
+    """The run's --save directory, whose `latest` is the truth when a report is made (rank 0 publishes; another
+    rank stopped meanwhile may not have heard of it yet)."""
 
     def describe(self) -> str:
         where = "before the first step" if self.step is None else f"at step {self.step}"
-        return f"{where}; last checkpoint {self.last_checkpoint or 'none'}"
+        latest = checkpoint.pointed_to(self.save) if self.save else None
+        return f"{where}; last checkpoint {latest or self.last_checkpoint or 'none'}"
 
 
 def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Workload:
@@ -129,6 +133,7 @@ class Trainer:
         progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
                             log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
                             metrics=cfg.reporting.metrics, append=start_from is not None)
+        self.state.save = cfg.checkpoint.save
         ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults)
         first_step = ckpts.start(start_from)
         guard = DivergenceGuard(cfg.training.spike_factor)
