@@ -158,7 +158,7 @@ def test_a_metrics_file_that_cannot_be_written_is_named_on_every_rank():
 
 
 def test_a_config_that_is_not_utf8_is_one_line_on_every_rank(tmp_path):
-    # it said "the launcher is gone (...); UnicodeDecodeError" after seconds, exit 1
+    # a rank that fails before the rendezvous must not mistake the store it has not asked yet for a lost launcher
     path = tmp_path / "run.toml"
     path.write_bytes(b"[model]\ndim = \xff\n")
     fails_on_every_rank(("--config", str(path)), f"hybrid_engine: error: --config {path} is not UTF-8 text")

@@ -197,7 +197,7 @@ def flip_tensor_bytes(shard: str, name: str, count: int = 16) -> None:
 
 
 def test_a_shard_damaged_in_place_stops_every_rank_naming_the_file(saved, tmp_path):
-    # same size, still a valid zip: before checksums this loaded silently and trained on the damaged weights
+    # same size, still a valid zip torch loads: only the checksum tells, and every rank must hear of it
     root = _copy(saved, tmp_path)
     shard = os.path.join(root, "step_000002", "rank_00001.pt")
     flip_tensor_bytes(shard, "2.weight")

@@ -223,9 +223,9 @@ def _rank_lines(err: str, rank: int) -> list[str]:
 
 @pytest.mark.parametrize("launcher", ["torch.distributed.run", "hybrid_engine.launch"])
 def test_frozen_rank_under_a_launcher_ends_the_whole_job_naming_it(tmp_path, launcher):
-    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout; issue #26.6:
-    # the job, the frozen rank included, ends within the timeout and a few seconds (torchrun's SIGTERM to the
-    # stopped rank took 30 s more, until its SIGKILL)
+    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout. The job, the
+    # frozen rank included, must end within the timeout and a few seconds: torchrun's SIGTERM does not move a
+    # stopped process, and its SIGKILL comes 30 s later
     proc = _torchrun_popen(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), tmp_path, launcher)
     workers = {}
     try:

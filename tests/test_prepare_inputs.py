@@ -1,6 +1,6 @@
-"""`python -m hybrid_engine.data prepare` and token files on inputs a hostile or unlucky user hands them (issue #26,
-items 4, 5, 10), in this process: nothing the user has is overwritten, every failure is one line and exit 2 with
-no temporary file left behind, and a token file whose magic is damaged is refused, never trained on as text."""
+"""`python -m hybrid_engine.data prepare` and token files on inputs a hostile or unlucky user hands them, in this
+process: nothing the user has is overwritten, every failure is one line and exit 2 with no temporary file left
+behind, and a token file whose magic is damaged is refused, never trained on as text."""
 from __future__ import annotations
 
 import errno

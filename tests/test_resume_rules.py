@@ -1,5 +1,5 @@
-"""What a resumed run may continue from (issue #26, "Also seen"), in this process: --resume on another --seed or on
-other data is refused, --load from it says so; a stopped rank names the checkpoint `latest` really names."""
+"""What a resumed run may continue from, in this process: --resume on another --seed or on other data is refused,
+--load from it says so; a stopped rank names the checkpoint `latest` really names."""
 from __future__ import annotations
 
 import dataclasses

@@ -190,7 +190,7 @@ def test_optimizer_config_makes_a_factory():
 
 @pytest.mark.parametrize("device", ["tpu", "CUDA", "Cpu", ""])
 def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
-    # the flag refuses these (argparse choices); the same value in a --config file ran on the CPU silently
+    # the flag refuses these (argparse choices); a --config file's value must be refused alike, never run on the CPU
     cfg = parse_config(["--config", write(tmp_path, f'[parallel]\ndevice = "{device}"\n')])
     with pytest.raises(ConfigError) as info:
         cfg.validate(1, "cpu")
@@ -200,6 +200,6 @@ def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
 @pytest.mark.parametrize("value", ["1e308", "inf", "nan"])
 def test_a_dp_bucket_size_beyond_a_tebibyte_is_one_line(tmp_path, value):
     cfg = parse_config(["--config", write(tmp_path, f"[data_parallel]\nbucket_mb = {value}\n")])
-    with pytest.raises(ConfigError) as info:  # 1e308 MiB in bytes overflowed int() inside the engine
+    with pytest.raises(ConfigError) as info:  # 1e308 MiB in bytes does not fit the engine's integer sizes
         cfg.validate(1, "cpu")
     assert "bucket" in str(info.value) and value.replace("1e308", "1e+308") in str(info.value), str(info.value)

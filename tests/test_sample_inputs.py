@@ -1,5 +1,5 @@
-"""`python -m hybrid_engine.sample` on inputs a hostile or unlucky user hands it (issue #26): one line on stderr,
-exit 2, before anything large is built or anything blocks; in this process, on checkpoints written here."""
+"""`python -m hybrid_engine.sample` on inputs a hostile or unlucky user hands it: one line on stderr, exit 2,
+before anything large is built or anything blocks; in this process, on checkpoints written here."""
 from __future__ import annotations
 
 import dataclasses
