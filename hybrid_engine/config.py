@@ -156,7 +156,7 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Checkpoints (hybrid_engine/checkpoint.py; README.md, Failure behaviour)."""
+    """Checkpoints (hybrid_engine/checkpoint.py; docs/failures.md)."""
 
     save: str | None = None
     """Write checkpoints under this directory (DIR/step_N, DIR/latest); it must be visible to every rank."""

@@ -211,7 +211,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="time every action of the last step; write PATH.json (Chrome trace), PATH.png and "
                         "PATH.simulated.png, and report the measured bubble (default: off)")
 
-    c = p.add_argument_group("checkpoints (see README.md, Failure behaviour)")
+    c = p.add_argument_group("checkpoints (see docs/failures.md)")
     c.add_argument("--save", metavar="DIR",
                    help="write checkpoints under DIR (DIR/step_N, DIR/latest); must be visible to every rank "
                         "(default: none)")
