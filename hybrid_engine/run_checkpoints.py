@@ -97,7 +97,7 @@ class RunCheckpoints:
         save = self.cfg.checkpoint.save
         if save and _inside(ckpt.path, save):
             latest = checkpoint._from_rank0(checkpoint.latest_path(save) if self.rank == 0 else None)
-            if latest not in (None, ckpt.path):
+            if latest is not None and os.path.realpath(latest) != os.path.realpath(ckpt.path):
                 checkpoint.rewind_latest(save, ckpt)
                 self.progress.say(f"{os.path.join(save, checkpoint.LATEST)} now names {os.path.basename(ckpt.path)} "
                                   f"(--load); {os.path.basename(latest)} stays until this run saves that "
@@ -148,6 +148,7 @@ class RunCheckpoints:
 
     def _is_latest(self, path: str) -> bool:
         try:
-            return checkpoint.latest_path(self.cfg.checkpoint.save) == path
+            latest = checkpoint.latest_path(self.cfg.checkpoint.save)
         except CheckpointError:
             return False
+        return latest is not None and os.path.realpath(latest) == os.path.realpath(path)
