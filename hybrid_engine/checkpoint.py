@@ -65,7 +65,8 @@ import torch
 # checkpoint_lock: one run per directory; checkpoint_agree: every rank leaves together), whose names are
 # re-exported here so that callers keep importing hybrid_engine.checkpoint.
 from .checkpoint_agree import _agree, _all_gather, _from_rank0, _raise_first, _world  # noqa: F401
-from .checkpoint_digest import HashingWriter, intact, newest_intact_before  # noqa: F401
+from .checkpoint_digest import (HashingWriter, OutOfTime, intact, newest_complete_before,  # noqa: F401
+                                newest_intact_before)
 from .checkpoint_files import (  # noqa: F401
     DTYPES, FORMAT, LATEST, LOCK, MANIFEST, MAX_MANIFEST_BYTES, MAX_POINTER_BYTES, Checkpoint, CheckpointError,
     _complete, _inside, _is_count, _LEFTOVER, _manifest_problem, _read_capped, _regular_file, _SHARD, _STEP_DIR,

@@ -12,11 +12,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 
 from .checkpoint_files import CheckpointError, _step_dirs, open_checkpoint
 
 ALGORITHM = "sha256"
 _CHUNK = 4 << 20
+
+
+class OutOfTime(Exception):
+    """A bounded search ran past its deadline (not an OSError: nothing failed to read)."""
 
 
 class HashingWriter:
@@ -37,8 +42,9 @@ class HashingWriter:
         return self.hash.hexdigest()
 
 
-def file_digest(path: str) -> str:
-    """SHA-256 of a regular file (never through a link, never blocking on a FIFO); CheckpointError otherwise."""
+def file_digest(path: str, deadline: float | None = None) -> str:
+    """SHA-256 of a regular file (never through a link, never blocking on a FIFO); CheckpointError otherwise, and
+    OutOfTime once time.monotonic() passes `deadline` (None: no limit)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -49,6 +55,8 @@ def file_digest(path: str) -> str:
             raise CheckpointError(f"{path} is not a regular file: damaged, or not written by hybrid_engine")
         while chunk := os.read(fd, _CHUNK):
             digest.update(chunk)
+            if deadline is not None and time.monotonic() > deadline:
+                raise OutOfTime(path)
     except OSError as exc:
         raise CheckpointError(f"checkpoint shard {path} cannot be read ({exc.strerror})") from None
     finally:
@@ -56,31 +64,46 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def verify(path: str, expected: str | None) -> None:
+def verify(path: str, expected: str | None, deadline: float | None = None) -> None:
     """Raise the one-line CheckpointError when the file's SHA-256 is not `expected` (None: nothing recorded)."""
-    if expected is not None and file_digest(path) != expected:
+    if expected is not None and file_digest(path, deadline) != expected:
         raise CheckpointError(f"checkpoint shard {path} cannot be read (its SHA-256 is not the one its manifest "
                               "records): damaged since it was written")
 
 
-def intact(path: str) -> bool:
-    """Whether the checkpoint directory `path` has a valid manifest with checksums and every shard matches."""
+def intact(path: str, deadline: float | None = None) -> bool:
+    """Whether the checkpoint directory `path` has a valid manifest with checksums and every shard matches
+    (OutOfTime once `deadline` passes)."""
     try:
         ckpt = open_checkpoint(path)
         if ckpt.checksums is None:
             return False  # cannot be shown intact
         for name, digest in ckpt.checksums.items():
-            verify(os.path.join(ckpt.path, name), digest)
+            verify(os.path.join(ckpt.path, name), digest, deadline)
         return True
     except CheckpointError:
         return False
 
 
-def newest_intact_before(path: str, step: int) -> str | None:
-    """The newest checkpoint beside `path` (in the same --save directory) of a step before `step` whose every
-    shard matches its checksum; None when there is none."""
+def _older(path: str, step: int) -> list[str]:
+    """The checkpoint directories beside `path` (its --save directory) of steps before `step`, newest first."""
     root = os.path.dirname(os.path.normpath(path))
-    for older, name in reversed(_step_dirs(root)):
-        if older < step and intact(os.path.join(root, name)):
-            return os.path.join(root, name)
+    return [os.path.join(root, name) for older, name in reversed(_step_dirs(root)) if older < step]
+
+
+def newest_intact_before(path: str, step: int, deadline: float | None = None) -> str | None:
+    """The newest checkpoint beside `path` of a step before `step` whose every shard matches its checksum; None
+    when there is none (OutOfTime once `deadline` passes: hashing large checkpoints takes time)."""
+    return next((older for older in _older(path, step) if intact(older, deadline)), None)
+
+
+def newest_complete_before(path: str, step: int) -> str | None:
+    """The newest checkpoint beside `path` of a step before `step` with a valid manifest and shards of the sizes
+    it records (checked without hashing)."""
+    for older in _older(path, step):
+        try:
+            open_checkpoint(older)
+            return older
+        except CheckpointError:
+            continue
     return None

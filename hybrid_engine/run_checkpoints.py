@@ -24,6 +24,7 @@ continue from it.
 from __future__ import annotations
 
 import os
+import time
 
 from . import checkpoint
 from .checkpoint import CheckpointError
@@ -83,11 +84,7 @@ class RunCheckpoints:
         try:
             step = checkpoint.load(self.engine, ckpt)
         except CheckpointError as exc:  # every rank is here: load agreed on the error
-            older = checkpoint.newest_intact_before(ckpt.path, ckpt.step) if self.rank == 0 else None
-            older = checkpoint._from_rank0(older)
-            where = os.path.dirname(os.path.normpath(ckpt.path))
-            advice = (f"the newest intact older checkpoint is {older}: continue from it with "
-                      f"{self.continue_from(older)}" if older else f"no older checkpoint in {where} is intact")
+            advice = checkpoint._from_rank0(self._older_advice(ckpt) if self.rank == 0 else None)
             raise CheckpointError(f"{exc}; {advice}") from None
         for note in ckpt.notes:
             self.progress.say(note)
@@ -104,6 +101,21 @@ class RunCheckpoints:
                                   "step again")
         self.progress.say(f"resumed from {ckpt.path} at step {step}")
         return step
+
+    def _older_advice(self, ckpt: checkpoint.Checkpoint) -> str:
+        """Which older checkpoint of the same directory to continue from, and how (rank 0, while the others wait
+        in a collective: the hashing stops at half the --comm-timeout, after which the newest complete one is
+        named, its checksums to be checked when it loads)."""
+        deadline = time.monotonic() + self.cfg.parallel.comm_timeout / 2
+        try:
+            older = checkpoint.newest_intact_before(ckpt.path, ckpt.step, deadline)
+            what = "the newest intact older checkpoint"
+        except checkpoint.OutOfTime:
+            older = checkpoint.newest_complete_before(ckpt.path, ckpt.step)
+            what = "the newest complete older checkpoint (its checksums are checked when it loads)"
+        if older is None:
+            return f"no older checkpoint in {os.path.dirname(os.path.normpath(ckpt.path))} is intact"
+        return f"{what} is {older}: continue from it with {self.continue_from(older)}"
 
     def maybe_write(self, done: int) -> None:
         """After `done` steps: write the checkpoint of that state if it is the last step or a multiple of

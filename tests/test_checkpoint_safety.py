@@ -373,3 +373,11 @@ def test_a_full_disk_while_pointing_latest_leaves_nothing_and_says_what_latest_i
         _save(tmp_path, 2)
     assert str(err.value).endswith(f"No space left on device; {tmp_path / 'latest'} still names step_000001")
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_000001"]
+
+
+def test_the_search_for_an_intact_older_checkpoint_is_bounded_in_time(saved):
+    # rank 0 hashes while the other ranks wait in a collective: past the deadline it stops, and the caller names
+    # the newest complete one instead
+    with pytest.raises(checkpoint.OutOfTime):
+        checkpoint.newest_intact_before(str(saved / "step_000003"), 3, deadline=0.0)
+    assert checkpoint.newest_complete_before(str(saved / "step_000003"), 3) == str(saved / "step_000002")
