@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, faults, flops
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 from .engine import Engine
 from .fault_plan import FaultPlan
 from .grid import GridGroups
