@@ -15,7 +15,7 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config import ConfigError
 
@@ -26,6 +26,7 @@ LOCK = ".lock"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")  # the names the engine writes, and no others
 _SHARD = re.compile(r"^rank_\d{5,}\.pt$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)_step_\d{6,}_[0-9a-f]{8}$")
+_HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(ConfigError):
@@ -133,6 +134,12 @@ def _manifest_problem(m: dict) -> str | None:
             return f"the size of {name} is not a whole number"
     if shard_name(0) not in files:
         return f"'files' has no {shard_name(0)}"
+    sums = m.get("sha256")  # absent only in a manifest written before checksums were recorded
+    if sums is not None:
+        if not isinstance(sums, dict) or sorted(sums) != sorted(files):
+            return "'sha256' does not name the shards of 'files'"
+        if not all(isinstance(d, str) and _HEX_DIGEST.match(d) for d in sums.values()):
+            return "'sha256' holds a digest that is not 64 hex digits"
     params = m.get("params")
     if not isinstance(params, dict):
         return "'params' is not an object"
@@ -186,10 +193,17 @@ def _complete(root: str, name: str) -> bool:
 class Checkpoint:
     path: str
     manifest: dict
+    notes: list[str] = field(default_factory=list)
+    """What a run starting from it should say (e.g. that it was trained on other data)."""
 
     @property
     def step(self) -> int:
         return int(self.manifest["step"])
+
+    @property
+    def checksums(self) -> dict[str, str] | None:
+        """{shard name: SHA-256}; None for a checkpoint written before checksums were recorded."""
+        return self.manifest.get("sha256")
 
 
 def _step_dirs(root: str) -> list[tuple[int, str]]:
@@ -227,6 +241,16 @@ def latest_path(root: str) -> str | None:
         if _complete(root, name):
             return os.path.join(root, name)
     return None
+
+
+def pointed_to(root: str) -> str | None:
+    """root/<the name in root/latest>, or None when there is no readable pointer; never raises, never blocks, never
+    falls back to the newest step_N (for a report made while a run is being stopped)."""
+    try:
+        name = _read_capped(os.path.join(root, LATEST), MAX_POINTER_BYTES).decode("ascii", errors="replace").strip()
+    except CheckpointError:
+        return None
+    return os.path.join(root, name) if _STEP_DIR.match(name) else None
 
 
 def open_checkpoint(path: str) -> Checkpoint:
@@ -274,3 +298,28 @@ def check_compatible(ckpt: Checkpoint, model: dict, shapes: dict[str, tuple[int,
     if ckpt.manifest["optimizer"] != optimizer:
         raise CheckpointError(f"checkpoint {ckpt.path} was saved with --optimizer {ckpt.manifest['optimizer']}; "
                               f"this run uses {optimizer}")
+
+
+def check_same_data(ckpt: Checkpoint, model: dict, data: dict | None, continuing: bool) -> str | None:
+    """The checkpoint must have been trained on this run's data: the same seed (the order of the batches; for the
+    MLP also the regression target) and, for the GPT, the same data (its fingerprint). A run that continues the
+    checkpoint's own run (--resume) is refused otherwise; one that starts from it (--load) is told (the note
+    returned), since training on other data from a trained model is a thing users do on purpose."""
+    saved_seed, seed = ckpt.manifest["model"].get("seed"), model.get("seed")
+    saved_data = ckpt.manifest.get("data")
+    problems = []
+    if saved_seed is not None and saved_seed != seed:
+        target = ", the MLP's regression target" if model.get("name") == "large_linear_model" else ""
+        problems.append((f"was trained with --seed {saved_seed}; this run has --seed {seed} (other batches{target})",
+                         f"pass --seed {saved_seed}"))
+    if isinstance(saved_data, dict) and data is not None and saved_data.get("fingerprint") != data["fingerprint"]:
+        problems.append((f"was trained on {saved_data.get('name')} ({saved_data.get('tokens')} tokens); this run's "
+                         f"data {data['name']} ({data['tokens']} tokens) is other data", "pass the same --data"))
+    if not problems:
+        return None
+    what = "; it ".join(p for p, _ in problems)
+    if continuing:
+        raise CheckpointError(f"checkpoint {ckpt.path} {what}: --resume continues a run on the data it was trained "
+                              f"on ({' and '.join(f for _, f in problems)}), or start a new --save directory from "
+                              "it with --load")
+    return f"note: checkpoint {ckpt.path} {what}: training goes on from its weights on this run's data"

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
     workload = build_workload(cfg, device)  # the model (meta), loss, stage cut and data; GPT data files read here
-    start_from = checkpoint_to_start_from(cfg, workload)
+    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups

@@ -14,27 +14,27 @@ whatever the grid; a middle pipeline stage draws nothing. Validation batch i, ro
 (i * batch_size + r) mod (number of windows): windows of seq_len + 1 tokens overlapping by one, so every
 held-out token (but the first) is a target exactly once per pass.
 
-Token file format (little-endian): a 32-byte header -- magic b"HEtokens", u32 version (1), u32 bytes per token
-(2: uint16, 4: uint32), u64 vocabulary size, u64 token count -- then the tokens. `--bpe N` (needs the optional
-`tokenizers` package) trains an N-token byte-level BPE on the input and keeps it as OUT.tokenizer.json.
+Token files (a header, then uint16 or uint32 tokens) are token_files.py's; `python -m hybrid_engine.data
+prepare` (data_prepare.py) writes them, with `--bpe N` (needs the optional `tokenizers` package) an N-token
+byte-level BPE trained on the input, kept as OUT.tokenizer.json and named by its SHA-256 in the header.
 
 Bad input raises DataError (a ValueError) with one line naming the file and what is wrong: missing, empty,
 shorter than seq_len + 1 (or too short to also hold out seq_len + 1 tokens), a token id at or above the
-vocabulary, a truncated header.
+vocabulary, a truncated or damaged header.
 """
 from __future__ import annotations
 
-import argparse
 import functools
-import itertools
 import math
-import os
-import struct
 import sys
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
+
+from .data_prepare import main, prepare  # noqa: F401 - python -m hybrid_engine.data, and the names users import
+from .token_files import (MAGIC, DataError, fingerprint, load_tokens, read_header, tokenizer_path,  # noqa: F401
+                          write_token_file)
 
 __all__ = [
     "DataError",
@@ -49,17 +49,9 @@ __all__ = [
     "MAGIC",
 ]
 
-MAGIC = b"HEtokens"
-_HEADER = struct.Struct("<8sIIQQ")  # magic, version, bytes per token, vocabulary, count
-_VERSION = 1
-_DTYPES = {2: np.uint16, 4: np.uint32}
 _STREAM_CHAIN, _STREAM_CORPUS, _STREAM_ROWS = 11, 12, 13
 DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_MARKOV_TOKENS = 1 << 20
-
-
-class DataError(ValueError):
-    """Bad data input; the message is the one line the user sees."""
 
 
 # ------------------------------------------------------------------------------------------------ Markov corpus
@@ -145,106 +137,6 @@ def markov_corpus(seed: int, tokens: int = DEFAULT_MARKOV_TOKENS) -> tuple[np.nd
     return corpus, chain
 
 
-# ------------------------------------------------------------------------------------------------ files
-
-
-def tokenizer_path(token_file: str) -> str:
-    """Where `prepare --bpe` keeps the tokenizer of a token file."""
-    return f"{token_file}.tokenizer.json"
-
-
-def _check_file(path: str) -> int:
-    if not os.path.exists(path):
-        raise DataError(f"data file {path} does not exist")
-    if not os.path.isfile(path):
-        raise DataError(f"data file {path} is not a regular file")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise DataError(f"data file {path} is empty")
-    return size
-
-
-def load_tokens(path: str, check_ids: bool = True) -> tuple[np.ndarray, int]:
-    """(tokens as a read-only memmap, vocabulary size) of a token file, or of any other file as bytes (256)."""
-    size = _check_file(path)
-    with open(path, "rb") as f:
-        head = f.read(_HEADER.size)
-    if not head.startswith(MAGIC):
-        return np.memmap(path, dtype=np.uint8, mode="r"), 256
-    if len(head) < _HEADER.size:
-        raise DataError(f"token file {path} has a truncated header ({len(head)} of {_HEADER.size} bytes)")
-    _, version, width, vocab, count = _HEADER.unpack(head)
-    if version != _VERSION or width not in _DTYPES:
-        raise DataError(f"token file {path} has version {version} and {width} bytes per token; this reader "
-                        f"knows version {_VERSION} with 2 or 4")
-    if vocab < 1 or vocab > (1 << (8 * width)):
-        raise DataError(f"token file {path} names vocabulary {vocab}, impossible with {width}-byte tokens")
-    if count == 0:
-        raise DataError(f"token file {path} is empty (its header counts 0 tokens)")
-    if size < _HEADER.size + count * width:
-        raise DataError(f"token file {path} is truncated: its header counts {count} tokens, the file holds "
-                        f"{(size - _HEADER.size) // width}")
-    tokens = np.memmap(path, dtype=_DTYPES[width], mode="r", offset=_HEADER.size, shape=(count,))
-    if check_ids:
-        top = max(int(tokens[i : i + (1 << 24)].max()) for i in range(0, count, 1 << 24))
-        if top >= vocab:
-            raise DataError(f"token file {path} holds token id {top}, at or above its vocabulary size {vocab}")
-    return tokens, int(vocab)
-
-
-def write_token_file(path: str, tokens: np.ndarray, vocab_size: int) -> None:
-    """Write tokens (< vocab_size) with the header; uint16 when the vocabulary fits, else uint32. Atomic."""
-    tokens = np.asarray(tokens)
-    if tokens.size == 0:
-        raise DataError(f"refusing to write {path}: no tokens")
-    top = int(tokens.max())
-    if top >= vocab_size or int(tokens.min()) < 0:
-        raise DataError(f"refusing to write {path}: token id {top} is outside vocabulary {vocab_size}")
-    width = 2 if vocab_size <= (1 << 16) else 4
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(_HEADER.pack(MAGIC, _VERSION, width, vocab_size, tokens.size))
-        tokens.astype(_DTYPES[width]).tofile(f)
-    os.replace(tmp, path)
-
-
-def _train_bpe(text_path: str, vocab_size: int, out_json: str):
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError:
-        raise DataError("--bpe needs the tokenizers package: pip install tokenizers") from None
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=[], show_progress=False)
-    tokenizer.train([text_path], trainer)
-    tokenizer.save(out_json)
-    return tokenizer
-
-
-def prepare(in_path: str, out_path: str, bpe: Optional[int] = None) -> tuple[int, int]:
-    """Tokenize `in_path` into a token file at `out_path`: bytes (vocabulary 256), or an N-token BPE trained on
-    the input (saved beside it, see tokenizer_path). Returns (token count, vocabulary size)."""
-    _check_file(in_path)
-    if bpe is None:
-        tokens = np.fromfile(in_path, dtype=np.uint8)
-        write_token_file(out_path, tokens, 256)
-        return tokens.size, 256
-    if bpe < 257:
-        raise DataError(f"--bpe {bpe}: a byte-level BPE needs a vocabulary of at least 257 (256 bytes + merges)")
-    tokenizer = _train_bpe(in_path, bpe, tokenizer_path(out_path))
-    chunks: list[np.ndarray] = []
-    with open(in_path, "r", encoding="utf-8", errors="replace", newline="") as f:
-        while lines := list(itertools.islice(f, 4096)):  # streamed: the text is never all in memory
-            ids = [i for enc in tokenizer.encode_batch(lines) for i in enc.ids]
-            chunks.append(np.asarray(ids, dtype=np.uint32))
-    vocab = tokenizer.get_vocab_size()
-    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint32)
-    write_token_file(out_path, tokens, vocab)
-    return tokens.size, vocab
-
-
 # ------------------------------------------------------------------------------------------------ the dataset
 
 
@@ -274,7 +166,8 @@ class TokenDataset:
     """
 
     def __init__(self, tokens: np.ndarray, vocab_size: int, seq_len: int, seed: int,
-                 val_fraction: float = DEFAULT_VAL_FRACTION, name: str = "tokens", source: object = None):
+                 val_fraction: float = DEFAULT_VAL_FRACTION, name: str = "tokens", source: object = None,
+                 tokenizer_sha256: str | None = None):
         if seq_len < 1:
             raise DataError(f"seq_len must be >= 1, got {seq_len}")
         if not 0.0 <= val_fraction < 1.0:
@@ -287,7 +180,7 @@ class TokenDataset:
             raise DataError(f"data {name} holds {n} tokens, too few to train on seq_len + 1 = {seq_len + 1} and "
                             f"hold out {held_out} for validation: it needs at least {seq_len + 1 + held_out}")
         self.tokens, self.vocab_size, self.seq_len, self.seed = tokens, int(vocab_size), seq_len, seed
-        self.name, self.source = name, source
+        self.name, self.source, self.tokenizer_sha256 = name, source, tokenizer_sha256
         self.train_tokens = n - held_out
         self.val_tokens = held_out
         self.train_windows = self.train_tokens - seq_len  # window starts 0 .. train_tokens - seq_len - 1
@@ -297,6 +190,11 @@ class TokenDataset:
     def __repr__(self) -> str:
         return (f"TokenDataset({self.name}: {len(self.tokens)} tokens, vocabulary {self.vocab_size}, seq_len "
                 f"{self.seq_len}, {self.train_tokens} for training, {self.val_tokens} held out)")
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Tells this data from other data (token_files.fingerprint); a checkpoint records it."""
+        return fingerprint(self.tokens, self.vocab_size)
 
     def train_offsets(self, step: int, start: int, stop: int) -> np.ndarray:
         """Start positions of rows [start, stop) of step `step`."""
@@ -353,37 +251,9 @@ def open_dataset(path: Optional[str], seq_len: int, seed: int, val_fraction: flo
         corpus, chain = markov_corpus(seed, markov_tokens)
         return TokenDataset(corpus, 256, seq_len, seed, val_fraction, name=f"markov(seed={seed})", source=chain)
     tokens, vocab = load_tokens(path)
-    return TokenDataset(tokens, vocab, seq_len, seed, val_fraction, name=path)
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hybrid_engine.data",
-                                     description="Prepare token files for the GPT (see hybrid_engine/data.py).")
-    sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="tokenize a text file into a memory-mapped token file")
-    prep.add_argument("input")
-    prep.add_argument("output")
-    prep.add_argument("--bpe", type=int, default=None, metavar="N",
-                      help="train an N-token byte-level BPE (needs: pip install tokenizers); default: bytes")
-    info = sub.add_parser("info", help="describe a data file")
-    info.add_argument("path")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "prepare":
-            count, vocab = prepare(args.input, args.output, args.bpe)
-            extra = f", tokenizer {tokenizer_path(args.output)}" if args.bpe else ""
-            print(f"wrote {args.output}: {count} tokens, vocabulary {vocab}{extra}")
-        else:
-            tokens, vocab = load_tokens(args.path)
-            kind = "token file" if isinstance(tokens, np.memmap) and tokens.dtype != np.uint8 else "bytes"
-            print(f"{args.path}: {kind}, {len(tokens)} tokens, vocabulary {vocab}")
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    header = read_header(path)
+    return TokenDataset(tokens, vocab, seq_len, seed, val_fraction, name=path,
+                        tokenizer_sha256=header.tokenizer_sha256 if header else None)
 
 
 if __name__ == "__main__":

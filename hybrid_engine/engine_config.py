@@ -18,6 +18,7 @@ AMP_MODES = ("off", "fp16", "bf16")
 AMP_IMPLS = ("half-weights", "autocast")
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DP_GRAD_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+MAX_BUCKET_MB = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -140,6 +141,9 @@ class DataParallelConfig:
         _choice(self.grad_dtype, tuple(DP_GRAD_DTYPES), "data_parallel.grad_dtype (--dp-grad-dtype)")
         if not self.bucket_mb > 0:
             raise ConfigError(f"the DP bucket size must be positive, got {self.bucket_mb} MiB")
+        if not self.bucket_mb <= MAX_BUCKET_MB:  # also nan and inf; the C++ core takes the size in bytes
+            raise ConfigError(f"data_parallel.bucket_mb must be at most {MAX_BUCKET_MB} MiB (1 TiB), got "
+                              f"{self.bucket_mb}")
 
     @property
     def wire_dtype(self) -> torch.dtype | None:

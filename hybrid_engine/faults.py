@@ -7,7 +7,9 @@ indirectly, and never by rank:
   - torchrun: its agent sees the dead worker and sends SIGTERM to every other worker (its own report then
     names the failed rank and exit code), and restarts them all when --max-restarts allows.
 A frozen rank (SIGSTOP, a hung driver) looks the same from outside, except that nobody tears the job down:
-every process group gives up after --comm-timeout (hybrid_engine/grid.py), and the heartbeat names it.
+every process group gives up after --comm-timeout (hybrid_engine/grid.py), and the heartbeat names it. A frozen
+rank's process on the survivor's own machine is then ended with SIGKILL (peer_processes.py), so the whole job
+ends within --comm-timeout and a few seconds (torchrun's SIGTERM would wait 30 s more on a stopped process).
 
 `Heartbeat` is what lets a survivor name the lost rank itself: every rank ticks a counter in the rendezvous
 store (the key/value server that torchrun's agent, or rank 0 without torchrun, already runs) four times a second
@@ -42,6 +44,7 @@ import sys
 import threading
 import time
 
+from .peer_processes import end_if_frozen, identity
 
 
 def say(line: str) -> None:
@@ -162,6 +165,7 @@ class Heartbeat:
         self._changed: list[float] = [0.0] * world_size  # when each peer's counter last moved (monotonic)
         self._exited: list[int] = [0] * world_size  # each peer's exit note (EXIT_*; 0: none)
         self._last_read = 0.0  # when the store last answered (monotonic)
+        self._procs: list[str] = [""] * world_size  # each rank's process (peer_processes.identity)
 
     def _client(self, timeout_s: float = 5.0):
         return store_client(self.host, int(self.port), self.world_size, timeout_s)
@@ -188,9 +192,13 @@ class Heartbeat:
             keys = self._keys()
             for key in keys:
                 store.add(key, 0)  # exist from now on, so multi_get never waits for a late rank's first tick
+            procs = [f"{self.prefix}proc/{r}" for r in range(self.world_size)]
+            store.set(procs[self.rank], identity())  # who this process is, for ending it if it freezes
             while not self._stop.is_set():
                 store.add(f"{self.prefix}beat/{self.rank}", 1)
                 values = [int(v) for v in store.multi_get(keys)]
+                if not all(self._procs) and store.check(procs):  # every rank has said who it is
+                    self._procs = [v.decode(errors="replace") for v in store.multi_get(procs)]
                 now = time.monotonic()
                 with self._lock:
                     for r in range(self.world_size):
@@ -213,7 +221,10 @@ class Heartbeat:
             return None
         if os.getppid() != self.launcher_pid:  # re-parented to init or a subreaper: the agent died
             return "torchrun was killed"
-        if self.enabled and uses_agent_store() and not self.store_answers(self.timeout_s):
+        # the store's silence means something only once this rank has heard from it (start(): the rendezvous);
+        # a rank that fails before then (a bad --config) has simply not asked it yet
+        started = self._thread is not None
+        if self.enabled and started and uses_agent_store() and not self.store_answers(self.timeout_s):
             return f"its rendezvous store has not answered for {self.timeout_s:g} s"
         return None
 
@@ -280,13 +291,18 @@ class Heartbeat:
         if sigtermed:
             parts.append(f"rank {', '.join(map(str, sigtermed))} stopped by SIGTERM")
         if parts:
-            return "; ".join(parts) + ("" if answers else " (the rendezvous store is gone too)")
+            return "; ".join(parts) + ("" if answers else " (the rendezvous store is gone too)") + self._end_frozen(lost)
         if not answers:
             if uses_agent_store():
                 return "the rendezvous store is unreachable (torchrun's agent serves it)"
             return ("the rendezvous store is unreachable (without torchrun it lives in rank 0, so rank 0 was "
-                    "probably lost)")
+                    "probably lost)" + self._end_frozen([0]))
         return None
+
+    def _end_frozen(self, ranks: list[int]) -> str:
+        """End those of `ranks` whose process is stopped on this machine (peer_processes.py); what was done."""
+        ended = [(r, pid) for r in ranks if (pid := end_if_frozen(self._procs[r])) is not None]
+        return "".join(f"; ended frozen rank {r} (pid {pid}, stopped on this machine) with SIGKILL" for r, pid in ended)
 
     def linger(self) -> None:
         """Before leaving after a failure: if this process serves the store, give the others a moment to read it."""

@@ -9,8 +9,9 @@ import argparse
 import sys
 
 from . import optim
-from .config import SCHEDULES, ConfigError, ModelConfig, RunConfig
+from .config import DEVICES, SCHEDULES, ConfigError, ModelConfig, RunConfig
 from .engine_config import AMP_IMPLS, AMP_MODES, DP_GRAD_DTYPES, STAGE_IMPLS
+from .input_files import read_regular_file
 
 EPILOG = """\
 examples:
@@ -59,6 +60,7 @@ FIELDS = {
     "data": ("data", "path"), "eval_every": ("training", "eval_every"),
     "batch_size": ("data", "batch_size"), "stream_data": ("data", "stream"),
     "steps": ("training", "steps"), "warmup": ("training", "warmup"), "log_every": ("training", "log_every"),
+    "spike_factor": ("training", "spike_factor"),
     "optimizer": ("optimizer", "name"), "lr": ("optimizer", "lr"),
     "amp": ("precision", "amp"), "amp_impl": ("precision", "implementation"),
     "loss_scale": ("precision", "loss_scale"), "scale_window": ("precision", "scale_window"),
@@ -101,7 +103,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--order", metavar="AXES", help="rank layout: mp, dp and pp joined by '-', fastest-varying first "
                    f"(mp-dp-pp, mp-pp-dp, dp-mp-pp, dp-pp-mp, pp-mp-dp, pp-dp-mp); the default keeps MP peers on "
                    f"adjacent ranks {_default('order')}")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"),
+    g.add_argument("--device", choices=DEVICES,
                    help=f"auto: CUDA + NCCL when GPUs exist, else CPU + gloo {_default('device')}")
     g.add_argument("--memory-cap-gib", type=float, metavar="GIB",
                    help="CUDA: let this process allocate at most this much GPU memory (default: no cap)")
@@ -180,6 +182,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help=f"GPT: validation loss on the held-out ~1%% every N steps and after the last {_default('eval_every')}")
     t.add_argument("--warmup", type=int, metavar="N",
                    help=f"this run's first N steps, left out of the timing summary {_default('warmup')}")
+    t.add_argument("--spike-factor", type=float, metavar="F",
+                   help="stop when a step's loss is more than F times the largest of the 20 before it (0: never); "
+                        "a checkpoint becomes latest only once the step that trains on it has a finite loss within "
+                        f"F {_default('spike_factor')}")
     t.add_argument("--optimizer", choices=optim.NAMES,
                    help="sgd (plain; fused with the master->half cast under --amp), adam, or adamw (decoupled "
                         f"weight decay 0.01); torch's other defaults {_default('optimizer')}")
@@ -209,7 +215,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="time every action of the last step; write PATH.json (Chrome trace), PATH.png and "
                         "PATH.simulated.png, and report the measured bubble (default: off)")
 
-    c = p.add_argument_group("checkpoints (see README.md, Failure behaviour)")
+    c = p.add_argument_group("checkpoints (see docs/failures.md)")
     c.add_argument("--save", metavar="DIR",
                    help="write checkpoints under DIR (DIR/step_N, DIR/latest); must be visible to every rank "
                         "(default: none)")
@@ -226,19 +232,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def read_toml(path: str) -> dict:
-    """A --config file as {table: {key: value}}; a missing or malformed file is one ConfigError."""
+    """A --config file as {table: {key: value}}; a missing, unreadable or malformed file is one ConfigError. Only
+    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
+    raw = read_regular_file(path, MAX_CONFIG_BYTES, f"--config {path}")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                          "a TOML file is text") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> RunConfig:

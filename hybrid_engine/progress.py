@@ -2,6 +2,7 @@
 file, and the closing summary."""
 from __future__ import annotations
 
+import errno
 import json
 import statistics
 import sys
@@ -22,7 +23,13 @@ class Progress:
         self.steps, self.batch_size, self.log_every, self.quiet = steps, batch_size, log_every, quiet
         self.live = self.enabled and not quiet and self.stream.isatty()
         # a resumed run appends: the file then holds the whole history (replayed steps appear twice, the last wins)
-        self.metrics = open(metrics, "a" if append else "w") if (metrics and self.enabled) else None
+        self.metrics_path, self.metrics = metrics, None
+        self.failed: tuple[str, int] | None = None  # (the flag and file that could not be written, errno)
+        if metrics and self.enabled:
+            try:
+                self.metrics = open(metrics, "a" if append else "w")
+            except OSError as exc:
+                self.failed = (f"--metrics {metrics}", exc.errno or errno.EIO)
         self._status = False  # a status line is on screen, unterminated
         self._started = time.monotonic()
         self._done = 0
@@ -32,9 +39,7 @@ class Progress:
         if not self.enabled:
             return
         self._done += 1
-        if self.metrics:
-            self.metrics.write(json.dumps(record) + "\n")
-            self.metrics.flush()
+        self._write_metrics(record)
         if self.quiet:
             return
         step = record["step"]
@@ -63,9 +68,26 @@ class Progress:
 
     def record(self, extra: dict) -> None:
         """A metrics line that is not a step (the trace's summary)."""
-        if self.metrics:
-            self.metrics.write(json.dumps(extra) + "\n")
+        self._write_metrics(extra)
+
+    def _write_metrics(self, record: dict) -> None:
+        """One JSON line, flushed; a failed write (a full disk) is kept in `failed` for the trainer to report on
+        every rank, and nothing more is written."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
+        except OSError as exc:
+            self.failed = (f"--metrics {self.metrics_path}", exc.errno or errno.EIO)
+            self._close_metrics()
+
+    def _close_metrics(self) -> None:
+        metrics, self.metrics = self.metrics, None
+        try:
+            metrics.close()
+        except OSError as exc:  # the buffered tail could not be flushed
+            self.failed = self.failed or (f"--metrics {self.metrics_path}", exc.errno or errno.EIO)
 
     def close(self) -> None:
         if self._status:
@@ -73,8 +95,7 @@ class Progress:
             self.stream.flush()
             self._status = False
         if self.metrics:
-            self.metrics.close()
-            self.metrics = None
+            self._close_metrics()
 
 
 def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_out: int,

@@ -8,13 +8,20 @@ each in the shard the manifest names, and the model's shape in the manifest's "m
 `workloads.gpt_checkpoint_model(cfg)`: name "gpt", vocab_size, layers, hidden, heads, seq_len, tie_embeddings,
 seed). So the dense GPT is rebuilt here and loaded directly, whatever dp x pp x mp wrote it.
 
+Before anything is built, the model entry must describe a GPT whose weights fit this machine's memory and whose
+every parameter has the shape the manifest records (a crafted or damaged manifest is one line, not a build until
+memory runs out or a load_state_dict traceback); every shard's checksum is checked before it is read.
+
 Text: a vocabulary of 256 is bytes (UTF-8 in, bytes out, undecodable bytes shown as U+FFFD); any other vocabulary
 needs `--tokenizer FILE` (the tokenizer.json that `python -m hybrid_engine.data prepare --bpe` keeps beside the
-token file; needs the tokenizers package).
+token file; needs the tokenizers package). When the checkpoint records the SHA-256 of the tokenizer its token
+file was made with, --tokenizer must be that file: another one of the same size decodes the ids into other text.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -22,52 +29,89 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .checkpoint import CheckpointError, open_checkpoint
+from .checkpoint import CheckpointError, open_checkpoint, read_shard
+from .engine_config import ConfigError
+from .input_files import read_regular_file
+from .memory_estimate import gpt_weight_bytes, refuse_if_too_large
 from .models.gpt import GPTConfig, build_gpt, generate
 from .workloads import gpt_config_of
 
+MAX_SIZE = 2**16  # layers, hidden, heads, seq_len: the training flags' limit
+MAX_VOCAB = 2**32  # a token file's 4-byte ids
+MAX_TOKENIZER_BYTES = 1 << 30
 
-def read_weights(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(the manifest's model entry, {parameter name: full tensor}) of a checkpoint, read in this process.
 
-    The documented format (hybrid_engine/checkpoint.py): manifest["params"][name]["file"] names the shard (a
-    torch.save'd dict) whose "weights"[name] holds the tensor. Raises CheckpointError (one line)."""
+def _gpt_config(ckpt) -> GPTConfig:
+    """The GPT the manifest's model entry describes, checked to be one that can be built here at all."""
+    model = ckpt.manifest["model"]
+    try:
+        cfg = gpt_config_of(model)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt.path} does not hold a GPT ({exc})") from None
+    for name, limit in (("layers", MAX_SIZE), ("hidden", MAX_SIZE), ("heads", MAX_SIZE), ("seq_len", MAX_SIZE),
+                        ("vocab_size", MAX_VOCAB)):
+        if getattr(cfg, name) > limit:
+            raise CheckpointError(f"checkpoint {ckpt.path} describes a GPT of {name} {getattr(cfg, name)}, more than "
+                                  f"{limit}: damaged, or not written by hybrid_engine")
+    too_large = refuse_if_too_large(f"the GPT of checkpoint {ckpt.path} ({cfg.layers} layers, hidden {cfg.hidden}, "
+                                    f"vocabulary {cfg.vocab_size})", gpt_weight_bytes(cfg))
+    if too_large:
+        raise CheckpointError(f"{too_large}: damaged, or too large to sample from here")
+    return cfg
+
+
+def _check_shapes(ckpt, cfg: GPTConfig) -> None:
+    """Every parameter of the GPT `cfg` must be in the manifest with the shape it has there (a model entry that
+    disagrees with the weights: a crafted vocabulary or seq_len)."""
+    expected = {k: list(v.shape) for k, v in build_gpt(cfg, "meta").state_dict().items()}
+    recorded = {k: v["shape"] for k, v in ckpt.manifest["params"].items()}
+    for name, shape in expected.items():
+        if recorded.get(name) != shape:
+            there = f"is {recorded[name]} there" if name in recorded else "is missing there"
+            raise CheckpointError(f"checkpoint {ckpt.path} does not fit its GPT config: parameter {name} {there}, "
+                                  f"{shape} for the model entry's vocab_size {cfg.vocab_size}, hidden {cfg.hidden}, "
+                                  f"seq_len {cfg.seq_len}: damaged, or not written by hybrid_engine")
+    extra = sorted(set(recorded) - set(expected))
+    if extra:
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit its GPT config: it holds {extra[0]}, which "
+                              "that GPT has not: damaged, or not written by hybrid_engine")
+
+
+def load_checked(path: str) -> tuple[nn.Sequential, GPTConfig, dict]:
+    """(the dense GPT of a checkpoint written on any grid, on the CPU, in eval mode; its config; the manifest)."""
     ckpt = open_checkpoint(path)
+    cfg = _gpt_config(ckpt)
+    _check_shapes(ckpt, cfg)
+    if ckpt.checksums is None:
+        print(f"note: {ckpt.path} records no checksums (written before hybrid_engine recorded them): its shards "
+              "are checked by size only", file=sys.stderr)
     weights: dict[str, torch.Tensor] = {}
     shards: dict[str, dict] = {}
     for name, entry in ckpt.manifest["params"].items():
         file = entry["file"]
-        if file not in shards:
-            shard_path = os.path.join(ckpt.path, file)
-            try:
-                shards[file] = torch.load(shard_path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as exc:  # noqa: BLE001 - any unreadable shard is the same user-facing problem
-                raise CheckpointError(f"checkpoint shard {shard_path} cannot be read ({type(exc).__name__})") from None
-        if name not in shards[file].get("weights", {}):
-            raise CheckpointError(f"checkpoint {ckpt.path}: shard {file} does not hold {name}")
-        weights[name] = shards[file]["weights"][name]
-    return ckpt.manifest["model"], weights
+        if file not in shards:  # each shard's checksum is checked before it is read
+            shards[file] = read_shard(os.path.join(ckpt.path, file), (ckpt.checksums or {}).get(file))
+        weight = shards[file].get("weights", {}).get(name)
+        if not torch.is_tensor(weight) or list(weight.shape) != entry["shape"]:
+            raise CheckpointError(f"checkpoint {ckpt.path}: shard {file} does not hold {name} of shape "
+                                  f"{entry['shape']}: damaged, or not written by hybrid_engine")
+        weights[name] = weight
+    model = build_gpt(cfg)
+    model.load_state_dict(weights, strict=True)  # names and shapes were checked above
+    return model.eval(), cfg, ckpt.manifest
 
 
 def load_gpt(path: str) -> tuple[nn.Sequential, GPTConfig]:
     """The dense GPT of a checkpoint written on any grid, on the CPU, in eval mode."""
-    model_info, weights = read_weights(path)
-    try:
-        cfg = gpt_config_of(model_info)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} does not hold a GPT ({exc})") from None
-    model = build_gpt(cfg)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path} does not fit its GPT config: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
-    return model.eval(), cfg
+    model, cfg, _ = load_checked(path)
+    return model, cfg
 
 
 class Codec:
-    """Text <-> token ids: bytes for a vocabulary of 256, else a tokenizers file."""
+    """Text <-> token ids: bytes for a vocabulary of 256, else a tokenizers file (given as its bytes)."""
 
-    def __init__(self, vocab_size: int, tokenizer: Optional[str] = None):
+    def __init__(self, vocab_size: int, tokenizer: Optional[str] = None, tokenizer_json: bytes | None = None,
+                 expected_sha256: str | None = None):
         self.tokenizer = None
         if tokenizer is not None:
             try:
@@ -75,13 +119,19 @@ class Codec:
             except ImportError:
                 raise ValueError("--tokenizer needs the tokenizers package: pip install tokenizers") from None
             try:
-                self.tokenizer = Tokenizer.from_file(tokenizer)
-            except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a missing or bad file
-                raise ValueError(f"--tokenizer {tokenizer} cannot be read ({exc})") from None
+                self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+            except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ValueError(f"--tokenizer {tokenizer} cannot be read ({first})") from None
             # A tokenizer of another vocabulary decodes the model's ids into other text, or drops them, silently.
             if self.tokenizer.get_vocab_size() != vocab_size:
                 raise ValueError(f"--tokenizer {tokenizer} has a vocabulary of {self.tokenizer.get_vocab_size()}, "
                                  f"the checkpoint's model {vocab_size}: not the tokenizer of its token file")
+            # ... and so does one of the same size with other merges.
+            if expected_sha256 is not None and hashlib.sha256(tokenizer_json).hexdigest() != expected_sha256:
+                raise ValueError(f"--tokenizer {tokenizer} is not the tokenizer of the token file this checkpoint was "
+                                 "trained on (its SHA-256 differs from the one the token file recorded): it would "
+                                 "decode the model's ids into other text")
         elif vocab_size != 256:
             raise ValueError(f"the checkpoint's vocabulary is {vocab_size}, not bytes (256): pass --tokenizer "
                              "FILE (the tokenizer.json beside its token file)")
@@ -104,10 +154,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a vocabulary other than bytes")
     args = parser.parse_args(argv)
     try:
-        if args.tokens < 0 or args.temperature < 0:
-            raise ValueError(f"--tokens and --temperature must be >= 0, got {args.tokens} and {args.temperature}")
-        model, cfg = load_gpt(args.load)
-        codec = Codec(cfg.vocab_size, args.tokenizer)
+        if args.tokens < 0 or not (math.isfinite(args.temperature) and args.temperature >= 0):
+            raise ValueError(f"--tokens must be >= 0 and --temperature a finite number >= 0, got {args.tokens} and "
+                             f"{args.temperature}")
+        tokenizer_json = (read_regular_file(args.tokenizer, MAX_TOKENIZER_BYTES, f"--tokenizer {args.tokenizer}",
+                                            "{said} cannot be read ({why})")
+                          if args.tokenizer is not None else None)  # a FIFO is refused here, never waited on
+        model, cfg, manifest = load_checked(args.load)
+        recorded = manifest.get("data", {}).get("tokenizer_sha256") if isinstance(manifest.get("data"), dict) else None
+        codec = Codec(cfg.vocab_size, args.tokenizer, tokenizer_json, recorded)
+        if args.tokenizer is not None and recorded is None:
+            print(f"note: {args.load} records no tokenizer checksum (its token file predates them): --tokenizer "
+                  f"{args.tokenizer} is trusted to be its token file's", file=sys.stderr)
         prompt = codec.encode(args.prompt)
         if not prompt:
             raise ValueError("--prompt is empty")
@@ -115,7 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"the prompt holds token {max(prompt)}, outside the vocabulary of {cfg.vocab_size}")
         torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
         out = generate(model, torch.tensor([prompt]), args.tokens, args.temperature, args.seed)
-    except (CheckpointError, ValueError, OSError) as exc:
+    except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(codec.decode(out[0].tolist()), flush=True)

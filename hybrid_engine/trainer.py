@@ -10,7 +10,7 @@ the same step. Rank 0 reports (hybrid_engine/progress.py).
 """
 from __future__ import annotations
 
-import math
+import errno
 import os
 import resource
 import statistics
@@ -20,13 +20,16 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, faults, flops
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 from .engine import Engine
 from .fault_plan import FaultPlan
 from .grid import GridGroups
 from .models.gpt import GPTConfig
 from .workloads import Workload, gpt_workload, mlp_workload
+from .divergence import DivergenceGuard
+from .output_paths import ReportingError, check_output_paths  # noqa: F401
 from .progress import Progress, summary_line
+from .run_checkpoints import RunCheckpoints, checkpoint_to_start_from  # noqa: F401
 from .trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
 
@@ -41,11 +44,15 @@ class RunState:
     step: int | None = None
     """The step being run; None before the first."""
     last_checkpoint: str | None = None
-    """The newest complete checkpoint of this run's lineage (the one it started from, or saved since)."""
+    """The newest published checkpoint of this run's lineage (the one it started from, or published since)."""
+    save: str | None = None
+    """The run's --save directory, whose `latest` is the truth when a report is made (rank 0 publishes; another
+    rank stopped meanwhile may not have heard of it yet)."""
 
     def describe(self) -> str:
         where = "before the first step" if self.step is None else f"at step {self.step}"
-        return f"{where}; last checkpoint {self.last_checkpoint or 'none'}"
+        latest = checkpoint.pointed_to(self.save) if self.save else None
+        return f"{where}; last checkpoint {latest or self.last_checkpoint or 'none'}"
 
 
 def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Workload:
@@ -65,48 +72,6 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
                   stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
-
-
-def checkpoint_to_start_from(cfg: RunConfig, workload: Workload) -> checkpoint.Checkpoint | None:
-    """The checkpoint this run continues (None: from scratch), checked on every rank before any collective."""
-    c = cfg.checkpoint
-    existing = None
-    if c.save:
-        checkpoint.hold_directory(c.save)  # one run per directory: a second one stops before training (exit 2)
-        existing = checkpoint.latest_path(c.save)
-        if existing and not c.resume:
-            raise ConfigError(f"--save {c.save} already holds checkpoints (latest {existing}); pass --resume "
-                              "to continue from it, or choose another directory")
-    path = existing if (c.resume and existing) else c.load
-    if path is None:
-        return None
-    ckpt = checkpoint.open_checkpoint(path)
-    checkpoint.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
-    return ckpt
-
-
-def check_output_paths(cfg: RunConfig) -> None:
-    """Every file the run will write, checked before the first collective (not after training, when the trace
-    is written): missing directories are created, an unwritable one is one line."""
-    def writable_dir(flag: str, directory: str) -> None:
-        try:
-            os.makedirs(directory or ".", exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{flag}: cannot create the directory {directory} ({exc.strerror})") from None
-        if not os.access(directory or ".", os.W_OK | os.X_OK):
-            raise ConfigError(f"{flag}: the directory {os.path.abspath(directory or '.')} is not writable")
-
-    r, c = cfg.reporting, cfg.checkpoint
-    if r.metrics:
-        if os.path.isdir(r.metrics):
-            raise ConfigError(f"--metrics {r.metrics} is a directory; give a file name")
-        writable_dir(f"--metrics {r.metrics}", os.path.dirname(r.metrics))
-    if r.trace:
-        writable_dir(f"--trace {r.trace}", os.path.dirname(r.trace))
-    if c.save:
-        if os.path.exists(c.save) and not os.path.isdir(c.save):
-            raise ConfigError(f"--save {c.save}: cannot create the directory (it is a file)")
-        writable_dir(f"--save {c.save}", c.save)
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -141,6 +106,15 @@ def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int
     return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
 
 
+def _failure_code(progress: Progress) -> float:
+    """A report rank 0 could not write, as one number every rank can turn into the same line: 2 errno + (1 for the
+    trace, 0 for the metrics file); 0 when none failed."""
+    if progress.failed is None:
+        return 0.0
+    what, err = progress.failed
+    return float(2 * err + what.startswith("--trace"))
+
+
 class Trainer:
     """Runs the configured steps on one rank of the grid; every rank constructs one and calls `train`."""
 
@@ -156,34 +130,41 @@ class Trainer:
 
     def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
         cfg, engine, steps = self.cfg, self.engine, self.cfg.training.steps
-        first_step = checkpoint.load(engine, start_from) if start_from else 0
-        self.state.last_checkpoint = start_from.path if start_from else None
         progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
                             log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
                             metrics=cfg.reporting.metrics, append=start_from is not None)
-        if start_from:
-            progress.say(f"resumed from {start_from.path} at step {first_step}")
+        self.state.save = cfg.checkpoint.save
+        ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults)
+        first_step = ckpts.start(start_from)
+        guard = DivergenceGuard(cfg.training.spike_factor)
         times: list[float] = []
         peaks: list[float] = []
         try:
             for step in range(first_step, steps):
                 self.state.step = step
                 result = self._step(step)
+                self._judge(step, result.loss, guard, ckpts)
+                ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
                 # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
+                # and whether rank 0 could write the last report (all ranks stop alike if not)
                 memory = gather_per_rank([peak_memory_gib(self.device), engine.master_bytes(),
-                                          engine.optimizer_state_bytes()], self.device)
-                peaks = [round(peak, 3) for peak, _, _ in memory]
+                                          engine.optimizer_state_bytes(), _failure_code(progress)], self.device)
+                self._stop_if_a_report_failed([failed for *_, failed in memory])
+                peaks = [round(peak, 3) for peak, *_ in memory]
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
                     times.append(result.step_time_s)
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
                                **self._throughput(result.step_time_s),
-                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _ in memory],
-                               "optimizer_state_bytes": [int(o) for _, _, o in memory],
+                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _, _ in memory],
+                               "optimizer_state_bytes": [int(o) for _, _, o, _ in memory],
                                "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm})
                 self._maybe_validate(step + 1, progress)
-                self._maybe_save(step + 1, progress)
+                ckpts.maybe_write(step + 1)
+            if ckpts.written is not None:  # the last checkpoint: its state's loss on the next step's batch
+                self._judge(steps, self._probe(steps), guard, ckpts, probe=True)
+                ckpts.publish_written()
             if start_from and first_step >= steps:
                 progress.say(f"nothing to do: the checkpoint is at step {first_step}, --steps is {steps}")
             ran = max(0, steps - first_step)
@@ -199,6 +180,8 @@ class Trainer:
                 progress.say(line)
             if cfg.reporting.trace and steps > first_step:
                 self._write_trace(progress)
+            if cfg.reporting.metrics or cfg.reporting.trace:
+                self._stop_if_a_report_failed([x[0] for x in gather_per_rank([_failure_code(progress)], self.device)])
         finally:
             progress.close()
 
@@ -256,22 +239,40 @@ class Trainer:
             x = y = None
         result = engine.train_step(x, y)
         x = y = None  # the step's data dies here, before anything else (a checkpoint, the next step's draw)
-        if not math.isfinite(result.loss):  # the same all-reduced value on every rank: all stop here together
-            raise TrainingStopped(f"loss is {'NaN' if math.isnan(result.loss) else result.loss} at step {step}: "
-                                  "training stopped (lower --lr; with --save, --resume continues from the last "
-                                  "checkpoint, written before this step)")
         return result
 
-    def _maybe_save(self, done: int, progress: Progress) -> None:
-        """After `done` steps: save if it is the last step or a multiple of save_every."""
-        c = self.cfg.checkpoint
-        if not c.save or not (done == self.cfg.training.steps or (c.save_every and done % c.save_every == 0)):
+    def _judge(self, step: int, loss: float, guard: DivergenceGuard, ckpts: RunCheckpoints,
+               probe: bool = False) -> None:
+        """Stop every rank (the loss is all-reduced: all judge alike) when `loss` is not finite or a spike; the
+        checkpoint written for this step's state is then never published."""
+        problem = guard.problem(step, loss)
+        if problem is None:
+            guard.accept(loss)
             return
-        path = checkpoint.save(self.engine, c.save, done,
-                               {"model": self.workload.checkpoint_model, "optimizer": self.cfg.optimizer.name},
-                               keep=c.keep, crash_in_save=self.faults.crashes_in_save(done, self.rank))
-        self.state.last_checkpoint = path
-        progress.say(f"saved {path}", verbose=True)
+        ckpts.discard_written()
+        where = " (the forward pass that checks the last checkpoint)" if probe else ""
+        spike = " (--spike-factor 0 trains through spikes)" if problem.endswith("a spike") else ""
+        raise TrainingStopped(f"{problem}{where}: training stopped (an update diverged); "
+                              f"{ckpts.where_to_continue()}{spike}")
+
+    def _probe(self, step: int) -> float:
+        """The loss of the current state on step `step`'s batch, forward only (collective): what the step after
+        the last would see, so that the last checkpoint is checked like every other."""
+        first_row = self.groups.coords.dp * self.per_dp
+        engine = self.engine
+        x, y = (self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
+                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                if engine.holds_first_stage or engine.holds_last_stage else (None, None))
+        return engine.evaluate(x, y, micro_batches=self.cfg.schedule.micro_batches)
+
+    def _stop_if_a_report_failed(self, codes: list[float]) -> None:
+        """Every rank raises the same ReportingError when rank 0 could not write a report (codes: gathered
+        _failure_code of every rank)."""
+        code = int(max(codes))
+        if code:
+            err, trace = divmod(code, 2)
+            what = f"--trace {self.cfg.reporting.trace}" if trace else f"--metrics {self.cfg.reporting.metrics}"
+            raise ReportingError(f"cannot write {what}: {os.strerror(err)}")
 
     def _write_trace(self, progress: Progress) -> None:
         """Gather the last step's timed actions and DP and MP collectives of one pipeline onto rank 0 (collective),
@@ -283,8 +284,11 @@ class Trainer:
         if self.rank == 0:
             rows, comm_rows, mp_rows = gathered
             s, path = cfg.schedule, cfg.reporting.trace
-            summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows,
-                                  mp_rows)
+            try:
+                summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows,
+                                      mp_rows)
+            except OSError as exc:  # the directory was checked before the first step; the disk may fill since
+                raise ReportingError(f"cannot write --trace {path}: {exc.strerror or exc}") from None
             beside = "; ".join(f"{axis} collectives beside them: " + ", ".join(f"{n} {kind}" for kind, n in
                                                                              summary[key].items())
                                for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives")) if key in summary)

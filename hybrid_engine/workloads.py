@@ -29,6 +29,7 @@ from .balance import balanced_partition, describe_layout
 from .data import DataError, TokenDataset, load_tokens, open_dataset
 from .engine_config import ConfigError
 from .flops import gpt_flops_per_token, gpt_param_count
+from .memory_estimate import gpt_weight_bytes, refuse_if_too_large
 from .models import SyntheticRegression, large_linear_model
 from .models.gpt import Block, GPTConfig, build_gpt, layer_costs
 from .partition import partition
@@ -77,6 +78,7 @@ class Workload:
     layer_costs: list[float]
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[GPTConfig] = None  # the GPT's shape (None for the MLP)
+    checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
 
     @property
     def flops_per_token(self) -> float:
@@ -178,16 +180,19 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
-        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg)
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
+        checkpoint_data={"name": data.name, "tokens": len(data.tokens), "vocab_size": data.vocab_size,
+                         "fingerprint": data.fingerprint, "tokenizer_sha256": data.tokenizer_sha256})
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,
-              data_path: str | None = None) -> None:
+              data_path: str | None = None, device_type: str = "cpu") -> None:
     """The GPT's bad-input checks, before any collective; raises ConfigError with one line.
 
     cfg: anything with .layers .hidden .heads .seq_len (a GPTConfig or the parsed flags); grid: anything with
     .mp_size and .pp_size (a ProcessGrid). data_path: a file that must exist, be non-empty, hold at least
-    seq_len + 1 tokens (plus the held-out part) and no token id at or above its vocabulary (None: built-in)."""
+    seq_len + 1 tokens (plus the held-out part) and no token id at or above its vocabulary (None: built-in).
+    Last, the weights of the model on that data's vocabulary must fit a rank's memory at all."""
     mp, pp = grid.mp_size, grid.pp_size
     for name in ("layers", "hidden", "heads", "seq_len"):
         value = getattr(cfg, name)
@@ -202,9 +207,18 @@ def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 
     if cfg.layers + 2 < pp * virtual_stages:
         raise ConfigError(f"the GPT has {cfg.layers + 2} layers (embedding, {cfg.layers} blocks, head) but the "
                           f"pipeline needs at least one per stage (pp x virtual stages = {pp * virtual_stages})")
+    vocab = 256  # the built-in corpus's
     if data_path is not None:
         try:
             tokens, vocab = load_tokens(data_path)
             TokenDataset(tokens, vocab, cfg.seq_len, 0, name=data_path)
         except DataError as exc:
             raise ConfigError(str(exc)) from None
+    shape = GPTConfig(vocab, cfg.layers, cfg.hidden, cfg.heads, cfg.seq_len, bool(cfg.tie_embeddings))
+    too_large = refuse_if_too_large(
+        f"the GPT ({cfg.layers} layers, hidden {cfg.hidden}, vocabulary {vocab}"
+        f"{' of --data ' + data_path if data_path else ''}) on pp x mp = {pp} x {mp}",
+        gpt_weight_bytes(shape, pp, mp), device_type, " per rank")
+    if too_large:
+        raise ConfigError(f"{too_large}: smaller flags, more --pp/--mp, or (a vocabulary this large) a damaged "
+                          "token file")

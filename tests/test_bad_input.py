@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from checkpoint_fakes import sha256_of
 from launch_utils import DRIVER, REPO, torchrun
 
 SMALL = ("--dim", "32", "--depth", "2", "--batch-size", "8", "--micro-batches", "2", "--optimizer", "adam",
@@ -143,7 +144,21 @@ def test_checkpoint_tensor_of_the_wrong_shape(saved, tmp_path):
     torch.save(state, shard)
     record = json.loads(manifest.read_text())
     record["files"]["rank_00000.pt"] = shard.stat().st_size
+    record["sha256"]["rank_00000.pt"] = sha256_of(shard)  # only the tensor is wrong
     manifest.write_text(json.dumps(record))
     fails_on_every_rank(("--pp", "2", *SMALL, "--load", str(root)),
                         f"checkpoint shard {shard} holds 0.weight as shape [32] float32; the manifest says shape "
                         "[32, 32] float32")
+
+
+def test_a_metrics_file_that_cannot_be_written_is_named_on_every_rank():
+    # a full disk, as /dev/full is: the OSError named no file, and only rank 0 (the one writing) knew of it
+    fails_on_every_rank(("--pp", "2", *SMALL, "--metrics", "/dev/full"),
+                        "hybrid_engine: error: cannot write --metrics /dev/full: No space left on device")
+
+
+def test_a_config_that_is_not_utf8_is_one_line_on_every_rank(tmp_path):
+    # a rank that fails before the rendezvous must not mistake the store it has not asked yet for a lost launcher
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"[model]\ndim = \xff\n")
+    fails_on_every_rank(("--config", str(path)), f"hybrid_engine: error: --config {path} is not UTF-8 text")

@@ -9,6 +9,7 @@ scripts/setup.sh installs it, so CI runs them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
 import os
@@ -54,10 +55,12 @@ def prepared(tmp_path_factory) -> dict:
 
 def test_prepare_bpe_writes_the_vocabulary_in_the_header_and_the_tokenizer_beside_it(prepared):
     out = prepared["out"]
-    with open(out, "rb") as f:
-        magic, version, width, vocab, count = struct.unpack("<8sIIQQ", f.read(32))
-    assert (magic, version, width, vocab) == (data.MAGIC, 1, 2, VOCAB)  # 512 ids fit uint16
-    assert os.path.getsize(out) == 32 + 2 * count
+    with open(out, "rb") as f:  # version 2: the header also holds the SHA-256 of the tokenizer file
+        magic, version, width, vocab, count, tokenizer_sha256 = struct.unpack("<8sIIQQ32s", f.read(64))
+    assert (magic, version, width, vocab) == (data.MAGIC, 2, 2, VOCAB)  # 512 ids fit uint16
+    assert os.path.getsize(out) == 64 + 2 * count
+    with open(data.tokenizer_path(out), "rb") as f:
+        assert tokenizer_sha256 == hashlib.sha256(f.read()).digest()
     assert prepared["printed"].strip() == (f"wrote {out}: {count} tokens, vocabulary {VOCAB}, "
                                            f"tokenizer {data.tokenizer_path(out)}")
     tok = tokenizers.Tokenizer.from_file(data.tokenizer_path(out))

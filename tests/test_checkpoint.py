@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from checkpoint_fakes import sha256_of
 from checkpoint_ranks import run_info, save_every_step, straight_then_resumed, train_segment, try_load
 from dist_utils import run_ranks
 from hybrid_engine import checkpoint
@@ -140,7 +141,7 @@ def test_latest_pointing_nowhere_is_an_error(saved, tmp_path):
 # ------------------------------------------------------------------- #15.8 tensors that do not fit the manifest
 def _replace_tensor(root: str, shard: str, name: str, tensor, key: str | None = None) -> None:
     """Put `tensor` in place of parameter `name` (or of its optimizer state `key`) in a shard, and record the
-    shard's new size in the manifest, so that only the tensor itself is wrong."""
+    shard's new size and checksum in the manifest, so that only the tensor itself is wrong."""
     step = os.path.join(root, "step_000002")
     state = torch.load(os.path.join(step, shard), weights_only=True)
     if key is None:
@@ -150,6 +151,7 @@ def _replace_tensor(root: str, shard: str, name: str, tensor, key: str | None = 
     torch.save(state, os.path.join(step, shard))
     manifest = json.loads(open(os.path.join(step, "manifest.json")).read())
     manifest["files"][shard] = os.path.getsize(os.path.join(step, shard))
+    manifest["sha256"][shard] = sha256_of(os.path.join(step, shard))
     with open(os.path.join(step, "manifest.json"), "w") as f:
         json.dump(manifest, f)
 
@@ -178,3 +180,37 @@ def test_optimizer_state_of_the_wrong_shape_stops_every_rank_alike(saved, tmp_pa
         f"checkpoint shard {root}/step_000002/rank_00001.pt holds optimizer state exp_avg of 2.weight as "
         "shape [32] float32; the manifest says shape [32, 32] float32: damaged, or not written by hybrid_engine "
         "(rank 1)")
+
+
+# ------------------------------------------------------------------------------------------- damage in place
+def flip_tensor_bytes(shard: str, name: str, count: int = 16) -> None:
+    """XOR `count` bytes of parameter `name`'s data inside a shard: the file keeps its size, and torch still
+    loads it (the zip records are intact); only a checksum can tell."""
+    raw = torch.load(shard, weights_only=True)["weights"][name].numpy().tobytes()
+    blob = bytearray(open(shard, "rb").read())
+    at = blob.find(raw[:64])
+    assert at > 0, "the tensor's bytes are stored as they are"
+    for i in range(at + 64, at + 64 + count):
+        blob[i] ^= 0x5A
+    with open(shard, "wb") as f:
+        f.write(blob)
+
+
+def test_a_shard_damaged_in_place_stops_every_rank_naming_the_file(saved, tmp_path):
+    # same size, still a valid zip torch loads: only the checksum tells, and every rank must hear of it
+    root = _copy(saved, tmp_path)
+    shard = os.path.join(root, "step_000002", "rank_00001.pt")
+    flip_tensor_bytes(shard, "2.weight")
+    messages = run_ranks(2, try_load, (1, 2, 1), SMALL, root)
+    assert messages[0] == messages[1] == (f"checkpoint shard {shard} cannot be read (its SHA-256 is not the one its "
+                                          "manifest records): damaged since it was written (rank 1)")
+
+
+def test_the_manifest_records_each_shards_sha256_as_written(saved):
+    import hashlib
+
+    ckpt = checkpoint.open_checkpoint(saved)
+    assert sorted(ckpt.manifest["sha256"]) == sorted(ckpt.manifest["files"]) == ["rank_00000.pt", "rank_00001.pt"]
+    for name, digest in ckpt.manifest["sha256"].items():
+        with open(os.path.join(ckpt.path, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digest

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from checkpoint_fakes import sha256_of, shards_match_their_checksums
 from launch_utils import DRIVER, REPO, free_port, torchrun
 
 MODEL = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--quiet")
@@ -70,6 +71,7 @@ def _blow_up_last_layer(root) -> None:
     torch.save(state, step / "rank_00000.pt")
     manifest = json.loads((step / "manifest.json").read_text())
     manifest["files"]["rank_00000.pt"] = (step / "rank_00000.pt").stat().st_size
+    manifest["sha256"]["rank_00000.pt"] = sha256_of(step / "rank_00000.pt")
     (step / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -107,3 +109,48 @@ def test_a_refused_write_is_named_and_leaves_the_previous_checkpoint(tmp_path):
         assert "rank_0000" in line and line.endswith(f": File too large; {root / 'latest'} still names step_000002")
         assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002"]
 
+
+
+def test_a_damaged_latest_names_the_intact_older_checkpoint_and_load_continues_from_it(tmp_path):
+    from test_checkpoint import flip_tensor_bytes
+
+    root = tmp_path / "ckpt"
+    assert _one_rank("--steps", "4", "--save-every", "2", "--save", str(root)).returncode == 0
+    shard = root / "step_000004" / "rank_00000.pt"
+    flip_tensor_bytes(str(shard), "0.weight")  # same size, still a zip torch reads
+    run = _one_rank("--steps", "6", "--save", str(root), "--resume")
+    assert run.returncode == 2 and _error_lines(run) == [
+        f"hybrid_engine: error: checkpoint shard {shard} cannot be read (its SHA-256 is not the one its manifest "
+        f"records): damaged since it was written; the newest intact older checkpoint is {root / 'step_000002'}: "
+        f"continue from it with --resume --load {root / 'step_000002'}"], run.stderr
+    # what the line says works: --load names the checkpoint to continue from inside the same --save
+    run = _one_rank("--steps", "6", "--save-every", "2", "--save", str(root), "--resume", "--load",
+                    str(root / "step_000002"))
+    assert run.returncode == 0, run.stderr
+    assert f"resumed from {root / 'step_000002'} at step 2" in run.stdout
+    assert (root / "latest").read_text().strip() == "step_000006"
+    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
+    assert shards_match_their_checksums(root / "step_000004")  # the damaged one was saved again by this run
+
+
+def test_a_diverged_update_never_becomes_latest_and_resume_with_a_lower_lr_trains_on(tmp_path):
+    # --lr 1e30: step 2's loss is finite, the update it makes is not; the checkpoint of that state (step 3) is
+    # written, but never published: step 3's loss is NaN. A spike (--lr 100) stops the same way.
+    root = tmp_path / "ckpt"
+    assert _one_rank("--steps", "2", "--save-every", "1", "--save", str(root)).returncode == 0
+    advice = (f"--resume with a lower --lr continues from {root / 'step_000002'}, the last checkpoint that trained "
+              "on with a finite loss and no spike")
+    run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "1e30")
+    assert run.returncode == 1 and _error_lines(run) == [
+        f"hybrid_engine: error: loss is NaN at step 3: training stopped (an update diverged); {advice}"], run.stderr
+    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000001", "step_000002"]
+    run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "100")
+    lines = _error_lines(run)
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert lines[0].startswith("hybrid_engine: error: loss ") and " at step 3 is more than 10x the largest of the " \
+        "1 before it (0.270601): a spike: training stopped (an update diverged); " in lines[0], lines[0]
+    assert lines[0].endswith(f"{advice} (--spike-factor 0 trains through spikes)"), lines[0]
+    assert (root / "latest").read_text().strip() == "step_000002"
+    run = _one_rank("--steps", "6", "--save", str(root), "--resume", "--lr", "0.01")  # what the line says works
+    assert run.returncode == 0, run.stderr
+    assert (root / "latest").read_text().strip() == "step_000006"

@@ -11,29 +11,16 @@ import socket
 import subprocess
 import sys
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from checkpoint_fakes import OneRankEngine
 from hybrid_engine import checkpoint
 from hybrid_engine.checkpoint import CheckpointError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = {"model": {"name": "large_linear_model", "dim": 4, "depth": 1, "seed": 0}, "optimizer": "sgd"}
-
-
-class OneRankEngine:
-    """What checkpoint.save asks of an engine, for one rank that owns every parameter."""
-
-    def __init__(self, weights: dict, optimizer: dict | None = None):
-        self.weights, self.optimizer = weights, optimizer or {k: {} for k in weights}
-        self.groups = SimpleNamespace(coords=SimpleNamespace(dp=0, pp=0, mp=0))
-        self.grid = SimpleNamespace(dp_size=1, pp_size=1, mp_size=1, order="mp-dp-pp")
-        self.device, self.schedule_name, self.num_stages, self.pp_size = torch.device("cpu"), "1f1b", 1, 1
-
-    def state_for_checkpoint(self) -> dict:
-        return {"weights": self.weights, "optimizer": self.optimizer, "scaler": None}
 
 
 def _engine(value: float = 0.5) -> OneRankEngine:
@@ -243,6 +230,8 @@ def test_an_oversized_manifest_or_pointer_is_not_read(saved):
     (lambda m: m["params"]["0.weight"].update(dtype="int8"), "parameter 0.weight: dtype 'int8'"),
     (lambda m: m["params"]["0.weight"].update(file="rank_00001.pt"),
      "parameter 0.weight: its shard rank_00001.pt is not among 'files'"),
+    (lambda m: m.update(sha256={}), "'sha256' does not name the shards of 'files'"),
+    (lambda m: m["sha256"].update({"rank_00000.pt": "0" * 63}), "'sha256' holds a digest that is not 64 hex digits"),
 ])
 def test_a_malformed_manifest_is_one_clear_error(saved, edit, problem):
     _edit_manifest(saved / "step_000002", edit)
@@ -347,3 +336,48 @@ def test_a_save_directory_that_cannot_hold_a_lock_is_refused_before_training(tmp
             checkpoint.hold_directory(str(tmp_path), rank=0, world_size=1)
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_a_checkpoint_written_before_checksums_still_opens_and_says_so(saved):
+    # a manifest of an earlier hybrid_engine has no "sha256": its shards are checked by size, and loaders say so
+    _edit_manifest(saved / "step_000002", lambda m: m.pop("sha256"))
+    ckpt = checkpoint.open_checkpoint(str(saved))
+    assert ckpt.step == 2 and ckpt.checksums is None
+    assert checkpoint.newest_intact_before(str(saved / "step_000003"), 3) == str(saved / "step_000001")
+
+
+class _FullDiskNow(_FullDisk):
+    """A file on a disk with no space left at all."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_pointing_latest_leaves_nothing_and_says_what_latest_is(tmp_path, monkeypatch):
+    real_open = open
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        if os.path.basename(str(path)).startswith(".latest."):
+            return _FullDiskNow(path, "w")  # created, then nothing fits
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    with pytest.raises(CheckpointError) as err:  # the first checkpoint: there is no latest to speak of
+        _save(tmp_path, 1)
+    assert str(err.value).endswith(f"No space left on device; {tmp_path} holds no earlier checkpoint"), str(err.value)
+    assert os.listdir(tmp_path) == []  # no zero-byte .latest.*, and no step_000001 that latest does not name
+    monkeypatch.undo()
+    _save(tmp_path, 1)
+    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    with pytest.raises(CheckpointError) as err:
+        _save(tmp_path, 2)
+    assert str(err.value).endswith(f"No space left on device; {tmp_path / 'latest'} still names step_000001")
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_000001"]
+
+
+def test_the_search_for_an_intact_older_checkpoint_is_bounded_in_time(saved):
+    # rank 0 hashes while the other ranks wait in a collective: past the deadline it stops, and the caller names
+    # the newest complete one instead
+    with pytest.raises(checkpoint.OutOfTime):
+        checkpoint.newest_intact_before(str(saved / "step_000003"), 3, deadline=0.0)
+    assert checkpoint.newest_complete_before(str(saved / "step_000003"), 3) == str(saved / "step_000002")

@@ -180,9 +180,11 @@ def _rank_of(pid: int) -> int:
     return int(env[b"RANK"])
 
 
-def _torchrun_popen(nproc: int, args: tuple, tmp_path, **hooks) -> subprocess.Popen:
-    """torchrun in the background, its (and its workers') stdout/stderr in tmp_path/out and tmp_path/err."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+def _torchrun_popen(nproc: int, args: tuple, tmp_path, launcher: str = "torch.distributed.run",
+                    **hooks) -> subprocess.Popen:
+    """torchrun (or `launcher`, a module taking its arguments) in the background, its (and its workers')
+    stdout/stderr in tmp_path/out and tmp_path/err."""
+    cmd = [sys.executable, "-m", launcher, f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            str(DRIVER), *args]
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         return subprocess.Popen(cmd, cwd=REPO, env=_env(**hooks), stdout=out, stderr=err)
@@ -219,19 +221,26 @@ def _rank_lines(err: str, rank: int) -> list[str]:
     return [ln for ln in err.splitlines() if ln.startswith(f"hybrid_engine: rank {rank}:")]
 
 
-def test_frozen_rank_under_torchrun_ends_the_others_naming_it(tmp_path):
-    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout
-    launcher = _torchrun_popen(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), tmp_path)
+@pytest.mark.parametrize("launcher", ["torch.distributed.run", "hybrid_engine.launch"])
+def test_frozen_rank_under_a_launcher_ends_the_whole_job_naming_it(tmp_path, launcher):
+    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout. The job, the
+    # frozen rank included, must end within the timeout and a few seconds: torchrun's SIGTERM does not move a
+    # stopped process, and its SIGKILL comes 30 s later
+    proc = _torchrun_popen(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), tmp_path, launcher)
     workers = {}
     try:
-        workers = _workers(launcher, 2, tmp_path)
+        workers = _workers(proc, 2, tmp_path)
         os.kill(workers[1], signal.SIGSTOP)
         assert _wait_for(lambda: not _alive(workers[0]), TIMEOUT + SLACK), "rank 0 still running: hung"
+        assert _wait_for(lambda: proc.poll() is not None, TIMEOUT + SLACK), "the job still running"
+        assert not _alive(workers[1]), "the frozen rank was left behind"
     finally:
-        _kill_all([*workers.values(), launcher.pid])
-        launcher.wait(timeout=30)
+        _kill_all([*workers.values(), proc.pid])
+        proc.wait(timeout=30)
+    assert proc.returncode != 0
     lines = _rank_lines((tmp_path / "err").read_text(), 0)
     assert len(lines) == 1 and LOST_FROZEN in lines[0], (tmp_path / "err").read_text()
+    assert f"; ended frozen rank 1 (pid {workers[1]}, stopped on this machine) with SIGKILL" in lines[0], lines[0]
 
 
 def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
@@ -241,6 +250,7 @@ def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
         assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
         os.kill(procs[1].pid, signal.SIGSTOP)
         _, err = procs[0].communicate(timeout=TIMEOUT + SLACK)
+        frozen_ended = procs[1].wait(timeout=5) == -signal.SIGKILL  # by rank 0, which found it stopped
     finally:
         _kill_all(p.pid for p in procs)
         for p in procs:
@@ -248,6 +258,8 @@ def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
     assert procs[0].returncode == 1, err
     lines = _rank_lines(err, 0)
     assert len(lines) == 1 and lines[0].startswith(f"hybrid_engine: rank 0: {LOST_FROZEN}"), err
+    assert frozen_ended and f"; ended frozen rank 1 (pid {procs[1].pid}, stopped on this machine) with SIGKILL; " \
+        in lines[0], err
 
 
 def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
@@ -258,6 +270,7 @@ def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
         assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
         os.kill(procs[0].pid, signal.SIGSTOP)
         _, err = procs[1].communicate(timeout=TIMEOUT + SLACK)
+        frozen_ended = procs[0].wait(timeout=5) == -signal.SIGKILL
     finally:
         _kill_all(p.pid for p in procs)
         for p in procs:
@@ -266,7 +279,8 @@ def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
     lines = _rank_lines(err, 1)
     assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 1: the rendezvous store is unreachable "
                                                    "(without torchrun it lives in rank 0, so rank 0 was probably "
-                                                   "lost)"), err
+                                                   "lost); ended frozen rank 0"), err
+    assert frozen_ended
 
 
 def test_killed_torchrun_leaves_no_rank_running(tmp_path):

@@ -120,6 +120,8 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--steps", "-1"), "--steps must be a number of steps >= 0"),
     (("--warmup", "-1"), "--warmup must be a number of steps >= 0"),
     (("--log-every", "0"), "--log-every must be a number of steps >= 1"),
+    (("--spike-factor", "1"), "--spike-factor must be 0 (off) or a factor > 1, got 1.0"),
+    (("--spike-factor", "nan"), "--spike-factor must be a finite number"),
     (("--memory-cap-gib", "-1"), "--memory-cap-gib must be a positive number of GiB"),
     (("--seed", "-1"), "--seed must be in [0, 2^63 - 1]"),
     (("--seed", str(2**63)), "--seed must be in [0, 2^63 - 1]"),
@@ -184,3 +186,20 @@ def test_optimizer_config_makes_a_factory():
     factory = parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer.factory()
     opt = factory([torch.nn.Parameter(torch.zeros(2))])
     assert isinstance(opt, torch.optim.AdamW) and math.isclose(opt.param_groups[0]["lr"], 0.25)
+
+
+@pytest.mark.parametrize("device", ["tpu", "CUDA", "Cpu", ""])
+def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
+    # the flag refuses these (argparse choices); a --config file's value must be refused alike, never run on the CPU
+    cfg = parse_config(["--config", write(tmp_path, f'[parallel]\ndevice = "{device}"\n')])
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(1, "cpu")
+    assert str(info.value) == f"parallel.device (--device) must be one of auto, cpu, cuda, got {device!r}"
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan"])
+def test_a_dp_bucket_size_beyond_a_tebibyte_is_one_line(tmp_path, value):
+    cfg = parse_config(["--config", write(tmp_path, f"[data_parallel]\nbucket_mb = {value}\n")])
+    with pytest.raises(ConfigError) as info:  # 1e308 MiB in bytes does not fit the engine's integer sizes
+        cfg.validate(1, "cpu")
+    assert "bucket" in str(info.value) and value.replace("1e308", "1e+308") in str(info.value), str(info.value)

@@ -109,6 +109,22 @@ def test_check_gpt_rejects_bad_data_files(tmp_path):
             check_gpt(CFG, grid, data_path=str(path))
 
 
+def test_a_token_file_claiming_a_vocabulary_of_2_to_the_32_is_refused_before_anything_is_built(tmp_path):
+    # the header allows it (4-byte tokens); the GPT on it would hold a 2^32 x hidden embedding and head: 8 TiB
+    path = tmp_path / "huge.tok"
+    write_token_file(str(path), np.arange(4000) % 300, 1 << 17)  # 4-byte tokens
+    with open(path, "r+b") as f:
+        f.write(struct.pack("<8sIIQQ", MAGIC, 1, 4, 1 << 32, 4000))
+    shape = SimpleNamespace(layers=4, hidden=256, heads=4, seq_len=128, tie_embeddings=False)
+    with pytest.raises(ConfigError) as err:
+        check_gpt(shape, ProcessGrid(1, 1, 1), data_path=str(path))
+    assert str(err.value).startswith(f"the GPT (4 layers, hidden 256, vocabulary 4294967296 of --data {path}) on "
+                                     "pp x mp = 1 x 1 needs at least 8.0 TiB of fp32 weights per rank, more than "
+                                     "this machine's memory ("), str(err.value)
+    assert str(err.value).endswith("): smaller flags, more --pp/--mp, or (a vocabulary this large) a damaged token "
+                                   "file")
+
+
 def test_vocab_parallel_cross_entropy_is_a_loss_value_bound_to_the_mp_group():
     loss = losses.VocabParallelCrossEntropy(5)
     assert not losses.is_builtin(loss) and "vocab-parallel cross-entropy over 5" in losses.describe(loss)
