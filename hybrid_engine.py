@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hybrid_engine driver: DP x PP x MP training of the course model (the CLI is hybrid_engine/cli.py).
+"""hybrid_engine driver: DP x PP x MP training of the course model (the CLI is hybrid_engine/train/cli.py).
 
     torchrun --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2
 
@@ -7,7 +7,7 @@
 """
 import sys
 
-from hybrid_engine.cli import run
+from hybrid_engine.train.cli import run
 
 if __name__ == "__main__":
     sys.exit(run())

@@ -15,10 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import Engine
-from hybrid_engine.engine_config import ScheduleConfig
-from hybrid_engine.grid import build_groups
+from hybrid_engine import Engine, ProcessGrid, ScheduleConfig, build_groups
 
 
 def huber(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

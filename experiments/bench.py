@@ -189,12 +189,12 @@ def engine_record(spec: Spec, cfg: Config, metrics_path: str, trace_json: str | 
     if steps[-1].get("loss_scale") is not None:
         extra["loss_scale"] = steps[-1]["loss_scale"]
     trace = next((rec["trace"] for rec in lines if "trace" in rec), None)
-    if trace:  # the driver's timeline of the last step (hybrid_engine/trace.py defines its bubble)
+    if trace:  # the driver's timeline of the last step (hybrid_engine/metrics/trace.py defines its bubble)
         extra.update(bubble_traced=round(trace["measured_bubble"], 4),
                      bubble_traced_simulated=round(trace["simulated_bubble"], 4))
         calibrated = trace.get("calibrated_bubble")
         if calibrated is None and trace_json and Path(trace_json).exists():
-            from hybrid_engine.trace import calibrated_bubble, rows_of_chrome_trace
+            from hybrid_engine.metrics.trace import calibrated_bubble, rows_of_chrome_trace
             calibrated = calibrated_bubble(rows_of_chrome_trace(trace_json), trace["schedule"],
                                            trace["micro_batches"], 1)
         if calibrated is not None:

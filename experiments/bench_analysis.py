@@ -14,12 +14,12 @@ from typing import Callable, Optional
 DEFINITIONS = {
     "tflops_per_gpu": "model FLOPs of one step, 6 * batch * dim^2 * depth (biases, recomputation and "
                       "optimizer left out), / median step time / GPUs",
-    "mfu": "tflops_per_gpu / the card's datasheet dense peak for prec (hybrid_engine/flops.py: H100/H200 SXM 989 "
+    "mfu": "tflops_per_gpu / the card's datasheet dense peak for prec (hybrid_engine/metrics/flops.py: H100/H200 SXM 989 "
            "TFLOP/s bf16/fp16, 67 TFLOP/s fp32 without TF32, from NVIDIA's H100 and H200 datasheets); null for a "
            "card the table lacks",
     "gemm_fraction": "tflops_per_gpu / gemm_peak_tflops[prec] (the card's own measured N=8192 GEMM, fp32 with TF32 "
                      "off): a fraction of a measured rate, not MFU (it can pass 1)",
-    "bubble_simulated": "hybrid_engine.schedule.simulate(make_schedule(mode, pp, micro, v)) with costs "
+    "bubble_simulated": "hybrid_engine.parallel.pipeline.schedule.simulate(make_schedule(mode, pp, micro, v)) with costs "
                         "F=1, B=2, I=W=1 per rank (divided by v chunks): idle share of the makespan; "
                         "the base code is the 'naive' (stop-and-wait) schedule",
     "bubble_measured": "1 - T_ideal / T_step with T_ideal = T_1gpu / pp, T_1gpu the median step time of the "
@@ -27,7 +27,7 @@ DEFINITIONS = {
                        "so the same GEMM shapes; the base code uses the peer's single, plain PyTorch too). "
                        "Counts communication and any per-GPU slow-down as bubble",
     "bubble_traced": "engine 1F1B runs at pp > 1 with the driver's --trace: its measured bubble of the last "
-                     "step, 1 - mean busy time inside compute actions / the step's span (hybrid_engine/trace.py); "
+                     "step, 1 - mean busy time inside compute actions / the step's span (hybrid_engine/metrics/trace.py); "
                      "the timelines (json, png) are kept in <results>-traces/",
     "bubble_calibrated": "the same schedule simulated with each stage's median measured F, B, I, W durations from "
                          "the trace and no transfer time: the idle time the real (unequal) stages imply; traced over "
@@ -63,7 +63,7 @@ def best_engine(runs: list[dict], config: str, prec: str, *, dp: int = 1, pp: in
 
 
 def simulated_bubble(mode: str, pp: int, micro: int, virtual_stages: int = 1) -> Optional[float]:
-    from hybrid_engine.schedule import Costs, make_schedule, simulate
+    from hybrid_engine.parallel.pipeline.schedule import Costs, make_schedule, simulate
 
     name = "naive" if mode == "practical10" else mode
     v = virtual_stages
@@ -76,7 +76,7 @@ def simulated_bubble(mode: str, pp: int, micro: int, virtual_stages: int = 1) ->
 def annotate(runs: list[dict], gemm_peak: dict, card: str = "") -> None:
     """Add mfu, gemm_fraction, bubble_simulated and bubble_measured (see DEFINITIONS) to every successful run, in
     place. card: the device name (meta["card_full"], e.g. "NVIDIA H200") for the datasheet peak."""
-    from hybrid_engine.flops import peak_flops
+    from hybrid_engine.metrics.flops import peak_flops
 
     for run in runs:
         if not ok(run):

@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOut
                                                SequenceParallel, loss_parallel, parallelize_module)
 
 import common  # first of ours: it puts the repository on sys.path
-from hybrid_engine.models.gpt import GPTConfig, gpt_loss
+from hybrid_engine.models.gpt.model import GPTConfig, gpt_loss
 from plain_gpt import PlainGPT, load_engine_init
 
 

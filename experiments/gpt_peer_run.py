@@ -1,13 +1,13 @@
 """What every GPT peer program shares: the flags, the engine's data, the timed loop and the one JSON line.
 
-Data: the engine's own draw. `TokenDataset.batch(t, batch)` (hybrid_engine/data.py) is row i of step t at
+Data: the engine's own draw. `TokenDataset.batch(t, batch)` (hybrid_engine/data/datasets.py) is row i of step t at
 hash(seed, t, i), whatever the grid, and the engine cuts it into micro-batches with `chunk`; the peers read the
 same file with the same seed and cut the same way, so step t trains the same sequences everywhere. All steps'
 batches are drawn before the first step (a few MB), outside the timing, as the engine draws outside its step.
 
 Timing: each step ends with the loss on every rank (an all-reduce, which also lines the ranks up) and a device
 synchronisation; the step time is the median after the warm-up steps, as in the engine's summary. Peak memory is
-torch.cuda.max_memory_allocated of every rank. MFU is model FLOPs (hybrid_engine.flops: 6 N + 12 L h s per
+torch.cuda.max_memory_allocated of every rank. MFU is model FLOPs (hybrid_engine.metrics.flops: 6 N + 12 L h s per
 token) per GPU over the card's datasheet dense peak. The record is printed by the last rank, which holds the loss.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ import common  # also puts the repository on sys.path
 import torch
 import torch.distributed as dist
 
-from hybrid_engine.balance import balanced_partition
+from hybrid_engine.parallel.pipeline.balance import balanced_partition
 from hybrid_engine.data import open_dataset
-from hybrid_engine.flops import gpt_flops_per_token, mfu
-from hybrid_engine.models.gpt import GPTConfig, layer_costs
+from hybrid_engine.metrics.flops import gpt_flops_per_token, mfu
+from hybrid_engine.models.gpt.model import GPTConfig, layer_costs
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": None}
 
@@ -78,7 +78,7 @@ def model_config(a: argparse.Namespace) -> tuple[GPTConfig, list]:
 
 
 def engine_cut(cfg: GPTConfig, stages: int) -> list[list[int]]:
-    """The engine's pipeline cut (hybrid_engine.balance over models.gpt.layer_costs): module indices of each stage,
+    """The engine's pipeline cut (hybrid_engine.parallel.pipeline.balance over models.gpt.layer_costs): module indices of each stage,
     0 the embeddings, 1..L the blocks, L+1 the head. At the GPT-1B shape: 0..9 | 10..17 (9 blocks, then 7 and the
     head, whose 32000-word GEMM costs about a block); the pipeline peers cut the same way."""
     return balanced_partition(layer_costs(cfg), stages)

@@ -12,7 +12,7 @@ gradient accumulation over the micro-batches.
 megatron: megatron_gpt.build_model at tp = pp = 1: megatron-core's GPTModel with its local layer spec (no
 TransformerEngine or apex), Float16Module (bf16), its DDP with fp32 gradient reduction and its
 distributed-optimizer-free bf16 optimizer (fp32 masters, Adam, its default clipping at 1.0).
-MFU is model FLOPs (6 N + 12 layers hidden seq per token, hybrid_engine.flops) over the datasheet dense peak.
+MFU is model FLOPs (6 N + 12 layers hidden seq per token, hybrid_engine.metrics.flops) over the datasheet dense peak.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hybrid_engine.flops import gpt_flops_per_token, mfu  # noqa: E402
-from hybrid_engine.models.gpt import GPTConfig  # noqa: E402
+from hybrid_engine.metrics.flops import gpt_flops_per_token, mfu  # noqa: E402
+from hybrid_engine.models.gpt.model import GPTConfig  # noqa: E402
 from megatron_gpt import build_model as build_megatron  # noqa: E402  (imports megatron only when called)
 from plain_gpt import PlainGPT, WithLoss  # noqa: E402
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import common  # first of ours: it puts the repository on sys.path
 import gpt_peer_run
-from hybrid_engine.models.gpt import gpt_loss
+from hybrid_engine.models.gpt.model import gpt_loss
 from plain_gpt import PlainGPT, load_engine_init
 
 MODES = ("torch-pp", "torch-pp-compile", "dtensor-tp", "dtensor-tp-sp", "megatron-pp", "megatron-tp",

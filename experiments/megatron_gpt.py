@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import common  # first of ours: it puts the repository on sys.path
 from gpt_peer_run import engine_cut
-from hybrid_engine.models.gpt import GPTConfig
+from hybrid_engine.models.gpt.model import GPTConfig
 
 
 class SequenceParallelLayerNorm(torch.nn.LayerNorm):

@@ -121,10 +121,11 @@ def rank_main(rank: int, world: int, store_path: str, cfg: dict, out_dir: str, r
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from hybrid_engine import ProcessGrid, losses
-    from hybrid_engine.engine import Engine
-    from hybrid_engine.engine_config import PrecisionConfig, ScheduleConfig, StageConfig
-    from hybrid_engine.grid import build_groups
+    from hybrid_engine import ProcessGrid
+    from hybrid_engine.engine import losses
+    from hybrid_engine.engine.engine import Engine
+    from hybrid_engine.config.engine import PrecisionConfig, ScheduleConfig, StageConfig
+    from hybrid_engine.parallel.grid import build_groups
     from hybrid_engine.models import SyntheticRegression, large_linear_model
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)

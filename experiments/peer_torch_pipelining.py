@@ -9,7 +9,7 @@ Modes (one process per GPU):
   single         one GPU, the whole model, micro-batches by gradient accumulation (the 1-GPU baseline)
 
 Same model, data, loss and optimizer as the engine (experiments/common.py); the stages are cut with the
-engine's partition (hybrid_engine.partition). Precision as a user would write it: --amp off is fp32 with TF32
+engine's partition (hybrid_engine.parallel.pipeline.partition). Precision as a user would write it: --amp off is fp32 with TF32
 disabled; bf16 wraps every stage (or the model) in torch.autocast; fp16 adds torch.amp.GradScaler, whose
 found-inf flags are all-reduced over the ranks before the step so that every stage skips or steps together
 (as FSDP's ShardedGradScaler does). Stages pass half-precision activations between them (no cast back to fp32).
@@ -37,7 +37,7 @@ from common import (AMP_TO_PREC, add_common_args, autocast_dtype, build_layers, 
                     exact_fp32_matmuls, exit_without_teardown, fail, gather_peaks, init_distributed, make_optimizer, record, reset_peaks,
                     time_steps, use_cuda)
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.partition import partition
+from hybrid_engine.parallel.pipeline.partition import partition
 
 PIPELINE_MODES = ("gpipe", "1f1b", "interleaved")
 MODES = PIPELINE_MODES + ("tp", "single")

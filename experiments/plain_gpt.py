@@ -19,8 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from hybrid_engine.models import gpt as engine_gpt
-from hybrid_engine.models.gpt import GPTConfig, causal_attention, gpt_loss
+from hybrid_engine.models.gpt import model as engine_gpt
+from hybrid_engine.models.gpt.model import GPTConfig, causal_attention, gpt_loss
 
 
 class Block(nn.Module):
@@ -76,7 +76,7 @@ class WithLoss(nn.Module):
 
 @torch.no_grad()
 def load_engine_init(model: PlainGPT) -> PlainGPT:
-    """Copy the engine's initial weights (hybrid_engine.models.gpt, same cfg and seed) into this slice."""
+    """Copy the engine's initial weights (hybrid_engine.models.gpt.model, same cfg and seed) into this slice."""
     cfg = model.cfg
     device = next(model.parameters()).device
     if hasattr(model, "tokens"):

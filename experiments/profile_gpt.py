@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=1 experiments/profile_gpt.py --model gpt --hidden 2048 --layers 16 --heads 16 \\
         --seq-len 2048 --data TOKENS --batch-size 16 --micro-batches 8 --amp bf16 --optimizer adamw
 
-Takes the driver's flags (hybrid_engine.flags), builds the same workload and engine, runs --steps steps (the
+Takes the driver's flags (hybrid_engine.config.flags), builds the same workload and engine, runs --steps steps (the
 first half warm-up, the second half profiled) and prints per rank the step time, the GPU-busy share and the top
 CUDA kernels by total time; a Chrome trace per rank goes to $OUT.
 """
@@ -18,9 +18,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hybrid_engine.flags import parse_config  # noqa: E402
-from hybrid_engine.grid import build_groups  # noqa: E402
-from hybrid_engine.trainer import build_engine, build_workload  # noqa: E402
+from hybrid_engine.config.flags import parse_config  # noqa: E402
+from hybrid_engine.parallel.grid import build_groups  # noqa: E402
+from hybrid_engine.train.trainer import build_engine, build_workload  # noqa: E402
 from profile_engine import busy_us  # noqa: E402
 
 

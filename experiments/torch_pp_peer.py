@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gpt_peer_run import engine_cut
-from hybrid_engine.models.gpt import GPTConfig, gpt_loss
+from hybrid_engine.models.gpt.model import GPTConfig, gpt_loss
 from peer_torch_pipelining import Autocast
 from plain_gpt import PlainGPT, load_engine_init
 

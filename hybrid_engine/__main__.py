@@ -1,6 +1,6 @@
-"""`python -m hybrid_engine ...`: the command line (hybrid_engine/cli.py)."""
+"""`python -m hybrid_engine ...`: the command line (hybrid_engine/train/cli.py)."""
 import sys
 
-from .cli import run
+from hybrid_engine.train.cli import run
 
 sys.exit(run(prog="python -m hybrid_engine"))

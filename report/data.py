@@ -54,7 +54,7 @@ def mode_text(run: dict) -> str:
 
 @dataclass
 class Trace:
-    """One measured pipeline step (hybrid_engine/trace.py): per rank (type, stage, micro, start_ms, end_ms)."""
+    """One measured pipeline step (hybrid_engine/metrics/trace.py): per rank (type, stage, micro, start_ms, end_ms)."""
     name: str  # e.g. L_fp16_1f1b_pp2
     path: Path
     rows: list[list[tuple[str, int, int, float, float]]]

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle  # noqa: E402
 
 from hybrid_engine import ProcessGrid  # noqa: E402
-from hybrid_engine.schedule import Costs, make_schedule, simulate, timeline_rows  # noqa: E402
-from hybrid_engine.timeline import TYPE_COLORS, TYPE_NAMES  # noqa: E402
+from hybrid_engine.parallel.pipeline.schedule import Costs, make_schedule, simulate, timeline_rows  # noqa: E402
+from hybrid_engine.metrics.timeline import TYPE_COLORS, TYPE_NAMES  # noqa: E402
 
 from .data import Bench, Convergence, Trace, grid_of, mode_text, ok, status  # noqa: E402
 
@@ -137,7 +137,7 @@ def schedules_figure(names: Sequence[str], pp: int, micro: int) -> tuple[Figure,
                 f"simulated bubble {bubble:.3f}" + (" (own time axis)" if name == "naive" else "")
         gantt(ax, rows, label, "time (F = 1 unit per rank, B = 2, I = W = 1)" if ax is axes[-1] else "",
               makespan if name == "naive" else xmax)
-    fig.suptitle(f"Simulated schedules at pp={pp}, m={micro} micro-batches (hybrid_engine.schedule.simulate)",
+    fig.suptitle(f"Simulated schedules at pp={pp}, m={micro} micro-batches (hybrid_engine.parallel.pipeline.schedule.simulate)",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     type_legend(fig, ["F", "B", "I", "W"], chunks=True)

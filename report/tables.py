@@ -131,7 +131,7 @@ def pipeline_table(bench: Bench, root: Path) -> Table:
                "x base / x peer 1F1B: samples/s over the base code's / the peer's 1F1B samples/s at the same config, "
                "precision and grid, same file.",
                "MFU: model TFLOP/s/GPU over the card's datasheet dense peak (H100/H200 SXM: 989 TFLOP/s fp16/bf16, "
-               "67 fp32; hybrid_engine/flops.py). of GEMM: over the card's measured N=8192 GEMM rate instead: "
+               "67 fp32; hybrid_engine/metrics/flops.py). of GEMM: over the card's measured N=8192 GEMM rate instead: "
                + ", ".join(f"{k} {v:g}" for k, v in peak.items()) + " TFLOP/s (meta.gemm_peak_tflops), not MFU."]
     return t
 

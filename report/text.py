@@ -50,7 +50,7 @@ def overlap(bench: Optional[Bench], bubbles2: dict[str, float], bubbles4: dict[s
               "generates the compute order (naive, gpipe, 1f1b, interleaved, zb1), then a lowering pass inserts each "
               "send right after the action producing the tensor and each receive one compute action ahead of its "
               "consumer, so the transfer runs while that action computes."),
-        ("b", "Before anything runs, hybrid_engine.schedule.simulate dry-runs all ranks together: it rejects a "
+        ("b", "Before anything runs, hybrid_engine.parallel.pipeline.schedule.simulate dry-runs all ranks together: it rejects a "
               "schedule that would deadlock and gives its bubble (idle share of the makespan) and peak activations. "
               "The figures below are that simulator, with F = 1, B = 2, I = W = 1 time unit per rank."),
         ("h", "The executor overlaps communication"),

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
-from hybrid_engine import checkpoint
-from hybrid_engine.models.gpt import GPTConfig, build_gpt
-from hybrid_engine.workloads import gpt_checkpoint_model
+from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
+from hybrid_engine.models.workloads import gpt_checkpoint_model
 
 
 class OneRankEngine:

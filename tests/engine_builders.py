@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hybrid_engine import losses, optim
-from hybrid_engine.engine import Engine
-from hybrid_engine.engine_config import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from hybrid_engine.engine import losses
+from hybrid_engine.engine import optim
+from hybrid_engine.engine.engine import Engine
+from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
 
 def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1b", micro_batches: int = 4,

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid_engine import data, sample
-from hybrid_engine.models.gpt import generate
+import hybrid_engine.data as data
+from hybrid_engine.train import sample
+from hybrid_engine.models.gpt.model import generate
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -1,5 +1,5 @@
 """Calibrated simulation: the schedule simulated with each stage's own action durations (simulate's
-stage_costs), and the traced bubble over it (hybrid_engine/trace.py): what the executor adds beyond the idle
+stage_costs), and the traced bubble over it (hybrid_engine/metrics/trace.py): what the executor adds beyond the idle
 time that unequal stages imply."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hybrid_engine.schedule import Costs, make_schedule, simulate, timeline_rows
-from hybrid_engine.trace import calibrated_bubble, measured_bubble, rows_of_chrome_trace, stage_costs
+from hybrid_engine.parallel.pipeline.schedule import Costs, make_schedule, simulate, timeline_rows
+from hybrid_engine.metrics.trace import calibrated_bubble, measured_bubble, rows_of_chrome_trace, stage_costs
 
 
 def test_unequal_stages_by_hand():

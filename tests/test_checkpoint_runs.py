@@ -28,7 +28,7 @@ def _error_lines(run: subprocess.CompletedProcess) -> list[str]:
 
 
 def _every_rank_says(run: subprocess.CompletedProcess, expected: str) -> str:
-    """Every rank stops with the same error, and it is said once (rank 0 speaks for all: hybrid_engine/cli.py)."""
+    """Every rank stops with the same error, and it is said once (rank 0 speaks for all: hybrid_engine/train/cli.py)."""
     lines = _error_lines(run)
     assert run.returncode != 0
     assert len(lines) == 1, run.stderr

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid_engine import data as data_mod
+import hybrid_engine.data.datasets as data_mod
 from hybrid_engine.data import (
     MAGIC,
     DataError,

@@ -1,8 +1,8 @@
-"""The divergence guard (hybrid_engine/divergence.py): a loss that is not finite or a spike stops training, and
+"""The divergence guard (hybrid_engine/train/divergence.py): a loss that is not finite or a spike stops training, and
 only a state whose own step passed it may become `latest`."""
 import math
 
-from hybrid_engine.divergence import DivergenceGuard
+from hybrid_engine.train.divergence import DivergenceGuard
 
 
 def test_a_non_finite_loss_is_named():

@@ -17,10 +17,10 @@ from dist_utils import run_ranks
 from engine_reference import reference_run
 from hybrid_engine import ProcessGrid
 from engine_builders import make_engine
-from hybrid_engine.engine import Engine
-from hybrid_engine.grid import build_groups
+from hybrid_engine.engine.engine import Engine
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.tp_layers import Linear
+from hybrid_engine.parallel.tensor.layers import Linear
 
 # One layer of dim 64 is 64*64 + 64 fp32 values = 16.25 KiB: a 0.02 MiB cap gives one bucket per layer.
 CFG = dict(dim=64, depth=8, batch_size=64, micro_batches=4, steps=3, lr=0.05, bucket_mb=0.02)

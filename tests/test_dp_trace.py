@@ -1,4 +1,4 @@
-"""The DP collectives in a traced step (csrc/comm/comm_trace.h, hybrid_engine/trace.py): every gradient bucket's
+"""The DP collectives in a traced step (csrc/comm/comm_trace.h, hybrid_engine/metrics/trace.py): every gradient bucket's
 all-reduce (gloo's stand-in for the reduce-scatter) and, under ZeRO-1, every parameter all-gather the forward waited
 for, beside the compute actions on one clock; the written Chrome trace stays valid and readable."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.grid import build_groups
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.trace import comm_rows_of_chrome_trace, rows_of_chrome_trace
+from hybrid_engine.metrics.trace import comm_rows_of_chrome_trace, rows_of_chrome_trace
 
 DIM, DEPTH, BATCH = 32, 4, 16
 

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from hybrid_engine import _C, ProcessGrid
 from engine_builders import make_engine
-from hybrid_engine.engine_config import DataParallelConfig
-from hybrid_engine.grid import build_groups
+from hybrid_engine.config.engine import DataParallelConfig
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Faults with real processes (issue #7, part 4): a rank SIGKILLed mid-run ends every other rank within 60 s
 with a line naming it (under torchrun, and without a launcher that tears the others down); torchrun
 --max-restarts with --resume finishes from the last checkpoint with the uninterrupted losses; a crash while
-saving leaves the previous checkpoint loadable. The test hooks are described in hybrid_engine/faults.py."""
+saving leaves the previous checkpoint loadable. The test hooks are described in hybrid_engine/runtime/faults.py."""
 import json
 import os
 import re

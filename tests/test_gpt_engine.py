@@ -16,12 +16,13 @@ import torch.distributed as dist
 
 from dist_utils import run_ranks
 from engine_builders import make_engine
-from hybrid_engine import ProcessGrid, optim
+from hybrid_engine import ProcessGrid
+from hybrid_engine.engine import optim
 from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
-from hybrid_engine.evaluate import evaluate
-from hybrid_engine.grid import build_groups
-from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
-from hybrid_engine.workloads import gpt_workload
+from hybrid_engine.train.evaluate import evaluate
+from hybrid_engine.parallel.grid import build_groups
+from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
+from hybrid_engine.models.workloads import gpt_workload
 
 VOCAB, SEQ, BATCH, MICRO, STEPS, LR, MOMENTUM = 67, 16, 8, 4, 3, 0.1, 0.9
 RTOL = 1e-5
@@ -358,7 +359,7 @@ def test_engine_learns_the_markov_corpus_to_near_its_entropy_floor():
 
 def save_gpt_checkpoint(rank: int, world: int, root: str) -> dict:
     """Two steps of a byte-level GPT (vocabulary 256) on mp2 with SP, tied; checkpoint.save; the gathered state."""
-    from hybrid_engine import checkpoint
+    from hybrid_engine.checkpoint import save as checkpoint
 
     engine, groups, _, _ = train_engine(rank, {"mp": 2, "sp": True, "tied": True}, steps=2, data=dataset(256))
     run_info = {"model": gpt_workload(config(True), dataset(256)).checkpoint_model, "optimizer": "sgd"}
@@ -372,7 +373,7 @@ def test_sample_loads_a_checkpoint_from_any_grid_and_continues_a_prompt(tmp_path
     import subprocess
     import sys
 
-    from hybrid_engine import sample
+    from hybrid_engine.train import sample
 
     state = run_ranks(2, save_gpt_checkpoint, str(tmp_path), timeout=300)[0]
     model, cfg = sample.load_gpt(str(tmp_path))

@@ -11,9 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hybrid_engine.data import open_dataset
-from hybrid_engine.balance import balanced_partition, describe_layout, stage_costs
+from hybrid_engine.parallel.pipeline.balance import balanced_partition, describe_layout, stage_costs
 from hybrid_engine.models import materialize
-from hybrid_engine.models.gpt import (
+from hybrid_engine.models.gpt.model import (
     TIED_EMBEDDINGS,
     Block,
     Embedding,

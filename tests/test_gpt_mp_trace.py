@@ -11,9 +11,9 @@ from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
 from hybrid_engine.data import MarkovChain, TokenDataset
-from hybrid_engine.grid import build_groups
-from hybrid_engine.models.gpt import GPTConfig
-from hybrid_engine.workloads import gpt_workload
+from hybrid_engine.parallel.grid import build_groups
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.workloads import gpt_workload
 
 LAYERS, MICRO = 2, 2
 

@@ -16,9 +16,9 @@ from dist_utils import run_ranks
 
 from hybrid_engine import _C
 from hybrid_engine.models import materialize
-from hybrid_engine.models.gpt import GPTConfig, build_gpt, gpt_loss
-from hybrid_engine.tp_layers import copy_placement, gather_full, is_mp_split, take_shard
-from hybrid_engine.tp_transformer import (
+from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
+from hybrid_engine.parallel.tensor.layers import copy_placement, gather_full, is_mp_split, take_shard
+from hybrid_engine.models.gpt.parallelize import (
     boundary_shape,
     check_gpt_parallel,
     ParallelBlock,
@@ -304,7 +304,7 @@ def test_sequence_slabs_are_the_chunks_the_flat_collectives_exchange(b, p):
     # On NCCL the sequence-parallel gather and reduce-scatter use the flat collectives, which read and write rank
     # r's piece as the r-th slab along dim 0; these layouts must be exactly the sequence chunks (CPU runs gloo's
     # list form, so this is what checks the GPU path's indexing).
-    from hybrid_engine.sequence_parallel import sequence_from_slabs, sequence_to_slabs
+    from hybrid_engine.parallel.tensor.sequence_parallel import sequence_from_slabs, sequence_to_slabs
     x = torch.randn(b, 4 * p, 3, 5)
     slabs = sequence_to_slabs(x, p)
     assert slabs.is_contiguous() and slabs.shape == (p, b, 4, 3, 5)

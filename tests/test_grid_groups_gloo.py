@@ -59,7 +59,7 @@ def test_cpp_all_reduce_over_each_grid_group_sums_its_members():
 
 def _all_reduce_with_a_silent_peer(rank: int, world_size: int, timeout_s: float | None) -> str | None:
     """Rank 1 never joins rank 0's all-reduce over their DP group; rank 0 must get an error, not wait on."""
-    from hybrid_engine.grid import build_groups
+    from hybrid_engine.parallel.grid import build_groups
 
     groups = build_groups(_C.ProcessGrid(2, 1, 1), rank, timeout_s=timeout_s)
     store = dist.distributed_c10d._get_default_store()
@@ -83,7 +83,7 @@ def test_grid_groups_give_up_on_a_silent_peer_after_the_given_timeout():
 
 
 def _group_timeouts(rank: int, world_size: int) -> list[float]:
-    from hybrid_engine.grid import build_groups, world_timeout
+    from hybrid_engine.parallel.grid import build_groups, world_timeout
 
     groups = build_groups(_C.ProcessGrid(1, 2, 1), rank)
     members = [groups.dp, groups.pp, groups.mp, groups.model_parallel] + [c.group for c in groups.channels.values()]

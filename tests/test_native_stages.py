@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.grid import build_groups
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 CFG = dict(dim=32, depth=6, batch_size=32, micro_batches=4, steps=3, lr=0.05)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from hybrid_engine import data
+import hybrid_engine.data as data
 from hybrid_engine.data import DataError
 
 
@@ -68,7 +68,7 @@ class _FullDisk(io.FileIO):
 
 
 def test_a_write_that_fails_is_one_line_and_leaves_no_temporary(tmp_path, book, capsys, monkeypatch):
-    from hybrid_engine import token_files
+    from hybrid_engine.data import token_files
 
     monkeypatch.setattr(token_files, "open", lambda path, mode="r": _FullDisk(path, "w"), raising=False)
     out = tmp_path / "book.tok"

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from hybrid_engine import cli
-from hybrid_engine.flags import build_parser, parse_config
-from hybrid_engine.config import ConfigError, LaunchEnv, RunConfig
-from hybrid_engine.engine_config import ScheduleConfig, StageConfig
+from hybrid_engine.train import cli
+from hybrid_engine.config.flags import build_parser, parse_config
+from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
+from hybrid_engine.config.engine import ScheduleConfig, StageConfig
 
 
 def write(tmp_path, text: str) -> str:

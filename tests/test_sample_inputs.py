@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from checkpoint_fakes import SMALL_GPT, sha256_of, write_gpt_checkpoint
-from hybrid_engine import sample
+from hybrid_engine.train import sample
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def _text(seed: int) -> str:
 
 def test_a_tokenizer_of_the_same_size_but_other_merges_is_refused(tmp_path, capsys):
     pytest.importorskip("tokenizers")
-    from hybrid_engine import data
+    import hybrid_engine.data as data
 
     made = {}
     for name, seed in (("ours", 0), ("other", 1)):

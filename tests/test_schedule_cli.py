@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hybrid_engine.schedule import main
+from hybrid_engine.parallel.pipeline.schedule import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def test_cli_draws_the_timeline_png(tmp_path, capsys):
 
 def test_draw_timeline_takes_measured_rows(tmp_path):
     pytest.importorskip("matplotlib")
-    from hybrid_engine.timeline import draw_timeline
+    from hybrid_engine.metrics.timeline import draw_timeline
 
     rows = [[(0.0, 1.5, "F", 0, 0), (2.0, 5.0, "B", 0, 0)], [(1.6, 3.0, "F", 1, 0), (3.0, 4.0, "SEND", 1, 0)]]
     path = tmp_path / "measured.svg"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_engine.schedule import (SCHEDULES, Action, add_communication, compute_schedule, make_schedule, simulate,
+from hybrid_engine.parallel.pipeline.schedule import (SCHEDULES, Action, add_communication, compute_schedule, make_schedule, simulate,
                                     validate)
 
 

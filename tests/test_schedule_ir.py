@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from hybrid_engine.schedule import Action, ActionType, add_communication, make_schedule, validate
+from hybrid_engine.parallel.pipeline.schedule import Action, ActionType, add_communication, make_schedule, validate
 
 ALL_TYPES = ["F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"]
 

@@ -4,7 +4,7 @@ It must keep every program valid and deadlock-free, cost exactly one live micro-
 nothing when zero, and shorten the simulated step once sends take time (the gradient's round trip)."""
 import pytest
 
-from hybrid_engine.schedule import Costs, compute_schedule, make_schedule, simulate, validate
+from hybrid_engine.parallel.pipeline.schedule import Costs, compute_schedule, make_schedule, simulate, validate
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb1"])

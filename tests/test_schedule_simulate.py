@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_engine.schedule import Action, Costs, ScheduleDeadlockError, make_schedule, simulate
+from hybrid_engine.parallel.pipeline.schedule import Action, Costs, ScheduleDeadlockError, make_schedule, simulate
 
 UNIT = Costs()
 EQUAL_FB = Costs(F=1, B=1, I=0.5, W=0.5)
@@ -121,7 +121,7 @@ def test_swapped_receive_pair_is_caught_naming_both_ends():
 
 
 def test_compute_only_schedule_must_be_lowered_before_simulating():
-    from hybrid_engine.schedule import compute_schedule
+    from hybrid_engine.parallel.pipeline.schedule import compute_schedule
 
     with pytest.raises(ValueError, match="add_communication"):
         simulate(compute_schedule("1f1b", 2, 2))

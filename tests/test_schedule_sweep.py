@@ -15,7 +15,7 @@ from dist_utils import run_ranks
 from engine_builders import make_engine
 from engine_reference import reference_run
 from hybrid_engine import ProcessGrid
-from hybrid_engine.grid import build_groups
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 CFG = dict(dim=16, depth=4, batch_size=16, micro_batches=4, steps=3, lr=0.1)

@@ -17,11 +17,11 @@ from dist_utils import run_ranks
 from engine_builders import make_engine
 from engine_reference import reference_run
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine_config import PrecisionConfig, StageConfig
-from hybrid_engine.grid import build_groups
+from hybrid_engine.config.engine import PrecisionConfig, StageConfig
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.stages import plan_stages
-from hybrid_engine.trace import comm_rows_of_chrome_trace, write_trace
+from hybrid_engine.parallel.pipeline.stages import plan_stages
+from hybrid_engine.metrics.trace import comm_rows_of_chrome_trace, write_trace
 
 DIM, BATCH, MICRO, STEPS, LR = 32, 48, 4, 3, 0.05
 

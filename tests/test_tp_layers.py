@@ -16,7 +16,7 @@ from dist_utils import run_ranks
 from torch import nn
 
 from hybrid_engine import _C
-from hybrid_engine.tp_layers import ColumnParallelLinear, Linear, RowParallelLinear, is_mp_split, parallelize_mlp
+from hybrid_engine.parallel.tensor.layers import ColumnParallelLinear, Linear, RowParallelLinear, is_mp_split, parallelize_mlp
 
 DIM = 16
 ROWS = 8

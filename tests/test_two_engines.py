@@ -9,7 +9,7 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.grid import build_groups
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 STEPS = 4

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from dist_utils import run_ranks
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import Engine
-from hybrid_engine.engine_config import PrecisionConfig, ScheduleConfig
-from hybrid_engine.grid import build_groups
+from hybrid_engine.engine.engine import Engine
+from hybrid_engine.config.engine import PrecisionConfig, ScheduleConfig
+from hybrid_engine.parallel.grid import build_groups
 
 STEPS, BATCH, MICRO, LR = 4, 32, 2, 3e-3
 

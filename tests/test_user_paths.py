@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from hybrid_engine.config import ConfigError
-from hybrid_engine.flags import parse_config
-from hybrid_engine.trainer import check_output_paths
+from hybrid_engine.config.run import ConfigError
+from hybrid_engine.config.flags import parse_config
+from hybrid_engine.train.trainer import check_output_paths
 
 
 def _within(seconds: float, fn, unblock: str | None = None):
@@ -84,7 +84,7 @@ def test_a_config_nested_100000_deep_is_one_line_naming_the_file(tmp_path):
 def test_a_rank_that_fails_before_the_rendezvous_does_not_take_the_launcher_for_gone(monkeypatch):
     # under torchrun a rank that fails on a bad --config has not asked the store anything yet: its silence says
     # nothing about the launcher
-    from hybrid_engine import faults
+    from hybrid_engine.runtime import faults
 
     for name, value in (("TORCHELASTIC_RUN_ID", "test"), ("TORCHELASTIC_USE_AGENT_STORE", "True"),
                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):

@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hybrid_engine import ProcessGrid, losses
+from hybrid_engine import ProcessGrid
+from hybrid_engine.engine import losses
 from hybrid_engine.data import MAGIC, MarkovChain, TokenDataset, write_token_file
-from hybrid_engine.partition import check_layout
-from hybrid_engine.engine_config import ConfigError
-from hybrid_engine.flops import gpt_flops_per_token
-from hybrid_engine.models.gpt import GPTConfig
-from hybrid_engine.tied import tied_stages
-from hybrid_engine.tp_layers import parallelize_mlp
-from hybrid_engine.workloads import ParallelizeGPT, check_gpt, gpt_config_of, gpt_workload, mlp_workload
+from hybrid_engine.parallel.pipeline.partition import check_layout
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.metrics.flops import gpt_flops_per_token
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.parallel.data_parallel.tied import tied_stages
+from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+from hybrid_engine.models.workloads import ParallelizeGPT, check_gpt, gpt_config_of, gpt_workload, mlp_workload
 
 CFG = GPTConfig(vocab_size=256, layers=4, hidden=32, heads=4, seq_len=16, tie_embeddings=True, seed=1)
 
@@ -146,8 +147,8 @@ def _evaluate_mlp(rank: int, world: int) -> tuple[float, float]:
     import torch.nn.functional as F
 
     from engine_builders import make_engine
-    from hybrid_engine.evaluate import evaluate
-    from hybrid_engine.grid import build_groups
+    from hybrid_engine.train.evaluate import evaluate
+    from hybrid_engine.parallel.grid import build_groups
     from hybrid_engine.models import large_linear_model, materialize
 
     wl = mlp_workload(16, 4, 0)

@@ -1,4 +1,4 @@
-"""The distributed optimizer (ZeRO-1, hybrid_engine/zero.py): sharded optimizer state over DP trains exactly like
+"""The distributed optimizer (ZeRO-1, hybrid_engine/parallel/data_parallel/zero.py): sharded optimizer state over DP trains exactly like
 the replicated one, agrees on skips over DP, holds 1/dp of the state, and checkpoints reshard across dp sizes and
 between sharded and replicated runs."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.grid import build_groups
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
 CFG = dict(dim=32, depth=4, batch_size=32, micro_batches=2, steps=4, lr=0.05)

@@ -1,4 +1,4 @@
-"""ZeRO-1's parameter all-gather overlapped with the next forward (hybrid_engine/param_gather.py,
+"""ZeRO-1's parameter all-gather overlapped with the next forward (hybrid_engine/parallel/data_parallel/param_gather.py,
 csrc/executor/dp_param_gather.h): the curves stay those of the replicated optimizer on every schedule and stage
 program, each layer of the forward waits only for its own bucket, and everything that reads or writes parameters
 between steps (user access, evaluation, checkpoint save and load, close) finds the whole updated model."""
@@ -10,10 +10,11 @@ import torch.distributed as dist
 
 from dist_utils import run_ranks
 from engine_builders import make_engine
-from hybrid_engine import ProcessGrid, optim
-from hybrid_engine.grid import build_groups
+from hybrid_engine import ProcessGrid
+from hybrid_engine.engine import optim
+from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.workloads import gpt_workload
+from hybrid_engine.models.workloads import gpt_workload
 
 DIM, DEPTH, BATCH, MICRO, STEPS = 32, 4, 32, 4, 4
 BUCKET_MB = 0.004  # ~1000 fp32 elements: one layer per bucket (DIM^2 + DIM = 1056), so several buckets

@@ -6,7 +6,7 @@
 //                     output's gradient is computed with the loss.
 //   AutogradStage     any nn.Module, called through Python; its backward is torch's autograd from the stage
 //                     output (or the loss) to the stage input. Autocast, recomputation and torch.compile live
-//                     inside the callable (hybrid_engine/stages.py).
+//                     inside the callable (hybrid_engine/parallel/pipeline/stages.py).
 //
 // Both defer weight gradients the same way: inside an I action the executor holds a DeferWeightGrads scope on
 // the engine's GradBuffer store, and every hybrid layer stashes instead of computing.

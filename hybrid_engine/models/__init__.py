@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from .mlp import (
+from hybrid_engine.models.mlp.model import (
     _STREAM_BATCH,
     _STREAM_LAYER,
     _STREAM_TEACHER,

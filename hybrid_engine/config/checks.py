@@ -1,0 +1,147 @@
+"""The configuration's rules: every number range-checked, the grid resolved, model, batch and schedule checked,
+each with one line that names the flag a user typed. RunConfig.validate (config/run.py) calls them in order; they
+need no process group, so every rank runs them before the first collective."""
+from __future__ import annotations
+
+import math
+
+import hybrid_engine._C as _C
+from hybrid_engine.engine import optim
+from .engine import ConfigError, ScheduleConfig
+
+MODELS = ("mlp", "gpt")
+DEVICES = ("auto", "cpu", "cuda")
+MAX_DIM = 2**16  # one dim x dim fp32 layer is then 16 GiB
+MAX_DEPTH = 4096
+MAX_RANKS = 2**16
+MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
+MAX_LR = 3e38  # the largest learning rate an fp32 master can multiply: beyond it every step is inf
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+def _in_range(flag: str, value, low, high, what: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number ({what}), got {value}")
+    if not low <= value <= high:
+        raise ConfigError(f"{flag} must be {what}, got {value}")
+
+
+def check_numbers(cfg) -> None:
+    """Every number a user gives, range-checked with a message that names the real problem, before anything
+    is built (a huge --dim would otherwise fail deep in torch after setup, a huge --lookahead in pybind)."""
+    p, m, s, pr = cfg.parallel, cfg.model, cfg.schedule, cfg.precision
+    if p.dp is not None and p.dp < 1:
+        raise ConfigError(f"--dp must be >= 1, got {p.dp}")
+    for flag, value in (("--dp", p.dp), ("--pp", p.pp), ("--mp", p.mp)):
+        if value is not None and value > MAX_RANKS:
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")
+    if p.device not in DEVICES:  # the flag's choices, for a --config file's value too (case matters: cuda)
+        raise ConfigError(f"parallel.device (--device) must be one of {', '.join(DEVICES)}, got {p.device!r}")
+    _in_range("--comm-timeout", p.comm_timeout, 1e-3, MAX_TIMEOUT_S,
+              f"a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week)")
+    if p.memory_cap_gib is not None:
+        _in_range("--memory-cap-gib", p.memory_cap_gib, 1e-6, 1e6, "a positive number of GiB")
+    if m.name not in MODELS:
+        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {m.name!r}")
+    if m.dim > MAX_DIM:
+        raise ConfigError(f"--dim {m.dim} is too large (at most {MAX_DIM}: one {MAX_DIM} x {MAX_DIM} fp32 layer is "
+                          "already 16 GiB)")
+    if m.depth > MAX_DEPTH:
+        raise ConfigError(f"--depth {m.depth} is too large (at most {MAX_DEPTH} layers)")
+    _in_range("--seed", m.seed, 0, MAX_SEED, "in [0, 2^63 - 1] (a torch generator's seed)")
+    if cfg.data.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {cfg.data.batch_size}")
+    if cfg.data.batch_size > MAX_INT:
+        raise ConfigError(f"--batch-size {cfg.data.batch_size} is too large (at most {MAX_INT})")
+    for flag, value in (("--micro-batches", s.micro_batches), ("--virtual-stages", s.virtual_stages),
+                        ("--lookahead", s.lookahead)):
+        if abs(value) > MAX_INT:  # the C++ core takes an int
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_INT})")
+    if cfg.optimizer.name not in optim.NAMES:
+        raise ConfigError(f"--optimizer must be one of {', '.join(optim.NAMES)}, got {cfg.optimizer.name!r}")
+    _in_range("--lr", cfg.optimizer.lr, 0.0, MAX_LR, f"a learning rate in [0, {MAX_LR:g}]")
+    t = cfg.training
+    _in_range("--steps", t.steps, 0, MAX_INT, "a number of steps >= 0 (0: set up and stop)")
+    _in_range("--warmup", t.warmup, 0, MAX_INT, "a number of steps >= 0")
+    _in_range("--log-every", t.log_every, 1, MAX_INT, "a number of steps >= 1")
+    _in_range("--eval-every", t.eval_every, 0, MAX_INT, "a number of steps >= 0 (0: never)")
+    _in_range("--spike-factor", t.spike_factor, 0.0, 3.0e38, "0 (off) or a factor > 1")
+    if 0 < t.spike_factor <= 1:
+        raise ConfigError(f"--spike-factor must be 0 (off) or a factor > 1, got {t.spike_factor}")
+    for flag, value in (("--layers", m.layers), ("--hidden", m.hidden), ("--heads", m.heads),
+                        ("--seq-len", m.seq_len)):
+        if value > MAX_DIM:
+            raise ConfigError(f"{flag} {value} is too large (at most {MAX_DIM})")
+    if pr.loss_scale is not None:
+        _in_range("--loss-scale", pr.loss_scale, 1e-30, 3.0e38, "a positive loss scale")
+    _in_range("--scale-window", pr.scale_window, 1, MAX_INT, "a number of clean steps >= 1")
+    _in_range("--hysteresis", pr.hysteresis, 1, MAX_INT, "a number of overflows >= 1 (1: halve at the first)")
+    _in_range("--clip-grad", pr.clip_grad, 0.0, 3.0e38, "a gradient norm >= 0 (0: off)")
+    c = cfg.checkpoint
+    if c.save_every < 0 or c.keep < 1:
+        raise ConfigError(f"--save-every must be >= 0 and --keep-checkpoints >= 1, got {c.save_every} and {c.keep}")
+
+
+# ------------------------------------------------------------------------------------------------ grid and training
+def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int) -> _C.ProcessGrid:
+    """The grid for this launch; dp defaults to world / (pp * mp)."""
+    for name, value in (("pp", pp), ("mp", mp)):
+        if value < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {value}")
+    if dp is None:
+        if world_size % (pp * mp) != 0:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by pp x mp = {pp} x {mp} = {pp * mp}; set --dp explicitly"
+            )
+        dp = world_size // (pp * mp)
+    try:
+        grid = _C.ProcessGrid(dp, pp, mp, order)
+        grid.check_world_size(world_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return grid
+
+
+def check_training(
+    grid: _C.ProcessGrid,
+    *,
+    schedule: str,
+    virtual_stages: int,
+    depth: int,
+    dim: int,
+    batch_size: int,
+    micro_batches: int,
+    amp: str = "off",
+    device_type: str = "cpu",
+    lookahead: int = 0,
+) -> None:
+    """Everything about model, batch and schedule that can be wrong before training starts. The schedule's own
+    rules are the C++ core's (ScheduleConfig.validate); the two checked here first keep their flag-naming lines."""
+    if schedule == "interleaved" and virtual_stages < 2:
+        raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
+    if lookahead > 0 and schedule not in ("1f1b", "zb1"):
+        raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
+    ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead).validate(grid.pp_size)
+    if schedule != "interleaved" and virtual_stages != 1:
+        raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
+    if dim < 1 or depth < 1:
+        raise ConfigError(f"--dim and --depth must be >= 1, got dim {dim}, depth {depth}")
+    stages = grid.pp_size * virtual_stages
+    if depth < stages:
+        raise ConfigError(
+            f"--depth {depth} is less than pp x virtual stages = {grid.pp_size} x {virtual_stages} = {stages}: "
+            "every stage needs at least one layer"
+        )
+    if dim % grid.mp_size != 0:
+        raise ConfigError(f"--dim {dim} is not divisible by --mp {grid.mp_size}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size % (grid.dp_size * micro_batches) != 0:
+        raise ConfigError(
+            f"--batch-size {batch_size} is not divisible by dp x micro-batches = {grid.dp_size} x {micro_batches} "
+            f"= {grid.dp_size * micro_batches}"
+        )
+    if amp == "fp16" and device_type != "cuda":
+        raise ConfigError("--amp fp16 needs CUDA GPUs (fp16 matrix products are not supported on the CPU); use --amp bf16")

@@ -1,0 +1,150 @@
+"""The engine's typed configuration: one frozen dataclass per concern, each field documented, validated once.
+
+These are what `Engine` takes. The run-level configuration (grid, model, data, training loop, checkpoints,
+reporting) and the command line and TOML mapping live in hybrid_engine/config/run.py; schedule names and rules come
+from the C++ core (csrc/schedule/generators.h), never from a second list here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import hybrid_engine._C as _C
+
+SCHEDULES: tuple[str, ...] = tuple(_C.schedule.schedule_names())
+STAGE_IMPLS = ("auto", "native", "autograd")
+AMP_MODES = ("off", "fp16", "bf16")
+AMP_IMPLS = ("half-weights", "autocast")
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DP_GRAD_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+MAX_BUCKET_MB = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A user mistake in the run's configuration; its message is the one line the user sees."""
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How micro-batches flow through the pipeline (csrc/schedule)."""
+
+    name: str = "1f1b"
+    """naive | gpipe | 1f1b | interleaved | zb1 (zero-bubble: weight gradients deferred into the bubbles)."""
+    micro_batches: int = 4
+    """Micro-batches per DP rank per step; the step's loss is their mean."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved only)."""
+    lookahead: int = 0
+    """1f1b/zb1: forwards every rank but the last runs beyond the 1F1B warm-up, hiding the gradient's round trip
+    at the cost of one more micro-batch of activations each."""
+    merge_weight_grads: bool = False
+    """zb1: compute a stage's weight gradients once over all micro-batches (one GEMM per layer)."""
+
+    def validate(self, pp: int) -> None:
+        """The C++ core's rules for this request (one line each), and the flags that only some schedules use."""
+        try:
+            _C.schedule.check_schedule_request(self.name, pp, self.micro_batches, self.virtual_stages,
+                                               self.lookahead)
+        except ValueError as exc:
+            raise ConfigError(f"schedule: {exc}") from None
+        if self.merge_weight_grads and self.name != "zb1":
+            raise ConfigError(f"merging weight gradients applies to the zb1 schedule only (got {self.name}): it "
+                              "merges the deferred W actions, which only zb1 has")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """How each pipeline stage computes (hybrid_engine/parallel/pipeline/stages.py)."""
+
+    impl: str = "auto"
+    """auto: a plain Linear(+ReLU) chain runs natively in the C++ executor (no autograd), anything else through
+    autograd; native: require the native chain for every stage; autograd: every stage through autograd."""
+    recompute: bool = False
+    """Activation recomputation: keep only each stage's input between a micro-batch's forward and backward."""
+    compile: bool = False
+    """Run autograd stages' modules under torch.compile (native stages are already fused)."""
+    tp_chunks: int = 0
+    """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
+    GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
+
+    def validate(self) -> None:
+        _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
+        if self.tp_chunks < 0:
+            raise ConfigError(f"stages.tp_chunks (--tp-chunks) must be >= 0 (0: auto), got {self.tp_chunks}")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Mixed precision and the loss scaler (hybrid_engine/engine/precision.py, csrc/amp)."""
+
+    amp: str = "off"
+    """off | fp16 (with dynamic loss scaling) | bf16."""
+    implementation: str = "half-weights"
+    """half-weights: half weights for the whole step, fp32 masters and fp32 gradient accumulation;
+    autocast: fp32 weights cast inside every matrix product by torch.autocast."""
+    loss_scale: float | None = None
+    """fp16: a static loss scale instead of the dynamic one."""
+    scale_window: int = 2000
+    """fp16: clean steps before the dynamic scale doubles."""
+    hysteresis: int = 1
+    """fp16: overflows tolerated before the dynamic scale halves."""
+    clip_grad: float = 0.0
+    """Clip the global gradient norm to this (0: off); MP-replicated parameters count once."""
+
+    def validate(self) -> None:
+        _choice(self.amp, AMP_MODES, "precision.amp (--amp)")
+        _choice(self.implementation, AMP_IMPLS, "precision.implementation (--amp-impl)")
+        if self.loss_scale is not None and self.amp != "fp16":
+            raise ConfigError(f"a static loss scale applies to amp fp16 only, got amp {self.amp}")
+
+    @property
+    def half_dtype(self) -> torch.dtype | None:
+        return HALF_DTYPES.get(self.amp)
+
+    @property
+    def autocast(self) -> bool:
+        return self.amp != "off" and self.implementation == "autocast"
+
+    @property
+    def half_weights(self) -> bool:
+        return self.amp != "off" and self.implementation == "half-weights"
+
+
+@dataclass(frozen=True)
+class DataParallelConfig:
+    """How gradients are combined over DP replicas (csrc/grad, csrc/executor/dp_grad_sync.h)."""
+
+    bucket_mb: float = 256.0
+    """Size cap (MiB of gradient) of a bucket; buckets hold whole layers, last layer first, and each starts its
+    collective as soon as its gradients are final in the step's last backward."""
+    grad_dtype: str = "fp32"
+    """fp32 | bf16: the dtype gradients travel in (bf16 halves the bytes on the link, rounding each replica's
+    gradient and their sum to bf16; accumulation stays fp32)."""
+    zero: int = 0
+    """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
+    (ZeRO-1, hybrid_engine/parallel/data_parallel/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
+    updated parameters all-gathered."""
+    overlap_param_gather: bool = True
+    """With zero 1: each bucket's parameter all-gather is launched as soon as its shard is updated and waited for
+    only by the next forward's first layer that reads it (hybrid_engine/parallel/data_parallel/param_gather.py); false waits for all of
+    them at the end of the step (exposed)."""
+
+    def validate(self) -> None:
+        if self.zero not in (0, 1):
+            raise ConfigError(f"data_parallel.zero (--zero) must be 0 or 1, got {self.zero}")
+        _choice(self.grad_dtype, tuple(DP_GRAD_DTYPES), "data_parallel.grad_dtype (--dp-grad-dtype)")
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"the DP bucket size must be positive, got {self.bucket_mb} MiB")
+        if not self.bucket_mb <= MAX_BUCKET_MB:  # also nan and inf; the C++ core takes the size in bytes
+            raise ConfigError(f"data_parallel.bucket_mb must be at most {MAX_BUCKET_MB} MiB (1 TiB), got "
+                              f"{self.bucket_mb}")
+
+    @property
+    def wire_dtype(self) -> torch.dtype | None:
+        return DP_GRAD_DTYPES[self.grad_dtype]

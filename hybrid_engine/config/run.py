@@ -1,0 +1,285 @@
+"""A run's typed configuration: one frozen dataclass per concern, each field documented, validated once.
+
+The engine's own configuration (schedule, stages, precision, data parallel) lives in config/engine.py; this file
+adds what a run needs around the engine (grid, model, data, optimizer, training loop, checkpoints, reporting)
+and `RunConfig`, which holds them all. The command line (hybrid_engine/train/cli.py) and a TOML file (`--config
+run.toml`, one table per field of RunConfig: `[parallel]`, `[schedule]`, ...) both fill a RunConfig.
+
+`RunConfig.validate` runs on every rank before the first collective, so a bad configuration ends every rank
+with the same one-line message instead of a hang. Schedule names and rules come from the C++ core
+(ScheduleConfig.validate); the rules in config/checks.py name the flag a user typed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import hybrid_engine._C as _C
+from hybrid_engine.engine import optim
+from .checks import (DEVICES, MODELS, check_numbers, check_training,  # noqa: F401
+                            resolve_grid)
+from .engine import (SCHEDULES, ConfigError, DataParallelConfig, PrecisionConfig,  # noqa: F401
+                            ScheduleConfig, StageConfig)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    launched: bool = True
+    """False for a plain `python hybrid_engine.py` (no RANK / WORLD_SIZE from a launcher)."""
+    attempt: int = 0
+    """Which attempt of the run this is: torchrun's TORCHELASTIC_RESTART_COUNT (0: the first)."""
+
+    @staticmethod
+    def from_environ() -> "LaunchEnv":
+        """torchrun's variables; a plain `python hybrid_engine.py` is one rank."""
+
+        def read(name: str, default: int) -> int:
+            raw = os.environ.get(name)
+            if raw is None:
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+        return LaunchEnv(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0),
+                         launched="WORLD_SIZE" in os.environ, attempt=read("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+# ------------------------------------------------------------------------------------------------ the run's parts
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The process grid and where it runs (hybrid_engine/parallel/grid.py, csrc/grid)."""
+
+    dp: int | None = None
+    """Data-parallel replicas; None: world size / (pp * mp)."""
+    pp: int = 1
+    """Pipeline-parallel stages (ranks per pipeline)."""
+    mp: int = 1
+    """Tensor (model) parallel ranks per layer."""
+    order: str = "mp-dp-pp"
+    """Rank layout, axes from fastest- to slowest-varying (any order of mp, dp, pp); the default keeps MP peers on
+    adjacent ranks (one node, NVLink) and pipeline stages outermost."""
+    device: str = "auto"
+    """auto: CUDA + NCCL when GPUs exist, else CPU + gloo; cpu; cuda."""
+    comm_timeout: float = 60.0
+    """Seconds a collective may wait for a peer before this rank gives up."""
+    memory_cap_gib: float | None = None
+    """CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models/mlp/model.py), or a
+    decoder-only transformer (hybrid_engine/models/gpt/model.py, hybrid_engine/models/workloads.py)."""
+
+    name: str = "mlp"
+    """Which model: mlp (the course model) or gpt."""
+    dim: int = 1024
+    """MLP: hidden size of every Linear layer."""
+    depth: int = 8
+    """MLP: number of Linear + ReLU blocks."""
+    seed: int = 0
+    """Initial weights and data depend on this alone, never on the grid."""
+    layers: int = 4
+    """GPT: transformer blocks."""
+    hidden: int = 256
+    """GPT: hidden size (the MLP inside each block is 4x wider)."""
+    heads: int = 4
+    """GPT: attention heads (whole heads per MP rank: divisible by mp)."""
+    seq_len: int = 128
+    """GPT: tokens per sequence."""
+    tie_embeddings: bool = False
+    """GPT: the LM head shares the token embedding (their gradients summed across the first and last stage)."""
+    sequence_parallel: bool = False
+    """GPT: LayerNorm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
+    selective_recompute: bool = False
+    """GPT: recompute only the attention core in the backward (--recompute recomputes whole stages)."""
+    fp32_residual: bool = False
+    """GPT under --amp with half weights: the residual stream (the embedding's output, every block's input and
+    output, the activations between pipeline stages) stays fp32; LayerNorms normalise it in fp32 and hand the
+    GEMMs half precision (Megatron's fp32_residual_connection)."""
+
+    GPT_ONLY = ("layers", "hidden", "heads", "seq_len", "tie_embeddings", "sequence_parallel", "selective_recompute",
+                "fp32_residual")
+    MLP_ONLY = ("dim", "depth")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What each step trains on: synthetic regression drawn from (seed, step) alone."""
+
+    batch_size: int = 64
+    """Global batch size (all DP replicas together): samples for the MLP, sequences for the GPT."""
+    path: str | None = None
+    """GPT: a text file (byte-level tokens) or a token file from `python -m hybrid_engine.data prepare`; none: the
+    built-in corpus drawn from a seeded Markov chain with a known entropy rate."""
+    stream: bool = False
+    """Draw each micro-batch when its forward runs instead of the whole batch before the step: the batch is never
+    resident (a larger largest batch), for a few kernels per micro-batch."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer, by name (hybrid_engine/engine/optim.py; Engine users pass any factory instead)."""
+
+    name: str = "sgd"
+    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
+    lr: float = 1e-2
+    """Learning rate."""
+
+    def factory(self) -> optim.OptimizerFactory:
+        return optim.from_name(self.name, self.lr)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The training loop (hybrid_engine/train/trainer.py)."""
+
+    steps: int = 10
+    """Optimizer steps in all, counted from step 0 (a resumed run continues at its checkpoint's step); 0: set up,
+    print the grid, stop."""
+    warmup: int = 2
+    """The first steps this run takes that the timing summary leaves out."""
+    log_every: int = 1
+    """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
+    eval_every: int = 0
+    """GPT: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
+    spike_factor: float = 10.0
+    """Stop when a step's loss is more than this many times the largest of the 20 before it (0: never); a
+    checkpoint becomes `latest` only once the step that trains on it has a finite loss within this factor."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints (hybrid_engine/checkpoint/save.py; docs/failures.md)."""
+
+    save: str | None = None
+    """Write checkpoints under this directory (DIR/step_N, DIR/latest); it must be visible to every rank."""
+    save_every: int = 0
+    """Also save after every N steps (0: only after the last step)."""
+    keep: int = 3
+    """Keep the newest K checkpoints."""
+    resume: bool = False
+    """Continue from the latest checkpoint in `save` if there is one, else start as usual (from `load`, or from
+    scratch): what a restarted job (torchrun --max-restarts) needs."""
+    load: str | None = None
+    """Start from this checkpoint (DIR/step_N, or a save directory: its latest), on any grid."""
+
+
+@dataclass(frozen=True)
+class ReportingConfig:
+    """What the run writes besides checkpoints (rank 0)."""
+
+    metrics: str | None = None
+    """Write one JSON line per step to this file."""
+    quiet: bool = False
+    """No per-step lines, only the summary."""
+    trace: str | None = None
+    """Time every action of the last step; write PATH.json (Chrome trace), PATH.png and PATH.simulated.png."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs; each field is one table of a `--config` TOML file."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """[parallel]: the grid, the device, the communication timeout."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """[model]: which model, its sizes and seed."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """[data]: the global batch, streamed or not."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """[optimizer]: name and learning rate."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """[training]: steps, warm-up, how often to log."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """[checkpoint]: where and how often to save, what to resume or load."""
+    reporting: ReportingConfig = field(default_factory=ReportingConfig)
+    """[reporting]: metrics file, quiet, trace."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """[schedule]: the engine's pipeline schedule (config/engine.py)."""
+    stages: StageConfig = field(default_factory=StageConfig)
+    """[stages]: how each stage computes (config/engine.py)."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """[precision]: mixed precision and the loss scaler (config/engine.py)."""
+    data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    """[data_parallel]: gradient buckets and their wire dtype (config/engine.py)."""
+
+    @staticmethod
+    def from_tables(tables: dict, source: str = "the configuration") -> "RunConfig":
+        """A RunConfig from {table: {field: value}} (a parsed TOML file, flags laid over it); an unknown table or
+        key, or a value of the wrong type, is one ConfigError naming it."""
+        parts = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
+        unknown = sorted(set(tables) - set(parts))
+        if unknown:
+            raise ConfigError(f"{source}: unknown table{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(f'[{t}]' for t in unknown)} (expected {', '.join(parts)})")
+        built = {}
+        for name, cls in parts.items():
+            values = tables.get(name, {})
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: '{name}' must be a table ([{name}]), got {values!r}")
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            odd = sorted(set(values) - set(fields))
+            if odd:
+                raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
+                                  f"{', '.join(f'{name}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
+            for key, value in values.items():
+                _check_type(f"{source}: {name}.{key}", value, fields[key].type)
+            built[name] = cls(**values)
+        return RunConfig(**built)
+
+    def validate(self, world_size: int, device_type: str) -> _C.ProcessGrid:
+        """Every check that needs no process group, in one place; returns the grid. Raises ConfigError."""
+        check_numbers(self)
+        p, s = self.parallel, self.schedule
+        grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
+        m = self.model
+        gpt = m.name == "gpt"
+        if gpt:  # the GPT's shape and data first, in its own words; check_training then sees a shape that passes
+            from hybrid_engine.models.workloads import check_gpt
+
+            check_gpt(m, grid, m.sequence_parallel, s.virtual_stages, self.data.path, device_type)
+        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages,
+                       depth=m.layers + 2 if gpt else m.depth, dim=grid.mp_size if gpt else m.dim,
+                       batch_size=self.data.batch_size, micro_batches=s.micro_batches,
+                       amp=self.precision.amp, device_type=device_type, lookahead=s.lookahead)
+        if not gpt and self.data.path is not None:
+            raise ConfigError("--data applies to --model gpt only (the MLP trains on synthetic regression)")
+        if self.training.eval_every and not gpt:
+            raise ConfigError("--eval-every applies to --model gpt only (the MLP's data has no held-out part)")
+        if s.lookahead > s.micro_batches:
+            raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
+                              "step: there are no forwards that far ahead")
+        if m.fp32_residual and not self.precision.half_weights:
+            why = ("--amp off keeps everything in fp32" if self.precision.amp == "off" else
+                   "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
+            raise ConfigError(f"--fp32-residual applies to --amp fp16|bf16 with half weights (--amp-impl "
+                              f"half-weights) only: {why}")
+        if self.precision.loss_scale is not None and self.precision.amp != "fp16":
+            raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.precision.amp}")
+        s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)
+        self.stages.validate()
+        self.precision.validate()
+        self.data_parallel.validate()
+        c = self.checkpoint
+        if (c.resume or c.save_every) and not c.save:
+            raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "
+                              "use --load PATH)")
+        return grid
+
+
+def _check_type(where: str, value, annotation: str) -> None:
+    kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+    base = annotation.replace(" | None", "")
+    ok = kinds.get(base)
+    if ok is None:  # not a simple field (e.g. a nested dataclass): let the constructor decide
+        return
+    if not isinstance(value, ok) or (base != "bool" and isinstance(value, bool)):
+        noun = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[base]
+        raise ConfigError(f"{where} must be {noun}, got {value!r}")

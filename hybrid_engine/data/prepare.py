@@ -1,0 +1,150 @@
+"""`python -m hybrid_engine.data prepare IN OUT [--bpe N] [--force]` (and `info PATH`): text -> a token file.
+
+    python -m hybrid_engine.data prepare book.txt runs/book.tok              # bytes, vocabulary 256
+    python -m hybrid_engine.data prepare book.txt runs/book.tok --bpe 4096   # byte-level BPE; OUT.tokenizer.json
+
+Nothing a user has is overwritten by mistake: OUT (and, with --bpe, its tokenizer) must not be IN, also through
+a link, and an existing OUT is replaced only with --force. OUT's folder is created, as --save's is. Every
+failure is one line and exit 2, and no temporary file is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import hashlib
+import itertools
+import os
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .token_files import (DataError, check_data_file, load_tokens, read_header, tokenizer_path,
+                          write_token_file)
+
+MAX_BPE_VOCAB = 1 << 20  # token ids are stored as uint32; tokenizers' trainer aborts the process far beyond this
+_CHUNK = 1 << 20
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_output(in_path: str, out: str, force: bool, what: str) -> None:
+    """`out` may be written: not the input (also through a link), not a directory, replaced only with --force;
+    its folder is created."""
+    if _same_file(in_path, out):
+        raise DataError(f"{what} {out} is the input {in_path}: prepare writes a new file (give another name)")
+    if os.path.isdir(out):
+        raise DataError(f"{what} {out} is a directory: give a file name")
+    if os.path.lexists(out) and not force:
+        raise DataError(f"{what} {out} exists: pass --force to replace it")
+    folder = os.path.dirname(out)
+    try:
+        os.makedirs(folder or ".", exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the folder {folder} for {out} ({exc.strerror})") from None
+
+
+def _check_utf8(path: str) -> None:
+    """BPE is trained on text: refuse a file that is not UTF-8, naming the first bad byte's offset."""
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                raise DataError(f"--bpe trains on UTF-8 text; {path} is not (byte 0x{chunk[exc.start]:02x} at offset "
+                                f"{offset + exc.start}): without --bpe it is tokenized as bytes") from None
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"--bpe trains on UTF-8 text; {path} ends inside a character: without --bpe it is "
+                        "tokenized as bytes") from None
+
+
+def _train_bpe(text_path: str, vocab_size: int, out_json: str):
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise DataError("--bpe needs the tokenizers package: pip install tokenizers") from None
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[], show_progress=False)
+    try:
+        tokenizer.train([text_path], trainer)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exceptions
+        raise DataError(f"--bpe {vocab_size}: training on {text_path} failed ({str(exc).splitlines()[0]})") from None
+    tmp = f"{out_json}.tmp{os.getpid()}"
+    try:
+        tokenizer.save(tmp)
+        os.replace(tmp, out_json)
+    except Exception as exc:  # noqa: BLE001 - an OSError, or tokenizers' Exception around one
+        raise DataError(f"cannot write {out_json}: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return tokenizer
+
+
+def prepare(in_path: str, out_path: str, bpe: Optional[int] = None, force: bool = False) -> tuple[int, int]:
+    """Tokenize `in_path` into a token file at `out_path`: bytes (vocabulary 256), or an N-token BPE trained on
+    the input (saved beside it, see tokenizer_path, its SHA-256 in the token file's header). An existing output
+    is replaced only with `force`. Returns (token count, vocabulary size)."""
+    check_data_file(in_path)
+    if bpe is not None and not 257 <= bpe <= MAX_BPE_VOCAB:
+        raise DataError(f"--bpe {bpe}: a byte-level BPE needs a vocabulary of at least 257 (256 bytes + merges)"
+                        if bpe < 257 else f"--bpe {bpe} is too large (at most {MAX_BPE_VOCAB} tokens)")
+    _check_output(in_path, out_path, force, "output")
+    if bpe is None:
+        tokens = np.fromfile(in_path, dtype=np.uint8)
+        write_token_file(out_path, tokens, 256)
+        return tokens.size, 256
+    _check_output(in_path, tokenizer_path(out_path), force, "the tokenizer")
+    _check_utf8(in_path)
+    tokenizer = _train_bpe(in_path, bpe, tokenizer_path(out_path))
+    chunks: list[np.ndarray] = []
+    with open(in_path, "r", encoding="utf-8", newline="") as f:
+        while lines := list(itertools.islice(f, 4096)):  # streamed: the text is never all in memory
+            ids = [i for enc in tokenizer.encode_batch(lines) for i in enc.ids]
+            chunks.append(np.asarray(ids, dtype=np.uint32))
+    vocab = tokenizer.get_vocab_size()
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint32)
+    with open(tokenizer_path(out_path), "rb") as f:  # the tokenizer file's bytes, as sample reads them
+        digest = hashlib.sha256(f.read()).hexdigest()
+    write_token_file(out_path, tokens, vocab, tokenizer_sha256=digest)
+    return tokens.size, vocab
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hybrid_engine.data",
+                                     description="Prepare token files for the GPT (see hybrid_engine/data/datasets.py).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="tokenize a text file into a memory-mapped token file")
+    prep.add_argument("input")
+    prep.add_argument("output", help="the token file to write (its folder is created)")
+    prep.add_argument("--bpe", type=int, default=None, metavar="N",
+                      help="train an N-token byte-level BPE (needs: pip install tokenizers); default: bytes")
+    prep.add_argument("--force", action="store_true", help="replace an existing output (and its tokenizer)")
+    info = sub.add_parser("info", help="describe a data file")
+    info.add_argument("path")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "prepare":
+            count, vocab = prepare(args.input, args.output, args.bpe, force=args.force)
+            extra = f", tokenizer {tokenizer_path(args.output)}" if args.bpe else ""
+            print(f"wrote {args.output}: {count} tokens, vocabulary {vocab}{extra}")
+        else:
+            tokens, vocab = load_tokens(args.path)
+            kind = "token file" if read_header(args.path) is not None else "bytes"
+            print(f"{args.path}: {kind}, {len(tokens)} tokens, vocabulary {vocab}")
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,382 @@
+"""Engine: wiring of grid groups, stage programs, schedule, executor, gradient buffer, optimizer and scaler.
+
+One `train_step` is one optimizer step over this DP rank's slice of the global batch, cut into micro-batches that
+the C++ executor pushes through this rank's pipeline stages in schedule order:
+
+    train_step -> _forward_backward -> PipelineExecutor.run (stage programs, GradBuffer, DP sync)
+               -> _update (loss scaler check, clipping, update strategy) -> _global_loss
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import hybrid_engine._C as _C
+from . import losses
+from . import optim
+from hybrid_engine.parallel.data_parallel import param_gather
+from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
+from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from hybrid_engine.checkpoint.engine_state import EngineState
+from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
+from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
+from .micro_batches import MicroBatches, micro_batch_fn
+from hybrid_engine.models import materialize
+from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
+from .precision import MasterWeights
+from hybrid_engine.parallel.pipeline.schedule import make_schedule
+from .stage_specs import probe_stage_specs
+from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
+from hybrid_engine.parallel.data_parallel.tied import TiedGradients
+from hybrid_engine.parallel.tensor.layers import is_mp_split, parallelize_mlp
+from hybrid_engine.parallel.data_parallel.zero import ShardedOptimizer, clip_group_for_shards
+
+# How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
+Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
+
+@dataclass
+class StepResult:
+    loss: float  # mean loss over the global batch (same value on every rank)
+    step_time_s: float
+    skipped: bool = False
+    loss_scale: float | None = None
+    grad_norm: float | None = None
+
+
+class Engine(EngineState):
+    """Hybrid DP x PP x MP training of an nn.Sequential.
+
+    model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
+        nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
+        hybrid_engine's deferrable Linear, which zb1 needs to split I from W).
+    loss: `losses.MSE()` (built in, fused with a native last stage), `losses.VocabParallelCrossEntropy(V)` (a
+        GPT's logits shard), or any callable (output, target) -> scalar mean loss of one micro-batch.
+    groups: this rank's process groups (hybrid_engine.parallel.grid.build_groups).
+    parallelize: the model's tensor-parallel transformation of one materialized stage, (stage, mp group) ->
+        stage (`tp_layers.parallelize_mlp`, the default, or e.g. a GPT's `parallelize_gpt` with its options).
+    layout: the module indices of every stage (pp x virtual stages lists, contiguous, covering the model), e.g.
+        `balance.balanced_partition(costs, n)`; None cuts by layer count (`partition.partition`).
+        Parameters tagged `param.tied` (a tied embedding) get their gradients summed between the first and
+        the last stage before every update (hybrid_engine/parallel/data_parallel/tied.py).
+    optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
+    schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/config/engine.py).
+    trace: time every action of each step (`trace` property) and its DP and MP collectives (`comm_trace`).
+    """
+
+    def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
+                 optimizer: optim.OptimizerFactory = optim.SGD(),
+                 schedule: ScheduleConfig = ScheduleConfig(), stages: StageConfig = StageConfig(),
+                 precision: PrecisionConfig = PrecisionConfig(),
+                 data_parallel: DataParallelConfig = DataParallelConfig(),
+                 device: torch.device | str = "cpu", trace: bool = False,
+                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None):
+        for cfg in (stages, precision, data_parallel):
+            cfg.validate()
+        schedule.validate(groups.grid.pp_size)
+        self.groups, self.grid, self.device = groups, groups.grid, torch.device(device)
+        self.loss, self.schedule, self.stage_cfg = loss, schedule, stages
+        self.precision, self.data_parallel, self._trace = precision, data_parallel, trace
+        self.micro_batches = schedule.micro_batches
+        self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
+        self.num_stages = self.pp_size * schedule.virtual_stages
+
+        # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
+        layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
+                                                                                       self.num_stages)
+        self.layout = layout
+        self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages,
+                                 tp_chains=parallelize is parallelize_mlp)
+        self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
+        self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
+        self._stages: dict[int, nn.Sequential] = {}
+        for s in self.stage_ids:
+            stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
+            self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
+        self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
+        # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
+        # ZeRO-1 flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
+        sharded = data_parallel.zero == 1
+        self.masters = MasterWeights(self._parameters) if precision.half_weights and not sharded else None
+        self.optimized = self.masters.masters if self.masters else self._parameters
+        stepped = {id(p): None if sharded and precision.half_weights else o
+                   for p, o in zip(self._parameters, self.optimized)}
+        # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
+        # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (parallel/data_parallel/tied.py).
+        self._tied = TiedGradients(model, layout, groups, self._stages)
+        self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
+                                               int(data_parallel.bucket_mb * 2**20), self.device,
+                                               pad_to=self.dp_size if sharded else 1,
+                                               alone=self._tied.param_ids if sharded else frozenset())
+        self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
+        # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
+        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        attach(self._stages, self.grads, self._comm_trace)
+        self._comm_spans: list = []
+        self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
+                                      clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
+                                      data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted)
+                     if sharded else None)
+        # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
+        waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
+        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits,
+                                        groups.mp, self._comm_trace)
+        self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
+                                     schedule.lookahead)[self.pp_rank]
+        if self.zero is not None:
+            self._tied.bind(self.zero.grad_shard_of, sharded=True)
+        else:
+            optimized_of = dict(zip(map(id, self._parameters), self.optimized))
+            self._tied.bind(lambda p: optimized_of[id(p)].grad)
+        self.optimizer, self.update = ((self.zero.optimizer, self.zero) if self.zero is not None
+                                       else optim.make_update(optimizer, self.optimized, self.masters, self.device))
+        self.optimizer_name = optim.describe(optimizer)
+        self.scaler = make_loss_scaler(precision.amp, precision.loss_scale, precision.scale_window,
+                                       precision.hysteresis)
+        self.overflow_watch = OverflowWatch(rank=groups.rank)
+        # Native chains write every gradient of the rank exactly once per step in a merged W, or in the one B of a
+        # single micro-batch: the executor may then overwrite the gradient buffers, and the step skips zeroing them.
+        self._overwrite_grads = ((schedule.merge_weight_grads or schedule.micro_batches == 1)
+                                 and all(self.plans[s].native for s in self.stage_ids))
+        self._post_backward_hooks: list[Callable[["Engine"], None]] = []
+        self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
+        if groups.rank == 0:
+            self._announce()
+
+    def _announce(self) -> None:
+        """The choices made for the user, once, by rank 0: every stage's program, the loss, the update."""
+        lines = [plan.describe(self.stage_cfg) for plan in self.plans]
+        lines.append(f"loss: {losses.describe(self.loss)}")
+        if self._tied:
+            lines.append(self._tied.describe())
+        lines.append(self.update.describe())
+        if self.zero is not None:
+            autograd = [p.stage for p in self.plans if not p.native]
+            lines.append(param_gather.describe(self.zero.overlap, self.dp_size,
+                                               [p.stage for p in self.plans if p.native],
+                                               [] if self.stage_cfg.compile else autograd,
+                                               autograd if self.stage_cfg.compile else []))
+        print("\n".join(lines), flush=True)
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def stage_specs(self, micro_input: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every stage's input and output shape and dtype (meta tensors); all ranks of the pipeline join."""
+        return probe_stage_specs(self._stages, self.groups, self.num_stages, self.precision, self.device, micro_input)
+
+    def _build_executor(self, micro_input: torch.Tensor | None) -> _C.PipelineExecutor:
+        inputs, outputs = self.stage_specs(micro_input)
+        sends, recvs = {}, {}
+        for (src, dst, kind), channel in self.groups.channels.items():
+            code = 0 if kind == ACTIVATION else 1
+            entry = (channel.group, channel.peer_group_rank)
+            if src == self.pp_rank:
+                sends[(dst, code)] = entry
+            if dst == self.pp_rank:
+                recvs[(src, code)] = entry
+        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
+                                shard=self.zero is not None, trace=self._comm_trace)
+        builtin = losses.is_builtin(self.loss)
+        return _C.PipelineExecutor(
+            actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
+            num_micro=self.micro_batches, programs=self._programs, builtin_mse=builtin,
+            loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
+            input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
+            stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
+            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace)
+
+    # ----------------------------------------------------------------------------------------- the step
+    @property
+    def holds_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def holds_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def zero_grad(self) -> None:
+        for flat in self.grads.buckets:
+            flat.zero_()
+
+    def add_post_backward_hook(self, hook: Callable[["Engine"], None]) -> None:
+        """Call hook(engine) in every step once the gradients are summed over DP, before the optimizer's side of
+        the step (it may read or change `engine.grads.buckets`, e.g. to inspect or perturb gradients)."""
+        self._post_backward_hooks.append(hook)
+
+    def train_step(self, inputs: MicroBatches, targets: MicroBatches) -> StepResult:
+        """inputs/targets: this DP rank's slice of the global batch (inputs needed on the first stage, targets on
+        the last; pass None elsewhere). Either may instead be a callable micro -> that micro-batch's rows of the
+        slice: the executor then asks for each micro-batch when its forward runs, so the batch is never resident
+        as a whole. Returns the global mean loss on every rank."""
+        start = time.perf_counter()
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once (and
+        # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
+        # gradients. The executor returns the losses before this multiplier.
+        micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
+            self._comm_spans = self._comm_trace.take()
+        for hook in self._post_backward_hooks:
+            hook(self)
+        found_inf, skipped, grad_norm = self._update()
+        loss = self._global_loss(micro_losses)
+        if self.device.type == "cuda":
+            # The compute stream, not the device: ZeRO-1's parameter all-gathers (on the DP group's stream) stay in
+            # flight into the next forward, which waits for each where it reads it.
+            torch.cuda.current_stream(self.device).synchronize()
+        if found_inf is not None:
+            skipped = bool(found_inf.item())  # behind the syncs above: no extra wait
+        if self.scaler is not None:
+            self.scaler.update(skipped)
+            self.overflow_watch.observe(self.scaler)
+        return StepResult(loss=loss, step_time_s=time.perf_counter() - start, skipped=bool(skipped),
+                          loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
+
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
+        """Forward-only mean loss (no gradients, no state change): hybrid_engine.train.evaluate.evaluate."""
+        from hybrid_engine.train.evaluate import evaluate
+        self.wait_for_parameters()
+        return evaluate(self, inputs, targets, micro_batches)
+
+    def _forward_backward(self, inputs: MicroBatches, targets: MicroBatches, multiplier: float) -> list:
+        """Runs the step's pipeline program (building the executor on the first step); the gradients are then
+        summed over DP. Returns the per-micro-batch losses on the last stage."""
+        for needed, given, what in ((self.holds_first_stage, inputs, "inputs"),
+                                    (self.holds_last_stage, targets, "targets")):
+            if needed and given is None:
+                raise ValueError(f"pipeline rank {self.pp_rank} holds the {'first' if what == 'inputs' else 'last'} "
+                                 f"stage: train_step needs its {what}")
+        half = self.precision.half_dtype if self.precision.half_weights else None
+        if callable(inputs) or callable(targets):
+            input_fn = micro_batch_fn(inputs, self.micro_batches, half, "inputs") if self.holds_first_stage else None
+            target_fn = (micro_batch_fn(targets, self.micro_batches, None, "targets") if self.holds_last_stage
+                         else None)
+            self._prepare(input_fn(0) if input_fn and self._executor is None else None)
+            return self._executor.run_streamed(input_fn, target_fn, multiplier)
+        if self.holds_first_stage and half is not None and inputs.is_floating_point():
+            inputs = inputs.to(half)
+        micro_in = list(inputs.chunk(self.micro_batches)) if self.holds_first_stage else []
+        micro_tgt = list(targets.chunk(self.micro_batches)) if self.holds_last_stage else []
+        self._prepare(micro_in[0] if micro_in else None)
+        return self._executor.run(micro_in, micro_tgt, multiplier)
+
+    def _prepare(self, first_micro_input: torch.Tensor | None) -> None:
+        """The executor (first step: its shapes come from a micro-batch), and zeroed gradients unless this step
+        overwrites them."""
+        if self._executor is None:
+            self._executor = self._build_executor(first_micro_input)
+        if not self._executor.overwrites_weight_grads:
+            self.zero_grad()
+
+    def _update(self) -> tuple[torch.Tensor | None, bool, float | None]:
+        """The optimizer's side of the step: (device overflow flag or None, skipped, grad norm or None).
+
+        fp16 with an update that fuses the unscale (fused SGD + cast) and no clipping: the overflow check only
+        reads the gradients, and the update applies 1/scale itself and skips itself on the device, so the host
+        reads the flag only at the step's own final sync (csrc/amp/nonfinite.h). The gradient buffers then still
+        hold the SCALED gradients: nothing reads them before the next step zeroes or overwrites them. Clipping
+        (its norm needs unscaled gradients) and any other update (it reads .grad) unscale in place and decide on
+        the host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
+        rank of every replica take the same decision. Tied copies' gradients (under ZeRO-1 their DP shards) are
+        summed first."""
+        if self._tied:
+            self._tied.sum_grads()
+        if self.zero is not None:
+            return self.zero.update(self.scaler, self.precision.clip_grad)
+        buckets = list(self.grads.buckets)
+        if self.scaler is not None and self.update.fuses_unscale and self.precision.clip_grad <= 0:
+            found_inf = self.scaler.find_nonfinite(buckets, self.groups.model_parallel, self.device)
+            self.update.step(inv_scale=self.scaler.inv_scale, skip_if=found_inf)
+            return found_inf, False, None
+        skipped = False
+        if self.scaler is not None:
+            skipped = self.scaler.unscale_and_check(buckets, self.groups.model_parallel, self.device)
+        grad_norm = self._clip() if not skipped and self.precision.clip_grad > 0 else None
+        if not skipped:
+            self.update.step()
+        return None, skipped, grad_norm
+
+    def master_bytes(self) -> int:
+        """Bytes of fp32 master copies of half weights on this rank (under ZeRO-1 its shard of them); 0 with fp32
+        weights, which are their own masters."""
+        if self.zero is not None:
+            return self.zero.master_bytes()
+        return sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of the optimizer's state tensors on this rank (under ZeRO-1 its shard of them; Adam's moments
+        exist from the first step on)."""
+        return optim.state_bytes(self.optimizer)
+
+    def _clip(self) -> float:
+        """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
+        pairs = list(zip(self._parameters, self.optimized))
+        counted = [(p, o) for p, o in pairs if id(p) not in self._tied.not_counted]
+        split = [o.grad for p, o in counted if is_mp_split(p)]
+        replicated = [o.grad for p, o in counted if not is_mp_split(p)]
+        max_norm = self.precision.clip_grad
+        if len(counted) == len(pairs):
+            return clip_grad_norm(split, replicated, max_norm, self.groups.mp, self.groups.pp, self.device)
+        # A tied copy left out of the norm must still be clipped with the others: measure, then scale all (the
+        # coefficient of csrc/amp/grad_clip.cpp).
+        norm = clip_grad_norm(split, replicated, 0.0, self.groups.mp, self.groups.pp, self.device)
+        if math.isfinite(norm) and norm > max_norm:
+            torch._foreach_mul_([o.grad for _, o in pairs], max_norm / (norm + 1e-6))
+        return norm
+
+    def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
+        """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the
+        last stage's MP rank 0 of each replica contributes."""
+        contributes = self.holds_last_stage and self.groups.coords.mp == 0
+        value = (torch.stack(micro_losses).mean() if (contributes and micro_losses)
+                 else torch.zeros((), device=self.device))
+        value = value.detach().to(torch.float64 if self.device.type == "cpu" else torch.float32).reshape(1)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(value)
+        return float(value.item()) / self.dp_size
+
+    def close(self) -> None:
+        """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of
+        it is process-wide, so other engines in the process are untouched."""
+        self.wait_for_parameters()  # no all-gather left writing into the parameters
+        self._executor = None
+        self._tied.close()
+
+    @property
+    def stage_programs(self) -> dict:
+        """{stage: _C.StageProgram} of this rank (`.native`, `.describe()`)."""
+        return dict(self._programs)
+
+    @property
+    def trace(self) -> list:
+        return list(self._executor.trace()) if self._executor is not None else []
+
+    @property
+    def comm_trace(self) -> list:
+        """The last step's collectives (_C.CommSpan: axis, kind, bucket, start_us, end_us on the `trace` clock): DP's
+        gradient buckets' reduce-scatters or all-reduces, and under ZeRO-1 the parameter all-gathers its forward
+        waited for (launched by the previous step's update, so they start before 0); MP's all-reduces and
+        all-gathers of tensor-parallel chains (`bucket`: the chain layer)."""
+        return list(self._comm_spans)
+
+    def wait_for_parameters(self) -> None:
+        """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole
+        updated model is in place (the next forward waits layer by layer instead). A no-op otherwise."""
+        if self.zero is not None:
+            self.zero.gather.wait_all()
+
+    @property
+    def stages(self) -> dict[int, nn.Sequential]:
+        """This rank's stage modules {stage: nn.Sequential}, their parameters complete (waits for the gathers)."""
+        self.wait_for_parameters()
+        return self._stages
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters in stage order, complete (waits for ZeRO-1's gathers, like `stages`)."""
+        self.wait_for_parameters()
+        return self._parameters

@@ -1,0 +1,371 @@
+"""A decoder-only transformer (GPT-2 shape, Radford et al. 2019) as an nn.Sequential of pipeline-cuttable layers.
+
+    Embedding   tokens [b, s] int64      -> hidden [b, s, h]   learned token + position embeddings
+    Block x L   hidden [b, s, h]         -> hidden [b, s, h]   pre-LayerNorm causal self-attention + GELU MLP (4h)
+    Head        hidden [b, s, h]         -> logits [b, s, V]   final LayerNorm + LM head (no bias)
+
+The loss (cross-entropy over next tokens, mean over tokens) is not a layer: the last stage applies
+`gpt_loss` (dense) or `tp_transformer.vocab_parallel_cross_entropy` (vocabulary split over MP) to the logits.
+
+Grid invariance: every layer draws all its weights in `reset_parameters()` from its own generator seeded by
+(seed, layer index), on its own device, so a layer's initial weights depend on the seed alone. Tensor-parallel
+layers (models/gpt/parallelize.py) draw the same full layer and keep their rank's slice. Sub-modules (`Dense`,
+`LayerNorm`) have no `reset_parameters` of their own, so `models.materialize` on a meta-device stage initialises
+each layer exactly once, by the layer. Built on the meta device a layer costs nothing until materialized.
+
+Initialisation follows GPT-2 / Megatron: weights N(0, 0.02), the two residual output projections (attention
+output, MLP fc2) N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm 1 and 0. With `tie_embeddings` the head's weight
+is drawn from the embedding's generator, so it starts equal to the token embedding; the two are still separate
+parameters (they may sit on different pipeline stages), both tagged `param.tied = "word_embeddings"`: whoever
+trains the model must sum their gradients before the update (Megatron's embedding all-reduce between the
+first and last stage), after which they stay equal.
+
+No QKV bias (as in PaLM, LLaMA, Megatron's default add_qkv_bias=False): the key bias has an exactly zero true
+gradient (it shifts every score of a query by the same amount, and softmax ignores that), so its computed
+gradient is rounding noise that Adam normalises into lr-sized updates which differ from grid to grid -- it
+would break the rule that every grid reproduces the 1-rank weights, and it models nothing. The other
+projections keep their biases, as in GPT-2.
+
+QKV layout: the fused QKV projection's output features are ordered (head, {q, k, v}, head_dim), Megatron's
+layout, so that a contiguous row slice of the weight holds whole heads with their q, k and v (column-parallel
+with whole heads per rank needs no reshuffle, and a gathered checkpoint is this dense layout on every grid).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from hybrid_engine.models.mlp.model import _generator, stream_seed
+
+__all__ = [
+    "GPTConfig",
+    "Dense",
+    "LayerNorm",
+    "layer_norm",
+    "residual_stream",
+    "Embedding",
+    "Block",
+    "Head",
+    "build_gpt",
+    "gpt_loss",
+    "causal_attention",
+    "layer_costs",
+    "generate",
+    "TIED_EMBEDDINGS",
+]
+
+_STREAM_GPT = 4  # after the MLP's streams (layer 1, batch 2, teacher 3) in models/mlp.py
+INIT_STD = 0.02
+LN_EPS = 1e-5
+TIED_EMBEDDINGS = "word_embeddings"
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT. The vocabulary comes from the data (`TokenDataset.vocab_size`)."""
+
+    vocab_size: int
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    tie_embeddings: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "layers", "hidden", "heads", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPT {name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"GPT hidden {self.hidden} is not divisible by heads {self.heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_layers(self) -> int:
+        """Modules of the nn.Sequential: embedding, blocks, head."""
+        return self.layers + 2
+
+
+def layer_seed(cfg: GPTConfig, index: int) -> int:
+    """Seed of the generator that initialises module `index` of the Sequential (0 embedding, 1..L blocks, L+1 head)."""
+    return stream_seed(cfg.seed, _STREAM_GPT, index)
+
+
+# ---------------------------------------------------------------------------------------------- sub-modules
+
+
+class Dense(nn.Module):
+    """y = x W^T + b with no initialisation of its own (the enclosing layer draws W and b)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension (eps 1e-5) with no initialisation of its own."""
+
+    def __init__(self, dim: int, *, device=None, dtype=None):
+        super().__init__()
+        self.dim = dim
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias)
+
+    def reset_to_identity(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+            self.bias.zero_()
+
+
+def causal_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """[b, s, heads * 3 * d] in (head, {q, k, v}, d) order -> causal SDPA -> [b, s, heads * d]."""
+    b, s, width = qkv.shape
+    d = width // (3 * heads)
+    q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)  # each [b, heads, s, d]
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(b, s, heads * d)
+
+
+def _draw_full(shape: tuple[int, ...], std: float, gen: torch.Generator, device, dtype) -> torch.Tensor:
+    """A full N(0, std) tensor drawn in fp32 (so the values do not depend on the parameter dtype), then cast."""
+    out = torch.empty(shape, device=device, dtype=torch.float32)
+    out.normal_(0.0, std, generator=gen)
+    return out.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- layers
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """LayerNorm over the last dimension, normalised in x's precision, returned in the parameters' dtype (what the
+    GEMM after it reads). The two differ only under an fp32 residual stream with half weights (`fp32_residual`):
+    the fp32 stream is normalised in fp32 with the half parameters widened, then rounded to half once."""
+    if x.dtype == weight.dtype:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, LN_EPS)
+    return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), LN_EPS).to(weight.dtype)
+
+
+def residual_stream(x: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """The embedding's output as the residual stream carries it: in fp32 when `fp32` (each block's output then
+    stays fp32, as fp32 + half promotes), else as computed."""
+    return x.float() if fp32 else x
+
+
+class Embedding(nn.Module):
+    """tokens [b, s] int64 -> word[tokens] + position[:s], [b, s, h]. Module 0 of the Sequential."""
+
+    index = 0
+    # Megatron's fp32_residual_connection: under half weights the residual stream -- this layer's output, every
+    # block's input and output, the head's input, the activations between pipeline stages -- stays fp32, so the
+    # blocks' updates are not rounded to half as they are added. Set by whoever builds the stage.
+    fp32_residual = False
+
+    def __init__(self, cfg: GPTConfig, *, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        factory = {"device": device, "dtype": dtype}
+        self.word = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **factory))
+        self.position = nn.Parameter(torch.empty(cfg.seq_len, cfg.hidden, **factory))
+        self.reset_parameters()
+
+    def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
+        """The layer's full initial tensors, drawn from its generator in a fixed order."""
+        gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
+        word = _draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)
+        position = _draw_full((self.cfg.seq_len, self.cfg.hidden), INIT_STD, gen, device, dtype)
+        return {"word": word, "position": position}
+
+    def reset_parameters(self) -> None:
+        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
+            self.word.tied = TIED_EMBEDDINGS
+        if self.word.device.type == "meta":
+            return
+        full = self.full_weights(self.word.device, self.word.dtype)
+        with torch.no_grad():
+            self.word.copy_(full["word"])
+            self.position.copy_(full["position"])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2 or tokens.shape[1] > self.cfg.seq_len:
+            raise ValueError(f"GPT Embedding: tokens must be [batch, seq <= {self.cfg.seq_len}], got "
+                             f"{tuple(tokens.shape)}")
+        word, position = F.embedding(tokens, self.word), self.position[: tokens.shape[1]]
+        return residual_stream(word, self.fp32_residual) + residual_stream(position, self.fp32_residual)
+
+
+class Block(nn.Module):
+    """x + proj(attention(ln1(x))), then + fc2(gelu(fc1(ln2(x)))). Modules 1..L of the Sequential."""
+
+    def __init__(self, cfg: GPTConfig, index: int, *, device=None, dtype=None, init: bool = True):
+        super().__init__()
+        if not 1 <= index <= cfg.layers:
+            raise ValueError(f"GPT block index must be in [1, {cfg.layers}], got {index}")
+        self.cfg, self.index = cfg, index
+        self.heads_local = cfg.heads
+        h = cfg.hidden
+        factory = {"device": device, "dtype": dtype}
+        self.ln1 = LayerNorm(h, **factory)
+        self.attn_qkv = Dense(h, 3 * h, bias=False, **factory)
+        self.attn_proj = Dense(h, h, **factory)
+        self.ln2 = LayerNorm(h, **factory)
+        self.mlp_fc1 = Dense(h, 4 * h, **factory)
+        self.mlp_fc2 = Dense(4 * h, h, **factory)
+        if init:
+            self.reset_parameters()
+
+    def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
+        """Full initial weights of the four projections ('<module>.weight'), drawn in a fixed order.
+        Biases are 0 and LayerNorms identity, so they need no draw."""
+        h, std = self.cfg.hidden, INIT_STD
+        out_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
+        gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
+        return {
+            "attn_qkv.weight": _draw_full((3 * h, h), std, gen, device, dtype),
+            "attn_proj.weight": _draw_full((h, h), out_std, gen, device, dtype),
+            "mlp_fc1.weight": _draw_full((4 * h, h), std, gen, device, dtype),
+            "mlp_fc2.weight": _draw_full((h, 4 * h), out_std, gen, device, dtype),
+        }
+
+    def reset_parameters(self) -> None:
+        weight = self.ln1.weight
+        if weight.device.type == "meta":
+            return
+        self.load_full(self.full_weights(weight.device, weight.dtype))
+
+    @torch.no_grad()
+    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+        """Set the weights from full tensors (biases 0, LayerNorms identity)."""
+        for name in ("attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2"):
+            module = getattr(self, name)
+            module.weight.copy_(full[f"{name}.weight"])
+            if module.bias is not None:
+                module.bias.zero_()
+        self.ln1.reset_to_identity()
+        self.ln2.reset_to_identity()
+
+    # Selective recompute (Korthikanti et al. 2022, Megatron's --recompute-granularity selective): keep every
+    # activation but the attention core's, recomputed in backward. Set per block by whoever builds the stage.
+    recompute_attention_core = False
+
+    def attention_core(self, qkv: torch.Tensor) -> torch.Tensor:
+        if self.recompute_attention_core and torch.is_grad_enabled() and qkv.requires_grad:
+            return checkpoint(causal_attention, qkv, self.heads_local, use_reentrant=False)
+        return causal_attention(qkv, self.heads_local)
+
+    # The two halves are separate methods so a tensor-parallel or sequence-parallel subclass can replace them.
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn_proj(self.attention_core(self.attn_qkv(self.ln1(x))))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_fc2(F.gelu(self.mlp_fc1(self.ln2(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(x)
+        return x + self.mlp(x)
+
+
+class Head(nn.Module):
+    """hidden [b, s, h] -> final LayerNorm -> LM head (no bias) -> logits [b, s, V]. Module L+1 of the Sequential."""
+
+    def __init__(self, cfg: GPTConfig, *, device=None, dtype=None, init: bool = True):
+        super().__init__()
+        self.cfg, self.index = cfg, cfg.layers + 1
+        factory = {"device": device, "dtype": dtype}
+        self.ln_f = LayerNorm(cfg.hidden, **factory)
+        self.lm_head = Dense(cfg.hidden, cfg.vocab_size, bias=False, **factory)
+        if cfg.tie_embeddings:
+            self.lm_head.weight.tied = TIED_EMBEDDINGS
+        if init:
+            self.reset_parameters()
+
+    def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
+        if self.cfg.tie_embeddings:  # the embedding's first draw: the token embedding itself
+            gen = _generator(torch.device(device), layer_seed(self.cfg, Embedding.index))
+        else:
+            gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
+        return {"lm_head.weight": _draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)}
+
+    def reset_parameters(self) -> None:
+        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
+            self.lm_head.weight.tied = TIED_EMBEDDINGS
+        weight = self.ln_f.weight
+        if weight.device.type == "meta":
+            return
+        self.load_full(self.full_weights(weight.device, weight.dtype))
+
+    @torch.no_grad()
+    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+        self.lm_head.weight.copy_(full["lm_head.weight"])
+        self.ln_f.reset_to_identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+def build_gpt(cfg: GPTConfig, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> nn.Sequential:
+    """The dense GPT: Sequential(Embedding, Block 1..L, Head), modules named "0" .. "L+1". On the meta device
+    nothing is allocated; `models.materialize` later draws each layer's weights from its own generator."""
+    layers: list[nn.Module] = [Embedding(cfg, device=device, dtype=dtype)]
+    layers += [Block(cfg, i, device=device, dtype=dtype) for i in range(1, cfg.layers + 1)]
+    layers.append(Head(cfg, device=device, dtype=dtype))
+    return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def generate(model: nn.Sequential, prompt: torch.Tensor, new_tokens: int, temperature: float = 1.0,
+             seed: int = 0) -> torch.Tensor:
+    """Continue `prompt` (int64 [b, t]) by `new_tokens` tokens with a dense GPT (the whole Sequential in one
+    process): sample from softmax(logits / temperature) with a generator seeded by `seed`, or take the argmax
+    when temperature is 0. The context is cropped to the last seq_len tokens. Returns [b, t + new_tokens]."""
+    seq_len = model[0].cfg.seq_len
+    device = prompt.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = prompt
+    for _ in range(new_tokens):
+        logits = model(out[:, -seq_len:])[:, -1].float()
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=gen)
+        out = torch.cat([out, nxt], dim=1)
+    return out
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over all tokens, computed in fp32: logits [b, s, V], targets [b, s] int64."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def layer_costs(cfg: GPTConfig) -> list[float]:
+    """Relative forward cost of each module of the Sequential, in units of one Block (matmul FLOPs per sequence).
+
+    Block: 24 s h^2 (QKV 6, output 2, MLP 16) + 4 s^2 h (scores and weighted sum). Head: 2 s h V (the logits
+    GEMM; the loss's softmax passes over [s, V] are memory-bound and small next to it). Embedding: a gather and
+    an add, no matmul; weighed at a nominal 2 % of a block. At hidden 2048, seq 2048, vocab 32000 the head costs
+    1.1 blocks. Feed these to `hybrid_engine.parallel.pipeline.balance.balanced_partition` to cut stages of about equal cost.
+    """
+    s, h, v = cfg.seq_len, cfg.hidden, cfg.vocab_size
+    block = 24.0 * s * h * h + 4.0 * s * s * h
+    head = 2.0 * s * h * v
+    return [0.02] + [1.0] * cfg.layers + [head / block]

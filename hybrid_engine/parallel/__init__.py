@@ -1,0 +1,9 @@
+"""The grid and its three axes.
+
+    grid.py          build_groups: this rank's DP, PP (one two-rank group per channel) and MP process groups
+    pipeline/        schedules, stage programs (native or autograd), the cut of a model into stages, balancing
+    tensor/          tensor-parallel layers (Megatron column/row), sequence parallelism, vocab-parallel loss
+    data_parallel/   the gradient buffer and its buckets, ZeRO-1, its parameter all-gather, tied weights
+
+Imports from the package: config and hybrid_engine._C only (models, engine and train sit above it).
+"""

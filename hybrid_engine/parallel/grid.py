@@ -1,0 +1,157 @@
+"""ProcessGrid (C++) -> torch.distributed process groups.
+
+`torch.distributed.new_group` is collective over the whole world, so every rank creates every group, in the
+same order; each rank then keeps the ones it belongs to. Pipeline traffic gets its own two-rank groups, one
+per (sender, receiver, kind): a channel carries one direction of one kind of tensor, so sends and receives
+on it pair up first-in first-out and traffic on one channel can never block another (see
+hybrid_engine/parallel/pipeline/schedule.py for the ordering that the simulator checks).
+
+Every group waits for a missing peer as long as the world group does (--comm-timeout), never torch's default
+for `new_group` (30 minutes): a frozen peer must end the others within the timeout, as a dead one does.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+import hybrid_engine._C as _C
+
+ACTIVATION = "act"
+GRADIENT = "grad"
+
+
+@dataclass
+class Channel:
+    """One direction of pipeline traffic between two pipeline ranks of the same replica/MP slice."""
+
+    group: dist.ProcessGroup
+    peer_group_rank: int  # the peer's rank *within* `group` (what c10d send/recv take)
+
+
+@dataclass
+class GridGroups:
+    """The process groups one rank belongs to."""
+
+    grid: _C.ProcessGrid
+    rank: int
+    dp: dist.ProcessGroup
+    pp: dist.ProcessGroup
+    mp: dist.ProcessGroup
+    model_parallel: dist.ProcessGroup  # PP x MP ranks of this replica: where the loss scaler agrees
+    pp_ranks: list[int]  # global ranks of this rank's pipeline, by pp coordinate
+    # (src pp rank, dst pp rank, kind) -> channel, only for channels this rank sends or receives on
+    channels: dict[tuple[int, int, str], Channel] = field(default_factory=dict)
+
+    def destroy(self) -> None:
+        """Release every group this rank belongs to (each holds threads and sockets); all ranks call it."""
+        groups = [self.dp, self.pp, self.mp, self.model_parallel] + [c.group for c in self.channels.values()]
+        for group in groups:
+            dist.destroy_process_group(group)
+        self.channels.clear()
+
+    @property
+    def coords(self) -> _C.GridCoord:
+        return self.grid.coords(self.rank)
+
+
+def pipeline_channel_pairs(pp: int) -> list[tuple[int, int]]:
+    """Ordered (src, dst) pp-rank pairs that may carry traffic: neighbours both ways, the ring closed so
+    that interleaved schedules can pass the last rank's chunk output on to the first rank's next chunk."""
+    pairs: list[tuple[int, int]] = []
+    for src in range(pp):
+        for dst in ((src + 1) % pp, (src - 1) % pp):
+            if dst != src and (src, dst) not in pairs:
+                pairs.append((src, dst))
+    return pairs
+
+
+def world_timeout() -> datetime.timedelta:
+    """How long the world group's collectives wait for a peer (init_process_group's `timeout`)."""
+    world = dist.group.WORLD
+    for device in ("cuda", "cpu"):
+        try:
+            return world._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001 - no backend for this device, or a torch without these attributes
+            continue
+    return dist.default_pg_timeout
+
+
+def build_groups(grid: _C.ProcessGrid, rank: int, *, timeout_s: float | None = None) -> GridGroups:
+    """Create every group of the grid on every rank (same order everywhere) and return this rank's. Each group's
+    collectives give up after `timeout_s` seconds (default: the world group's timeout)."""
+    timeout = world_timeout() if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+
+    def new_group(ranks: list[int]) -> dist.ProcessGroup:
+        return dist.new_group(ranks, timeout=timeout)
+
+    mine: dict[str, dist.ProcessGroup] = {}
+    for axis in ("mp", "dp", "pp"):
+        for ranks in grid.groups(axis):
+            group = new_group(ranks)
+            if rank in ranks:
+                mine[axis] = group
+    for ranks in grid.model_parallel_groups():
+        group = new_group(ranks)
+        if rank in ranks:
+            mine["model_parallel"] = group
+
+    channels: dict[tuple[int, int, str], Channel] = {}
+    for pp_ranks in grid.groups("pp"):
+        for src, dst in pipeline_channel_pairs(grid.pp_size):
+            for kind in (ACTIVATION, GRADIENT):
+                members = sorted((pp_ranks[src], pp_ranks[dst]))
+                group = new_group(members)
+                if rank in members:
+                    peer = pp_ranks[dst] if rank == pp_ranks[src] else pp_ranks[src]
+                    channels[(src, dst, kind)] = Channel(group, members.index(peer))
+
+    return GridGroups(
+        grid=grid,
+        rank=rank,
+        dp=mine["dp"],
+        pp=mine["pp"],
+        mp=mine["mp"],
+        model_parallel=mine["model_parallel"],
+        pp_ranks=grid.group_of(rank, "pp"),
+        channels=channels,
+    )
+
+
+def mapping_table(grid: _C.ProcessGrid, hosts: list[str], devices: list[str]) -> str:
+    """Rank -> (dp, pp, mp, host, device), one line per rank."""
+    lines = [f"{'rank':>4} {'dp':>3} {'pp':>3} {'mp':>3}  {'host':<20} device"]
+    for rank in range(grid.world_size):
+        c = grid.coords(rank)
+        lines.append(f"{rank:>4} {c.dp:>3} {c.pp:>3} {c.mp:>3}  {hosts[rank]:<20} {devices[rank]}")
+    return "\n".join(lines)
+
+
+def grid_picture(grid: _C.ProcessGrid) -> str:
+    """ASCII picture of the 3-D grid: one box per pipeline stage, DP replicas as rows, MP ranks as columns."""
+    lines = [f"grid dp={grid.dp_size} x pp={grid.pp_size} x mp={grid.mp_size}  (order {grid.order}, fastest first)"]
+    cell = max(len(str(grid.world_size - 1)), 2)
+    for pp in range(grid.pp_size):
+        row_cells = [
+            " ".join(f"{grid.rank_of(dp, pp, mp):>{cell}}" for mp in range(grid.mp_size))
+            for dp in range(grid.dp_size)
+        ]
+        width = max(len(r) for r in row_cells)
+        title = f" stage pp={pp} "
+        inner = max(width + 12, len(title) + 2)
+        lines.append("+" + title.center(inner, "-") + "+")
+        for dp, cells in enumerate(row_cells):
+            body = f" dp={dp}: [{cells}]"
+            lines.append("|" + body.ljust(inner) + "|")
+        lines.append("+" + "-" * inner + "+")
+        if pp < grid.pp_size - 1:
+            lines.append(" " * (inner // 2) + "| activations down, gradients up")
+    lines.append("[..] lists the mp ranks of one tensor-parallel group; a column across stages is a pipeline.")
+    return "\n".join(lines)
+
+
+def host_name() -> str:
+    return socket.gethostname()

@@ -1,0 +1,3 @@
+"""The training loop and the commands around it: the driver (cli.py: flags -> RunConfig -> Trainer), the loop
+(trainer.py), its divergence guard (divergence.py), progress lines and metrics (progress.py), evaluation
+(evaluate.py) and `python -m hybrid_engine.sample` (sample.py). The top floor: it may import every other package."""

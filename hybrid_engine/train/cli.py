@@ -1,0 +1,207 @@
+"""The command line: flags (and `--config run.toml`) -> RunConfig -> checks -> process groups -> Trainer.
+
+    torchrun --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2
+    python -m hybrid_engine ... | hybrid-engine ...                    (the same CLI)
+
+Reads top to bottom: `run` turns every failure into one line and an exit code; `main` parses, checks everything
+that needs no process group, then sets up the grid and trains. On GPUs it uses CUDA + NCCL, one GPU per process
+(cuda:LOCAL_RANK); without GPUs, CPU + gloo.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shlex
+import socket
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine.runtime import faults
+from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
+from hybrid_engine.runtime.exit_together import agree_on_error
+from hybrid_engine.runtime.fault_plan import FaultPlan
+from hybrid_engine.config.flags import parse_config
+from hybrid_engine.parallel.grid import build_groups, grid_picture, host_name, mapping_table
+from hybrid_engine.runtime.interrupts import InterruptReporter
+from .trainer import (RunState, Trainer, TrainingStopped, build_engine, build_workload, check_output_paths,
+                      checkpoint_to_start_from)
+
+
+def validate_launch(cfg: RunConfig, env: LaunchEnv, device_type: str, argv: list[str], prog: str) -> object:
+    """cfg.validate for this launch; without a launcher, a grid of several ranks says how to start them."""
+    try:
+        return cfg.validate(env.world_size, device_type)
+    except ConfigError as exc:
+        p = cfg.parallel
+        needed = (p.dp or 1) * p.pp * p.mp
+        if env.launched or env.world_size != 1 or needed <= 1 or "world size 1" not in str(exc):
+            raise
+        script = prog if prog.endswith(".py") else "-m hybrid_engine"
+        raise ConfigError(f"{exc} (this is one process: to start {needed} ranks, run torchrun --nproc_per_node="
+                          f"{needed} {script} {shlex.join(argv)})") from None
+
+
+def device_type(choice: str) -> str:
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if device_type(choice) == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda but no CUDA GPU is visible")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> None:
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        # One process without a launcher: a port the OS picks, so that two such runs never collide on a fixed one.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # reached (or served, by rank 0 without torchrun) within timeout_s, or one line: a plain TCPStore client waits
+    # forever on a MASTER_PORT that another program holds
+    store = faults.rendezvous_store(env.rank, env.world_size, timeout_s)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
+        # run finds the dead attempt's gloo/NCCL addresses under the same keys and fails connecting to them.
+        store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", store)
+    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+
+
+def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = None,
+         state: RunState | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    prog = prog or os.path.basename(sys.argv[0])
+    # 1. the configuration, checked on every rank before any collective
+    cfg = parse_config(argv, prog)
+    env = LaunchEnv.from_environ()
+    grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)
+    device = pick_device(cfg.parallel.device, env.local_rank)
+    check_output_paths(cfg)
+    workload = build_workload(cfg, device)  # the model (meta), loss, stage cut and data; GPT data files read here
+    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0)
+    fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
+
+    # 2. processes and groups
+    if cfg.parallel.memory_cap_gib is not None and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.parallel.memory_cap_gib * 2**30 / total), device)
+    init_distributed(env, device, cfg.parallel.comm_timeout)
+    if heartbeat is not None:
+        heartbeat.start(cfg.parallel.comm_timeout)  # lets the others name this rank if it is lost (runtime/faults.py)
+    checkpoint.agree_on_directory_holds()  # --save DIR in use by another run: every rank stops here, exit 2
+    groups = build_groups(grid, env.rank, timeout_s=cfg.parallel.comm_timeout)
+    places = [None] * env.world_size
+    dist.all_gather_object(places, (host_name(), str(device)))
+    if env.rank == 0:
+        print(mapping_table(grid, [h for h, _ in places], [d for _, d in places]))
+        print(grid_picture(grid), flush=True)
+
+    # 3. the engine and the loop
+    if env.rank == 0:
+        print(workload.describe())
+        print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
+    engine = build_engine(cfg, workload, groups, device)
+    Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state).train(start_from)
+    engine.close()  # the executor holds process groups: release them before the groups are destroyed
+    dist.destroy_process_group()
+    return 0
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default  # LaunchEnv reports the bad value
+
+
+def run(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Every failure becomes one line on stderr and a non-zero exit (the console script's and `python -m
+    hybrid_engine`'s exit code); HYBRID_ENGINE_DEBUG=1 raises with the traceback instead. Exit codes: 0 done,
+    2 bad input, 1 training stopped (NaN loss) or a failure (a lost peer: the line names it), 130 Ctrl-C,
+    143 SIGTERM. An error every rank finds alike is printed once; a rank's own error by that rank."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    heartbeat = faults.Heartbeat(rank, world)
+    state = RunState()
+    reporter = faults.SigtermReporter(rank, heartbeat)
+    interrupts = InterruptReporter(rank, reporter, heartbeat, state).install()  # before any thread starts
+    reporter.install()
+
+    def claim(code: int) -> None:
+        if not reporter.leaving(code):
+            threading.Event().wait()  # a signal thread is reporting and ends the process
+
+    def leave_agreed(code: int, message: str) -> int:
+        claim(code)
+        if dist.is_initialized():  # the heartbeat runs (and others watch it) only once the process group exists
+            heartbeat.note_exit()
+        heartbeat.stop()
+        speak, alike = agree_on_error(rank, world, message)
+        if speak:
+            faults.say(f"hybrid_engine: error: {message}" if alike else f"hybrid_engine: rank {rank}: error: {message}")
+        else:
+            time.sleep(0.2)  # let the rank that speaks go first
+        reporter.reported()
+        if world > 1:
+            heartbeat.linger()  # without torchrun this rank may serve the store the others are still reading
+            # Leave now: torchrun stops the other ranks with SIGTERM once one has exited, and the interpreter's
+            # teardown (seconds with torch loaded) restores the default handler, so a rank still tearing down
+            # would be reported as killed by SIGTERM instead of exiting with this code like the others.
+            sys.stdout.flush()
+            os._exit(code)
+        return code
+
+    try:
+        code = main(argv, heartbeat=heartbeat, state=state, prog=prog)
+        reporter.leaving(code)
+        heartbeat.note_exit()
+        return code
+    except ConfigError as exc:
+        return leave_agreed(2, str(exc))
+    except TrainingStopped as exc:
+        return leave_agreed(1, str(exc))
+    except faults.RendezvousError as exc:  # no store: no peer to name or to wait for
+        claim(1)
+        faults.say(f"hybrid_engine: rank {rank}: {exc}")
+        reporter.reported()
+        return 1
+    except KeyboardInterrupt:  # only where the SIGINT thread could not be installed (not the main thread)
+        interrupts.report()  # exits 130, unless another exit is being reported: that one ends the process
+        threading.Event().wait()
+    except Exception as exc:  # noqa: BLE001 - the driver's job is to turn any failure into one clear line
+        if os.environ.get("HYBRID_ENGINE_DEBUG"):
+            heartbeat.stop()
+            raise
+        # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
+        first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
+        what = f"{type(exc).__name__}: {first.split('. ')[0]}"
+        claim(1)
+        heartbeat.note_exit()
+        lost = heartbeat.describe_loss()  # a lost peer is the usual cause: watch the heartbeats a moment to name it
+        faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{what}")
+        reporter.reported()
+        if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
+            heartbeat.linger()
+            sys.stdout.flush()
+            os._exit(1)
+        return 1
+    finally:
+        heartbeat.stop()  # a heartbeat thread still inside a store call at interpreter exit aborts the process

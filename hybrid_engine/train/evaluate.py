@@ -1,0 +1,68 @@
+"""Forward-only evaluation through an engine's stages: the validation loss without touching gradients or state.
+
+    val = evaluate(engine, inputs, targets, micro_batches)   # every rank calls it; same float everywhere
+
+Not a schedule: micro-batch by micro-batch, stage by stage in order, each stage's owner runs its modules under
+no_grad and sends the output to the next stage's owner with a blocking send (the receiver knows the shape from a
+probe, as the engine's executor does). Each transfer pairs one sender with one receiver and they happen in one
+global order, so it cannot deadlock; it cannot overlap either, which is fine for an occasional evaluation. MP
+collectives inside a stage run as in training (every MP rank of a stage runs it). The loss is the engine's (the
+GPT's vocab-parallel cross-entropy over its MP group), averaged like `Engine.train_step`'s.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from hybrid_engine.engine import losses
+
+
+@torch.no_grad()
+def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
+    """Mean loss over the global evaluation batch: inputs on the first stage's ranks, targets on the last's
+    (None elsewhere), this DP rank's rows (the same count on every DP rank), cut into `micro_batches` equal
+    micro-batches. Collective over the world. Pass a whole evaluation slice at once: each call probes the
+    stages' shapes once (one forward of zeros per stage)."""
+    pp_size, pp_rank = engine.pp_size, engine.pp_rank
+    for held, data, what in ((engine.holds_first_stage, inputs, "inputs"), (engine.holds_last_stage, targets,
+                                                                             "targets")):
+        if held and (data is None or data.shape[0] % micro_batches):
+            rows = None if data is None else data.shape[0]
+            raise ValueError(f"evaluate: {what} of {rows} rows do not cut into {micro_batches} equal micro-batches")
+    micro_in = list(inputs.chunk(micro_batches)) if engine.holds_first_stage else []
+    micro_tgt = list(targets.chunk(micro_batches)) if engine.holds_last_stage else []
+    half = engine.precision.half_dtype if engine.precision.half_weights else None
+    if half is not None:
+        micro_in = [x.to(half) if x.is_floating_point() else x for x in micro_in]
+    in_specs, _ = engine.stage_specs(micro_in[0] if micro_in else None)
+    loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
+    autocast = (torch.autocast(engine.device.type, dtype=engine.precision.half_dtype)
+                if engine.precision.autocast else contextlib.nullcontext())
+    micro_losses = []
+    with autocast:
+        for micro in range(micro_batches):
+            x = micro_in[micro] if micro_in else None
+            for s in range(engine.num_stages):
+                owner = s % pp_size
+                if s > 0 and owner != (s - 1) % pp_size:
+                    x = _pass(x, in_specs[s], (s - 1) % pp_size, owner, engine)
+                if owner == pp_rank:
+                    x = engine.stages[s](x)
+            if engine.holds_last_stage:
+                micro_losses.append(loss_fn(x, micro_tgt[micro]).float())
+    return engine._global_loss(micro_losses)
+
+
+def _pass(x: torch.Tensor | None, spec: torch.Tensor, src: int, dst: int, engine) -> torch.Tensor | None:
+    """Stage output from pipeline rank src to dst (within this rank's pipeline); others pass None through."""
+    ranks = engine.groups.pp_ranks
+    if engine.pp_rank == src:
+        dist.send(x.contiguous(), dst=ranks[dst], group=engine.groups.pp)
+        return None
+    if engine.pp_rank == dst:
+        buffer = torch.empty(spec.shape, dtype=spec.dtype, device=engine.device)
+        dist.recv(buffer, src=ranks[src], group=engine.groups.pp)
+        return buffer
+    return x

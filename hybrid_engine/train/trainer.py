@@ -1,0 +1,301 @@
+"""The training loop, apart from the command line: data -> engine.train_step -> metrics -> checkpoint cadence.
+
+    workload = build_workload(cfg, device)      # the MLP or the GPT: model, loss, stage cut, data
+    engine = build_engine(cfg, workload, groups, device)
+    Trainer(cfg, engine, workload, grid, groups, device).train(start_from)
+
+Every rank runs the same loop: step t's data is drawn from (seed, t) alone, only where it is consumed (inputs on
+the first stage, targets on the last); the loss comes back all-reduced, so a non-finite loss stops every rank at
+the same step. Rank 0 reports (hybrid_engine/train/progress.py).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine.runtime import faults
+from hybrid_engine.metrics import flops
+from hybrid_engine.config.run import RunConfig
+from hybrid_engine.engine.engine import Engine
+from hybrid_engine.runtime.fault_plan import FaultPlan
+from hybrid_engine.parallel.grid import GridGroups
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.workloads import Workload, gpt_workload, mlp_workload
+from .divergence import DivergenceGuard
+from hybrid_engine.config.output_paths import ReportingError, check_output_paths  # noqa: F401
+from .progress import Progress, summary_line
+from hybrid_engine.checkpoint.runs import RunCheckpoints, checkpoint_to_start_from  # noqa: F401
+from hybrid_engine.metrics.trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
+
+
+class TrainingStopped(Exception):
+    """Training cannot go on (a non-finite loss); every rank finds it at the same step (the loss is all-reduced)."""
+
+
+@dataclass
+class RunState:
+    """Where the run is, for whoever must report it from outside the loop (a Ctrl-C or SIGTERM handler)."""
+
+    step: int | None = None
+    """The step being run; None before the first."""
+    last_checkpoint: str | None = None
+    """The newest published checkpoint of this run's lineage (the one it started from, or published since)."""
+    save: str | None = None
+    """The run's --save directory, whose `latest` is the truth when a report is made (rank 0 publishes; another
+    rank stopped meanwhile may not have heard of it yet)."""
+
+    def describe(self) -> str:
+        where = "before the first step" if self.step is None else f"at step {self.step}"
+        latest = checkpoint.pointed_to(self.save) if self.save else None
+        return f"{where}; last checkpoint {latest or self.last_checkpoint or 'none'}"
+
+
+def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Workload:
+    """The model, loss, stage cut and data of the run (hybrid_engine/models/workloads.py); the model is on meta."""
+    m = cfg.model
+    if m.name == "gpt":
+        shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, m.seed)  # vocab: the data's
+        return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
+                            recompute="selective" if m.selective_recompute else "none",
+                            fp32_residual=m.fp32_residual)
+    return mlp_workload(m.dim, m.depth, m.seed, device)
+
+
+def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
+    """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
+    return Engine(workload.model, workload.loss, groups, optimizer=cfg.optimizer.factory(), schedule=cfg.schedule,
+                  stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
+                  trace=cfg.reporting.trace is not None,
+                  **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def gather_per_rank(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values` (same length everywhere), by rank: one small all-gather."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [x.tolist() for x in out]
+
+
+def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int, engine: Engine,
+                        dtype: torch.dtype, device: torch.device, poison: bool):
+    """(inputs, targets) for streamed data: callables micro -> that micro-batch's rows of this DP rank, drawn
+    when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
+    consumes none. `poison` fills the inputs with NaN (FaultPlan.nan_at_step)."""
+    def rows_of(micro: int) -> tuple[int, int]:
+        return first_row + micro * rows, first_row + (micro + 1) * rows
+
+    def inputs(micro: int) -> torch.Tensor:
+        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device)[0]
+        return x.fill_(float("nan")) if poison and x.is_floating_point() else x
+
+    def targets(micro: int) -> torch.Tensor:
+        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device)[1]
+
+    return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
+
+
+def _failure_code(progress: Progress) -> float:
+    """A report rank 0 could not write, as one number every rank can turn into the same line: 2 errno + (1 for the
+    trace, 0 for the metrics file); 0 when none failed."""
+    if progress.failed is None:
+        return 0.0
+    what, err = progress.failed
+    return float(2 * err + what.startswith("--trace"))
+
+
+class Trainer:
+    """Runs the configured steps on one rank of the grid; every rank constructs one and calls `train`."""
+
+    def __init__(self, cfg: RunConfig, engine: Engine, workload: Workload, grid, groups: GridGroups,
+                 device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None):
+        self.cfg, self.engine, self.workload, self.grid, self.groups = cfg, engine, workload, grid, groups
+        self.device = device
+        self.rank = dist.get_rank()
+        self.faults = faults_plan
+        self.state = state if state is not None else RunState()
+        self.per_dp = cfg.data.batch_size // grid.dp_size
+        self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
+
+    def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
+        cfg, engine, steps = self.cfg, self.engine, self.cfg.training.steps
+        progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
+                            log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
+                            metrics=cfg.reporting.metrics, append=start_from is not None)
+        self.state.save = cfg.checkpoint.save
+        ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults)
+        first_step = ckpts.start(start_from)
+        guard = DivergenceGuard(cfg.training.spike_factor)
+        times: list[float] = []
+        peaks: list[float] = []
+        try:
+            for step in range(first_step, steps):
+                self.state.step = step
+                result = self._step(step)
+                self._judge(step, result.loss, guard, ckpts)
+                ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
+                # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
+                # and whether rank 0 could write the last report (all ranks stop alike if not)
+                memory = gather_per_rank([peak_memory_gib(self.device), engine.master_bytes(),
+                                          engine.optimizer_state_bytes(), _failure_code(progress)], self.device)
+                self._stop_if_a_report_failed([failed for *_, failed in memory])
+                peaks = [round(peak, 3) for peak, *_ in memory]
+                if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
+                    times.append(result.step_time_s)
+                progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
+                               "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
+                               **self._throughput(result.step_time_s),
+                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _, _ in memory],
+                               "optimizer_state_bytes": [int(o) for _, _, o, _ in memory],
+                               "loss_scale": result.loss_scale, "skipped": result.skipped,
+                               "grad_norm": result.grad_norm})
+                self._maybe_validate(step + 1, progress)
+                ckpts.maybe_write(step + 1)
+            if ckpts.written is not None:  # the last checkpoint: its state's loss on the next step's batch
+                self._judge(steps, self._probe(steps), guard, ckpts, probe=True)
+                ckpts.publish_written()
+            if start_from and first_step >= steps:
+                progress.say(f"nothing to do: the checkpoint is at step {first_step}, --steps is {steps}")
+            ran = max(0, steps - first_step)
+            if ran:
+                line = summary_line(self.grid, cfg.schedule.name, cfg.data.batch_size, times,
+                                    min(ran, cfg.training.warmup), peaks)
+                if times:
+                    t = self._throughput(statistics.median(times))
+                    mfu = f", MFU {t['mfu']:.1%} of the datasheet peak" if t["mfu"] is not None else ""
+                    # A sample of the MLP is one row, not a sequence: its tokens/s would repeat samples/s.
+                    tokens = f"{t['tokens_per_s']:.0f} tokens/s, " if self.workload.tokens_per_sample > 1 else ""
+                    line += f"; {tokens}{t['tflops_per_gpu']:.3g} model TFLOP/s per GPU{mfu}"
+                progress.say(line)
+            if cfg.reporting.trace and steps > first_step:
+                self._write_trace(progress)
+            if cfg.reporting.metrics or cfg.reporting.trace:
+                self._stop_if_a_report_failed([x[0] for x in gather_per_rank([_failure_code(progress)], self.device)])
+        finally:
+            progress.close()
+
+    def _throughput(self, step_time_s: float) -> dict:
+        """tokens/s, model TFLOP/s per GPU and MFU (model FLOPs over the card's datasheet dense peak; None for a
+        card not in hybrid_engine/metrics/flops.py's table, e.g. the CPU)."""
+        w, world = self.workload, self.grid.world_size
+        tokens_per_s = self.cfg.data.batch_size * w.tokens_per_sample / step_time_s
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+        dtype = self.engine.precision.half_dtype or torch.float32
+        return {"tokens_per_s": round(tokens_per_s, 1),
+                # significant digits, not decimals: a small model on a CPU runs at a few GFLOP/s
+                "tflops_per_gpu": float(f"{tokens_per_s * w.flops_per_token / world / 1e12:.4g}"),
+                "mfu": flops.mfu(tokens_per_s / world, w.flops_per_token, name, dtype)}
+
+    def _maybe_validate(self, done: int, progress: Progress, max_batches: int = 16) -> None:
+        """GPT: the mean loss over (up to `max_batches` of) the held-out data, every eval_every steps and after the
+        last; collective over the world. With the built-in corpus, beside the source's entropy rate (the floor)."""
+        every, steps = self.cfg.training.eval_every, self.cfg.training.steps
+        if not every or not (done % every == 0 or done == steps):
+            return
+        data, engine, m = self.workload.data, self.engine, self.cfg.schedule.micro_batches
+        batch, start = self.cfg.data.batch_size, self.groups.coords.dp * self.per_dp
+        losses = []
+        for i in range(min(max_batches, data.val_batches(batch))):
+            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device)
+            losses.append(engine.evaluate(x if engine.holds_first_stage else None,
+                                          y if engine.holds_last_stage else None, micro_batches=m))
+        val = sum(losses) / len(losses)
+        source = getattr(data, "source", None)
+        floor = source.entropy_rate_nats() if source is not None else None
+        progress.say(f"step {done - 1}: validation loss {val:.4f}"
+                     + (f" (the corpus's entropy rate, the floor: {floor:.4f})" if floor is not None else ""))
+        progress.record({"step": done - 1, "val_loss": val, "entropy_floor": floor})
+
+    def _step(self, step: int):
+        """One optimizer step: this DP rank's rows of step `step`, only what this rank consumes."""
+        cfg, engine = self.cfg, self.engine
+        if self.faults.kills(step, self.rank):
+            faults.kill_self()
+        # Inputs on the first stage, targets on the last (drawn block by block: no full-size inputs kept for
+        # them), straight in the dtype the engine takes (half weights take half data), so no full-size fp32 copy
+        # ever exists. Data, not the engine, would otherwise set the largest batch (experiments/max_batch.py).
+        poison = self.faults.poisons(step)
+        first_row = self.groups.coords.dp * self.per_dp
+        if cfg.data.stream:
+            x, y = micro_batch_sources(self.workload, step, first_row, self.per_dp // cfg.schedule.micro_batches,
+                                       engine, self.data_dtype, self.device, poison)
+        elif engine.holds_first_stage or engine.holds_last_stage:  # a middle stage draws nothing
+            x, y = self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
+                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+            if poison and x is not None and x.is_floating_point():
+                x.fill_(float("nan"))  # this step's own tensor: no copy
+        else:
+            x = y = None
+        result = engine.train_step(x, y)
+        x = y = None  # the step's data dies here, before anything else (a checkpoint, the next step's draw)
+        return result
+
+    def _judge(self, step: int, loss: float, guard: DivergenceGuard, ckpts: RunCheckpoints,
+               probe: bool = False) -> None:
+        """Stop every rank (the loss is all-reduced: all judge alike) when `loss` is not finite or a spike; the
+        checkpoint written for this step's state is then never published."""
+        problem = guard.problem(step, loss)
+        if problem is None:
+            guard.accept(loss)
+            return
+        ckpts.discard_written()
+        where = " (the forward pass that checks the last checkpoint)" if probe else ""
+        spike = " (--spike-factor 0 trains through spikes)" if problem.endswith("a spike") else ""
+        raise TrainingStopped(f"{problem}{where}: training stopped (an update diverged); "
+                              f"{ckpts.where_to_continue()}{spike}")
+
+    def _probe(self, step: int) -> float:
+        """The loss of the current state on step `step`'s batch, forward only (collective): what the step after
+        the last would see, so that the last checkpoint is checked like every other."""
+        first_row = self.groups.coords.dp * self.per_dp
+        engine = self.engine
+        x, y = (self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
+                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                if engine.holds_first_stage or engine.holds_last_stage else (None, None))
+        return engine.evaluate(x, y, micro_batches=self.cfg.schedule.micro_batches)
+
+    def _stop_if_a_report_failed(self, codes: list[float]) -> None:
+        """Every rank raises the same ReportingError when rank 0 could not write a report (codes: gathered
+        _failure_code of every rank)."""
+        code = int(max(codes))
+        if code:
+            err, trace = divmod(code, 2)
+            what = f"--trace {self.cfg.reporting.trace}" if trace else f"--metrics {self.cfg.reporting.metrics}"
+            raise ReportingError(f"cannot write {what}: {os.strerror(err)}")
+
+    def _write_trace(self, progress: Progress) -> None:
+        """Gather the last step's timed actions and DP and MP collectives of one pipeline onto rank 0 (collective),
+        which writes them."""
+        cfg, c = self.cfg, self.groups.coords
+        comm = self.engine.comm_trace
+        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0,
+                                        comm_spans_of(comm, "dp"), comm_spans_of(comm, "mp"))
+        if self.rank == 0:
+            rows, comm_rows, mp_rows = gathered
+            s, path = cfg.schedule, cfg.reporting.trace
+            try:
+                summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows,
+                                      mp_rows)
+            except OSError as exc:  # the directory was checked before the first step; the disk may fill since
+                raise ReportingError(f"cannot write --trace {path}: {exc.strerror or exc}") from None
+            beside = "; ".join(f"{axis} collectives beside them: " + ", ".join(f"{n} {kind}" for kind, n in
+                                                                             summary[key].items())
+                               for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives")) if key in summary)
+            progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
+                         f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
+                         f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)"
+                         + (f"; {beside}" if beside else ""))
+            progress.record({"trace": summary})
