@@ -7,6 +7,10 @@ that take tens of seconds carry `slow` in their file; everything else runs in th
 
 The mark is found, not written into each file: a test is `multiprocess` when its function, a fixture it uses, or
 a helper of its module they call (followed through the module's own functions) names one of SPAWNERS.
+
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process): most
+multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they compute. Every test
+finds its own ports (the OS picks them) and writes under its own tmp_path, so two never collide.
 """
 from __future__ import annotations
 
@@ -53,7 +57,23 @@ def _spawns(func, seen: set[int]) -> bool:
     return any(_spawns(f, seen) for f in called)
 
 
+def _module_fixture_file(item) -> str | None:
+    """The test file of `item` when the test reads a module-scoped fixture of that file (a set of runs that
+    several tests check): such tests go to one xdist worker, or each worker would compute the fixture again."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return None
+    module = item.nodeid.split("::")[0]
+    for name in fixtures.names_closure:
+        for fixturedef in fixtures.name2fixturedefs.get(name, ()):
+            if fixturedef.scope != "function" and fixturedef.baseid == module:
+                return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    slow_files = set()
     for item in items:
         funcs = [getattr(item, "function", None)]
         fixtures = getattr(item, "_fixtureinfo", None)
@@ -64,6 +84,14 @@ def pytest_collection_modifyitems(config, items):
         seen: set[int] = set()
         if any(f is not None and _spawns(f, seen) for f in funcs):
             item.add_marker(pytest.mark.multiprocess)
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("slow"):
+            slow_files.add(item.nodeid.split("::")[0])
+        group = _module_fixture_file(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # Files with slow tests first, each file's tests still together and in order: under xdist the in-process
+    # tests then fill the workers' last minutes instead of one worker ending on a long multi-process test.
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
 
 
 @pytest.fixture
