@@ -9,8 +9,9 @@ The mark is found, not written into each file: a test is `multiprocess` when its
 a helper of its module they call (followed through the module's own functions) names one of SPAWNERS.
 
 The suite runs on two pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process): most
-multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they compute. Every test
-finds its own ports (the OS picks them) and writes under its own tmp_path, so two never collide.
+multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they compute. A file's
+tests run on one worker (--dist loadfile), so a module-scoped fixture (runs that several tests check) is computed
+once. Every test finds its own ports (the OS picks them) and writes under its own tmp_path: two never collide.
 """
 from __future__ import annotations
 
@@ -57,21 +58,6 @@ def _spawns(func, seen: set[int]) -> bool:
     return any(_spawns(f, seen) for f in called)
 
 
-def _module_fixture_file(item) -> str | None:
-    """The test file of `item` when the test reads a module-scoped fixture of that file (a set of runs that
-    several tests check): such tests go to one xdist worker, or each worker would compute the fixture again."""
-    fixtures = getattr(item, "_fixtureinfo", None)
-    if fixtures is None:
-        return None
-    module = item.nodeid.split("::")[0]
-    for name in fixtures.names_closure:
-        for fixturedef in fixtures.name2fixturedefs.get(name, ()):
-            if fixturedef.scope != "function" and fixturedef.baseid == module:
-                return module
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     slow_files = set()
     for item in items:
@@ -86,11 +72,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multiprocess)
         if item.get_closest_marker("multiprocess") or item.get_closest_marker("slow"):
             slow_files.add(item.nodeid.split("::")[0])
-        group = _module_fixture_file(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     # Files with slow tests first, each file's tests still together and in order: under xdist the in-process
-    # tests then fill the workers' last minutes instead of one worker ending on a long multi-process test.
+    # files then fill the workers' last minutes instead of one worker ending on a long multi-process file.
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
 
 
