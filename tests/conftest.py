@@ -7,6 +7,11 @@ that take tens of seconds carry `slow` in their file; everything else runs in th
 
 The mark is found, not written into each file: a test is `multiprocess` when its function, a fixture it uses, or
 a helper of its module they call (followed through the module's own functions) names one of SPAWNERS.
+
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process): most
+multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they compute. A file's
+tests run on one worker (--dist loadfile), so a module-scoped fixture (runs that several tests check) is computed
+once. Every test finds its own ports (the OS picks them) and writes under its own tmp_path: two never collide.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ def _spawns(func, seen: set[int]) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    slow_files = set()
     for item in items:
         funcs = [getattr(item, "function", None)]
         fixtures = getattr(item, "_fixtureinfo", None)
@@ -64,6 +70,11 @@ def pytest_collection_modifyitems(config, items):
         seen: set[int] = set()
         if any(f is not None and _spawns(f, seen) for f in funcs):
             item.add_marker(pytest.mark.multiprocess)
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("slow"):
+            slow_files.add(item.nodeid.split("::")[0])
+    # Files with slow tests first, each file's tests still together and in order: under xdist the in-process
+    # files then fill the workers' last minutes instead of one worker ending on a long multi-process file.
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
 
 
 @pytest.fixture

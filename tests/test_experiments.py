@@ -422,9 +422,22 @@ if os.environ.get("RANK") == "0":
 '''
 
 
+# torchrun's part in a trial (one process per rank, RANK set, the worst exit code) without its seconds of start-up
+# per trial: the real torchrun runs in the two real-driver trials above
+FAKE_TORCHRUN = '''
+import os, subprocess, sys
+nproc, script = int(sys.argv[1]), sys.argv[2:]
+ranks = [subprocess.Popen([sys.executable, *script], env={**os.environ, "RANK": str(r)}) for r in range(nproc)]
+sys.exit(max(p.wait() for p in ranks))
+'''
+
+
 def test_max_batch_main_retries_a_port_clash_and_runs_modes_together(tmp_path, monkeypatch):
     driver = tmp_path / "fake_driver.py"
     driver.write_text(FAKE_DRIVER)
+    launcher = tmp_path / "fake_torchrun.py"
+    launcher.write_text(FAKE_TORCHRUN)
+    monkeypatch.setattr(max_batch, "torchrun", lambda nproc, port: [sys.executable, str(launcher), str(nproc)])
     monkeypatch.setenv("FAKE_MARKER", str(tmp_path / "clashed"))
     assert max_batch.main(["--device", "cpu", "--driver", str(driver), "--modes", "fp32,bf16", "--parallel", "4",
                            "--micro-batches", "4", "--start", "16", "--cap", "64", "--capacity-gib", "1.4",

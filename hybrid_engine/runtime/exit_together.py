@@ -28,21 +28,22 @@ def _listening(host: str, port: int) -> bool:
 
 
 def _store(rank: int, world_size: int, deadline: float):
-    """The rendezvous store: torchrun's agent's, or rank 0's process group's. Ranks started by hand that fail
-    before the process group exists find none: rank 0 then serves one on MASTER_PORT itself."""
+    """(store, served here): the rendezvous store, torchrun's agent's or rank 0's process group's. Ranks started
+    by hand that fail before the process group exists find none: rank 0 then serves one on MASTER_PORT itself."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if world_size <= 1 or not host or not port:
-        return None
+        return None, False
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
     if rank == 0 and not _listening(host, int(port)):
-        return dist.TCPStore(host, int(port), world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        return dist.TCPStore(host, int(port), world_size, is_master=True, timeout=timeout,
+                             wait_for_workers=False), True
     while not _listening(host, int(port)):
         if time.monotonic() > deadline:
             raise TimeoutError("no rendezvous store")
         time.sleep(0.05)
-    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout, wait_for_workers=False)
+    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout, wait_for_workers=False), False
 
 
 def _run_key() -> str:
@@ -64,7 +65,7 @@ def agree_on_error(rank: int, world_size: int, message: str, grace_s: float = 20
 
 
 def _check_in(rank: int, world_size: int, message: str, deadline: float) -> tuple[bool, bool]:
-    store = _store(rank, world_size, deadline)
+    store, served = _store(rank, world_size, deadline)
     if store is None:
         return True, True
     key = _run_key()
@@ -78,4 +79,10 @@ def _check_in(rank: int, world_size: int, message: str, deadline: float) -> tupl
         name = f"{key}/message/{r}"
         if r == rank or (store.check([name]) and store.get(name).decode(errors="replace") == message):
             same.append(r)
+    # The rank that serves the store leaves last: its exit closes the store, and a rank still reading it would
+    # print c10d's connection-lost warning (a slow rank on a loaded machine does).
+    read = store.add(f"{key}/read", 1)
+    while served and read < arrived and time.monotonic() < deadline:
+        time.sleep(0.05)
+        read = store.add(f"{key}/read", 0)
     return same[0] == rank, len(same) == world_size
