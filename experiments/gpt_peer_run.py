@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 from hybrid_engine.data import open_dataset
-from hybrid_engine.metrics.flops import gpt_flops_per_token, mfu
+from hybrid_engine.metrics.flops import mfu
+from hybrid_engine.models.gpt.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt.model import GPTConfig, layer_costs
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": None}

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hybrid_engine.metrics.flops import gpt_flops_per_token, mfu  # noqa: E402
+from hybrid_engine.metrics.flops import mfu
+from hybrid_engine.models.gpt.flops import gpt_flops_per_token  # noqa: E402
 from hybrid_engine.models.gpt.model import GPTConfig  # noqa: E402
 from megatron_gpt import build_model as build_megatron  # noqa: E402  (imports megatron only when called)
 from plain_gpt import PlainGPT, WithLoss  # noqa: E402

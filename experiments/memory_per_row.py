@@ -122,7 +122,7 @@ def rank_main(rank: int, world: int, store_path: str, cfg: dict, out_dir: str, r
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from hybrid_engine import ProcessGrid
-    from hybrid_engine.engine import losses
+    from hybrid_engine.models import losses
     from hybrid_engine.engine.engine import Engine
     from hybrid_engine.config.engine import PrecisionConfig, ScheduleConfig, StageConfig
     from hybrid_engine.parallel.grid import build_groups

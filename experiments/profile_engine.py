@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from hybrid_engine.config.run import resolve_grid  # noqa: E402
+from hybrid_engine.config.checks import resolve_grid  # noqa: E402
 from hybrid_engine.engine.engine import Engine  # noqa: E402
 from hybrid_engine.parallel.grid import build_groups  # noqa: E402
 from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
-from hybrid_engine.engine import losses
+from hybrid_engine.models import losses
 from hybrid_engine.config.engine import PrecisionConfig, ScheduleConfig  # noqa: E402
 
 

@@ -26,7 +26,8 @@ ProcessGrid = _C.ProcessGrid
 
 from hybrid_engine.config.engine import (ConfigError, DataParallelConfig, PrecisionConfig,  # noqa: E402
                                          ScheduleConfig, StageConfig)
-from hybrid_engine.engine import losses, optim  # noqa: E402
+from hybrid_engine import optim  # noqa: E402
+from hybrid_engine.models import losses  # noqa: E402
 from hybrid_engine.engine.engine import Engine, StepResult  # noqa: E402
 from hybrid_engine.parallel.grid import GridGroups, build_groups  # noqa: E402
 

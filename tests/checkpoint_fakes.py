@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine import checkpoint
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
 from hybrid_engine.models.workloads import gpt_checkpoint_model
 

@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine import checkpoint
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model

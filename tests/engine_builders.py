@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hybrid_engine.engine import losses
-from hybrid_engine.engine import optim
+from hybrid_engine.models import losses
+from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 

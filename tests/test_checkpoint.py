@@ -9,8 +9,8 @@ import torch
 from checkpoint_fakes import sha256_of
 from checkpoint_ranks import run_info, save_every_step, straight_then_resumed, train_segment, try_load
 from dist_utils import run_ranks
-from hybrid_engine.checkpoint import save as checkpoint
-from hybrid_engine.checkpoint.save import CheckpointError
+from hybrid_engine import checkpoint
+from hybrid_engine.checkpoint import CheckpointError
 from hybrid_engine.models import large_linear_model
 
 # Adam, so that optimizer state (exp_avg, exp_avg_sq, step) must round-trip and reshard too.
@@ -90,7 +90,7 @@ def test_foreign_checkpoints_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="is not a hybrid_engine checkpoint: it has no manifest.json"):
         checkpoint.open_checkpoint(str(tmp_path))
     (tmp_path / "manifest.json").write_text('{"format": "other-trainer/2"}')
-    with pytest.raises(CheckpointError, match="format 'other-trainer/2', expected 'hybrid_engine.checkpoint.save/1'"):
+    with pytest.raises(CheckpointError, match="format 'other-trainer/2', expected 'hybrid_engine.checkpoint/1'"):
         checkpoint.open_checkpoint(str(tmp_path))
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="cannot be read as JSON"):

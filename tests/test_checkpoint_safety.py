@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from checkpoint_fakes import OneRankEngine
-from hybrid_engine.checkpoint import save as checkpoint
-from hybrid_engine.checkpoint.save import CheckpointError
+from hybrid_engine import checkpoint
+from hybrid_engine.checkpoint import CheckpointError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = {"model": {"name": "large_linear_model", "dim": 4, "depth": 1, "seed": 0}, "optimizer": "sgd"}
@@ -275,7 +275,7 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_behind(saved, monkeypatch)
     def fake_open(path, mode="r", *args, **kwargs):
         return _FullDisk(path, "w") if str(path).endswith(".pt") else real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(checkpoint.saving, "open", fake_open, raising=False)
     big = OneRankEngine({"0.weight": torch.ones(64, 64), "0.bias": torch.ones(64)})
     for _ in range(2):  # each failed save cleans up after itself
         with pytest.raises(CheckpointError) as err:
@@ -290,7 +290,7 @@ def test_an_error_without_an_os_cause_keeps_its_first_line(saved, monkeypatch):
     def broken(obj, f):
         raise RuntimeError("\nPytorchStreamWriter failed writing file data/0: file write failed")
 
-    monkeypatch.setattr(checkpoint.torch, "save", broken)
+    monkeypatch.setattr(checkpoint.saving.torch, "save", broken)
     with pytest.raises(CheckpointError, match="RuntimeError: PytorchStreamWriter failed writing file data/0"):
         _save(saved, 3)
     assert sorted(os.listdir(saved)) == ["latest", "step_000001", "step_000002"]
@@ -361,14 +361,14 @@ def test_a_full_disk_while_pointing_latest_leaves_nothing_and_says_what_latest_i
             return _FullDiskNow(path, "w")  # created, then nothing fits
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(checkpoint.saving, "open", fake_open, raising=False)
     with pytest.raises(CheckpointError) as err:  # the first checkpoint: there is no latest to speak of
         _save(tmp_path, 1)
     assert str(err.value).endswith(f"No space left on device; {tmp_path} holds no earlier checkpoint"), str(err.value)
     assert os.listdir(tmp_path) == []  # no zero-byte .latest.*, and no step_000001 that latest does not name
     monkeypatch.undo()
     _save(tmp_path, 1)
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(checkpoint.saving, "open", fake_open, raising=False)
     with pytest.raises(CheckpointError) as err:
         _save(tmp_path, 2)
     assert str(err.value).endswith(f"No space left on device; {tmp_path / 'latest'} still names step_000001")

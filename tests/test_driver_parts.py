@@ -8,11 +8,12 @@ import pytest
 import torch.distributed as dist
 
 from hybrid_engine.config.flags import parse_config
-from hybrid_engine.config.run import ConfigError
+from hybrid_engine.config import ConfigError
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.train.progress import Progress, summary_line
-from hybrid_engine.train.trainer import RunState, check_output_paths
+from hybrid_engine.config.output_paths import check_output_paths
+from hybrid_engine.train.trainer import RunState
 
 from launch_utils import free_port
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid_engine.metrics.flops import gpt_flops_per_token, gpt_matmul_params, gpt_param_count, mfu, peak_flops
+from hybrid_engine.metrics.flops import mfu, peak_flops
+from hybrid_engine.models.gpt.flops import gpt_flops_per_token, gpt_matmul_params, gpt_param_count
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
 
 ANCHOR = GPTConfig(vocab_size=32000, layers=16, hidden=2048, heads=16, seq_len=2048)  # ../shared/anchors

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from hybrid_engine import _C
-from hybrid_engine.engine import optim
-from hybrid_engine.engine.precision import MasterWeights
+from hybrid_engine.optim import optimizers as optim
+from hybrid_engine.optim.masters import MasterWeights
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

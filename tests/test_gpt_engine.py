@@ -17,9 +17,9 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import optim
+from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
-from hybrid_engine.train.evaluate import evaluate
+from hybrid_engine.engine.evaluate import evaluate
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
 from hybrid_engine.models.workloads import gpt_workload
@@ -359,7 +359,7 @@ def test_engine_learns_the_markov_corpus_to_near_its_entropy_floor():
 
 def save_gpt_checkpoint(rank: int, world: int, root: str) -> dict:
     """Two steps of a byte-level GPT (vocabulary 256) on mp2 with SP, tied; checkpoint.save; the gathered state."""
-    from hybrid_engine.checkpoint import save as checkpoint
+    from hybrid_engine import checkpoint
 
     engine, groups, _, _ = train_engine(rank, {"mp": 2, "sp": True, "tied": True}, steps=2, data=dataset(256))
     run_info = {"model": gpt_workload(config(True), dataset(256)).checkpoint_model, "optimizer": "sgd"}

@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from hybrid_engine.engine import amp
-from hybrid_engine.engine.amp import DynamicLossScaler, OverflowWatch, clip_grad_norm, make_loss_scaler
+from hybrid_engine.optim import scaling as amp
+from hybrid_engine.optim.scaling import DynamicLossScaler, OverflowWatch, clip_grad_norm, make_loss_scaler
 
 # 40 steps: isolated overflows, a long run that takes the scale below 1, recoveries that grow it again.
 OVERFLOW_STEPS = {2, 3, 9, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 36}

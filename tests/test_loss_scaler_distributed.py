@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from dist_utils import run_ranks
-from hybrid_engine.engine.amp import DynamicLossScaler, clip_grad_norm
+from hybrid_engine.optim.scaling import DynamicLossScaler, clip_grad_norm
 
 STEPS = 6
 INF_STEP = 2

@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from engine_reference import first_loss
 from launch_utils import torchrun
 
-from hybrid_engine.models import _STREAM_BATCH, SyntheticRegression, _generator, stream_seed
+from hybrid_engine.models import SyntheticRegression, stream_seed
+from hybrid_engine.models.mlp.model import _STREAM_BATCH, _generator
 
 DIM = 48
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

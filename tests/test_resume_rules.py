@@ -8,11 +8,12 @@ import os
 import pytest
 
 from checkpoint_fakes import SMALL_GPT, OneRankEngine, write_gpt_checkpoint
-from hybrid_engine.checkpoint import save as checkpoint
-from hybrid_engine.checkpoint.save import CheckpointError
+from hybrid_engine import checkpoint
+from hybrid_engine.checkpoint import CheckpointError
 from hybrid_engine.config.flags import parse_config
 from hybrid_engine.models import large_linear_model
-from hybrid_engine.train.trainer import RunState, checkpoint_to_start_from
+from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
+from hybrid_engine.train.trainer import RunState
 from hybrid_engine.models.workloads import gpt_workload, mlp_workload
 
 MLP = ["--dim", "16", "--depth", "2", "--optimizer", "sgd"]
@@ -25,7 +26,7 @@ def _start(cfg, workload):
     try:
         return checkpoint_to_start_from(cfg, workload)
     finally:
-        for hold in list(checkpoint._HOLDS):  # the --save directory this process took
+        for hold in list(checkpoint.lock._HOLDS):  # the --save directory this process took
             hold.release()
 
 

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from hybrid_engine import optim
 from hybrid_engine.train import cli
 from hybrid_engine.config.flags import build_parser, parse_config
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
@@ -183,7 +184,8 @@ def test_help_lists_every_flag_once_with_its_real_default_and_the_launch_example
 def test_optimizer_config_makes_a_factory():
     import torch
 
-    factory = parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer.factory()
+    chosen = parse_config(["--optimizer", "adamw", "--lr", "0.25"]).optimizer
+    factory = optim.from_name(chosen.name, chosen.lr)
     opt = factory([torch.nn.Parameter(torch.zeros(2))])
     assert isinstance(opt, torch.optim.AdamW) and math.isclose(opt.param_groups[0]["lr"], 0.25)
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hybrid_engine.parallel.pipeline.schedule import main
+from hybrid_engine.schedule import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

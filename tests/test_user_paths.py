@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from hybrid_engine.config.run import ConfigError
+from hybrid_engine.config import ConfigError
 from hybrid_engine.config.flags import parse_config
-from hybrid_engine.train.trainer import check_output_paths
+from hybrid_engine.config.output_paths import check_output_paths
 
 
 def _within(seconds: float, fn, unblock: str | None = None):

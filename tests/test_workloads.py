@@ -11,11 +11,11 @@ import torch
 import torch.nn as nn
 
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import losses
+from hybrid_engine.models import losses
 from hybrid_engine.data import MAGIC, MarkovChain, TokenDataset, write_token_file
 from hybrid_engine.parallel.pipeline.partition import check_layout
 from hybrid_engine.config.engine import ConfigError
-from hybrid_engine.metrics.flops import gpt_flops_per_token
+from hybrid_engine.models.gpt.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt.model import GPTConfig
 from hybrid_engine.parallel.data_parallel.tied import tied_stages
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
@@ -147,7 +147,7 @@ def _evaluate_mlp(rank: int, world: int) -> tuple[float, float]:
     import torch.nn.functional as F
 
     from engine_builders import make_engine
-    from hybrid_engine.train.evaluate import evaluate
+    from hybrid_engine.engine.evaluate import evaluate
     from hybrid_engine.parallel.grid import build_groups
     from hybrid_engine.models import large_linear_model, materialize
 

@@ -1,4 +1,4 @@
-"""The distributed optimizer (ZeRO-1, hybrid_engine/parallel/data_parallel/zero.py): sharded optimizer state over DP trains exactly like
+"""The distributed optimizer (ZeRO-1, hybrid_engine/optim/zero.py): sharded optimizer state over DP trains exactly like
 the replicated one, agrees on skips over DP, holds 1/dp of the state, and checkpoints reshard across dp sizes and
 between sharded and replicated runs."""
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
-from hybrid_engine.engine import optim
+from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 from hybrid_engine.models.workloads import gpt_workload

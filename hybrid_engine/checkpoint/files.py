@@ -17,9 +17,9 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from hybrid_engine.config.run import ConfigError
+from hybrid_engine.config import ConfigError
 
-FORMAT = "hybrid_engine.checkpoint.save/1"
+FORMAT = "hybrid_engine.checkpoint/1"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 LOCK = ".lock"

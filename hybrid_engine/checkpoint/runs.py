@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import time
 
-from . import save as checkpoint
-from .save import CheckpointError
+from . import digest, files, loading, lock, saving
+from .agree import _from_rank0
+from .files import CheckpointError
 from hybrid_engine.config.run import ConfigError, RunConfig
 
 
@@ -37,14 +38,14 @@ def _inside(path: str, directory: str) -> bool:
     return os.path.realpath(parent) == os.path.realpath(directory)
 
 
-def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False) -> checkpoint.Checkpoint | None:
+def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False) -> files.Checkpoint | None:
     """The checkpoint this run continues (None: from scratch), checked on every rank before any collective.
     `restarted`: this is a launcher's restart of the run (torchrun's TORCHELASTIC_RESTART_COUNT > 0)."""
     c = cfg.checkpoint
     existing = None
     if c.save:
-        checkpoint.hold_directory(c.save)  # one run per directory: a second one stops before training (exit 2)
-        existing = checkpoint.latest_path(c.save)
+        lock.hold_directory(c.save)  # one run per directory: a second one stops before training (exit 2)
+        existing = files.latest_path(c.save)
         if existing and not c.resume:
             raise ConfigError(f"--save {c.save} already holds checkpoints (latest {existing}); pass --resume "
                               "to continue from it, or choose another directory")
@@ -52,10 +53,10 @@ def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False) 
     path = existing if (c.resume and existing and not chosen) else c.load
     if path is None:
         return None
-    ckpt = checkpoint.open_checkpoint(path)
-    checkpoint.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
+    ckpt = files.open_checkpoint(path)
+    files.check_compatible(ckpt, workload.checkpoint_model, workload.param_shapes(), cfg.optimizer.name)
     continuing = c.resume and c.save is not None and _inside(ckpt.path, c.save)
-    note = checkpoint.check_same_data(ckpt, workload.checkpoint_model, workload.checkpoint_data, continuing)
+    note = files.check_same_data(ckpt, workload.checkpoint_model, workload.checkpoint_data, continuing)
     if note:
         ckpt.notes.append(note)
     return ckpt
@@ -67,7 +68,7 @@ class RunCheckpoints:
     def __init__(self, cfg: RunConfig, engine, workload, state, progress, rank: int, faults=None):
         self.cfg, self.engine, self.workload, self.state = cfg, engine, workload, state
         self.progress, self.rank, self.faults = progress, rank, faults
-        self.written: checkpoint.Written | None = None  # on disk, waiting for its step's loss
+        self.written: saving.Written | None = None  # on disk, waiting for its step's loss
 
     def continue_from(self, path: str) -> str:
         """The flags that continue a run from checkpoint `path`."""
@@ -76,15 +77,15 @@ class RunCheckpoints:
             return f"--resume --load {path}"
         return f"--load {path}"
 
-    def start(self, ckpt: checkpoint.Checkpoint | None) -> int:
+    def start(self, ckpt: files.Checkpoint | None) -> int:
         """Load `ckpt` into the engine (collective); the step to continue from (0 without a checkpoint)."""
         self.state.last_checkpoint = ckpt.path if ckpt else None
         if ckpt is None:
             return 0
         try:
-            step = checkpoint.load(self.engine, ckpt)
+            step = loading.load(self.engine, ckpt)
         except CheckpointError as exc:  # every rank is here: load agreed on the error
-            advice = checkpoint._from_rank0(self._older_advice(ckpt) if self.rank == 0 else None)
+            advice = _from_rank0(self._older_advice(ckpt) if self.rank == 0 else None)
             raise CheckpointError(f"{exc}; {advice}") from None
         for note in ckpt.notes:
             self.progress.say(note)
@@ -93,25 +94,25 @@ class RunCheckpoints:
                               "its shards were checked by size only")
         save = self.cfg.checkpoint.save
         if save and _inside(ckpt.path, save):
-            latest = checkpoint._from_rank0(checkpoint.latest_path(save) if self.rank == 0 else None)
+            latest = _from_rank0(files.latest_path(save) if self.rank == 0 else None)
             if latest is not None and os.path.realpath(latest) != os.path.realpath(ckpt.path):
-                checkpoint.rewind_latest(save, ckpt)
-                self.progress.say(f"{os.path.join(save, checkpoint.LATEST)} now names {os.path.basename(ckpt.path)} "
+                saving.rewind_latest(save, ckpt)
+                self.progress.say(f"{os.path.join(save, files.LATEST)} now names {os.path.basename(ckpt.path)} "
                                   f"(--load); {os.path.basename(latest)} stays until this run saves that "
                                   "step again")
         self.progress.say(f"resumed from {ckpt.path} at step {step}")
         return step
 
-    def _older_advice(self, ckpt: checkpoint.Checkpoint) -> str:
+    def _older_advice(self, ckpt: files.Checkpoint) -> str:
         """Which older checkpoint of the same directory to continue from, and how (rank 0, while the others wait
         in a collective: the hashing stops at half the --comm-timeout, after which the newest complete one is
         named, its checksums to be checked when it loads)."""
         deadline = time.monotonic() + self.cfg.parallel.comm_timeout / 2
         try:
-            older = checkpoint.newest_intact_before(ckpt.path, ckpt.step, deadline)
+            older = digest.newest_intact_before(ckpt.path, ckpt.step, deadline)
             what = "the newest intact older checkpoint"
-        except checkpoint.OutOfTime:
-            older = checkpoint.newest_complete_before(ckpt.path, ckpt.step)
+        except digest.OutOfTime:
+            older = digest.newest_complete_before(ckpt.path, ckpt.step)
             what = "the newest complete older checkpoint (its checksums are checked when it loads)"
         if older is None:
             return f"no older checkpoint in {os.path.dirname(os.path.normpath(ckpt.path))} is intact"
@@ -124,7 +125,7 @@ class RunCheckpoints:
         if not c.save or not (done == self.cfg.training.steps or (c.save_every and done % c.save_every == 0)):
             return
         crash = self.faults is not None and self.faults.crashes_in_save(done, self.rank)
-        self.written = checkpoint.write(self.engine, c.save, done, self.run_info(), crash_in_save=crash)
+        self.written = saving.write(self.engine, c.save, done, self.run_info(), crash_in_save=crash)
 
     def run_info(self) -> dict:
         """What the manifest records besides the state: the model, the optimizer, and the data (GPT)."""
@@ -138,14 +139,14 @@ class RunCheckpoints:
         if self.written is None:
             return
         written, self.written = self.written, None
-        path = checkpoint.publish(written, keep=self.cfg.checkpoint.keep)
+        path = saving.publish(written, keep=self.cfg.checkpoint.keep)
         self.state.last_checkpoint = path
         self.progress.say(f"saved {path}", verbose=True)
 
     def discard_written(self) -> None:
         """The written checkpoint's state diverged: it is never published."""
         if self.written is not None:
-            checkpoint.discard(self.written)
+            saving.discard(self.written)
             self.written = None
 
     def where_to_continue(self) -> str:
@@ -160,7 +161,7 @@ class RunCheckpoints:
 
     def _is_latest(self, path: str) -> bool:
         try:
-            latest = checkpoint.latest_path(self.cfg.checkpoint.save)
+            latest = files.latest_path(self.cfg.checkpoint.save)
         except CheckpointError:
             return False
         return latest is not None and os.path.realpath(latest) == os.path.realpath(path)

@@ -12,3 +12,9 @@ meaning, its metadata the flag's name where that differs from the field's.
 Imports from the package: hybrid_engine._C (the C++ core's schedule rules) and, for each model's own options and
 rules, hybrid_engine.models' option classes. Nothing above it (engine, train) is imported here.
 """
+
+from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from .run import LaunchEnv, ModelConfig, RunConfig
+
+__all__ = ["ConfigError", "DataParallelConfig", "LaunchEnv", "ModelConfig", "PrecisionConfig", "RunConfig",
+           "ScheduleConfig", "StageConfig"]

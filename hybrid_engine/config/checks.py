@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 import hybrid_engine._C as _C
-from hybrid_engine.engine import optim
 from .engine import ConfigError, ScheduleConfig
 
 MODELS = ("mlp", "gpt")
 DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_name builds each
 MAX_DIM = 2**16  # one dim x dim fp32 layer is then 16 GiB
 MAX_DEPTH = 4096
 MAX_RANKS = 2**16
@@ -59,8 +59,8 @@ def check_numbers(cfg) -> None:
                         ("--lookahead", s.lookahead)):
         if abs(value) > MAX_INT:  # the C++ core takes an int
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_INT})")
-    if cfg.optimizer.name not in optim.NAMES:
-        raise ConfigError(f"--optimizer must be one of {', '.join(optim.NAMES)}, got {cfg.optimizer.name!r}")
+    if cfg.optimizer.name not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer.name!r}")
     _in_range("--lr", cfg.optimizer.lr, 0.0, MAX_LR, f"a learning rate in [0, {MAX_LR:g}]")
     t = cfg.training
     _in_range("--steps", t.steps, 0, MAX_INT, "a number of steps >= 0 (0: set up and stop)")

@@ -81,7 +81,7 @@ class StageConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Mixed precision and the loss scaler (hybrid_engine/engine/precision.py, csrc/amp)."""
+    """Mixed precision and the loss scaler (hybrid_engine/optim/masters.py, csrc/amp)."""
 
     amp: str = "off"
     """off | fp16 (with dynamic loss scaling) | bf16."""
@@ -128,7 +128,7 @@ class DataParallelConfig:
     gradient and their sum to bf16; accumulation stays fp32)."""
     zero: int = 0
     """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
-    (ZeRO-1, hybrid_engine/parallel/data_parallel/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
+    (ZeRO-1, hybrid_engine/optim/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
     updated parameters all-gathered."""
     overlap_param_gather: bool = True
     """With zero 1: each bucket's parameter all-gather is launched as soon as its shard is updated and waited for

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybrid_engine.engine import optim
-from .run import DEVICES, SCHEDULES, ConfigError, ModelConfig, RunConfig
-from .engine import AMP_IMPLS, AMP_MODES, DP_GRAD_DTYPES, STAGE_IMPLS
+from .checks import DEVICES, OPTIMIZERS
+from .run import ModelConfig, RunConfig
+from .engine import SCHEDULES, ConfigError, AMP_IMPLS, AMP_MODES, DP_GRAD_DTYPES, STAGE_IMPLS
 from .input_files import read_regular_file
 
 EPILOG = """\
@@ -186,7 +186,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="stop when a step's loss is more than F times the largest of the 20 before it (0: never); "
                         "a checkpoint becomes latest only once the step that trains on it has a finite loss within "
                         f"F {_default('spike_factor')}")
-    t.add_argument("--optimizer", choices=optim.NAMES,
+    t.add_argument("--optimizer", choices=OPTIMIZERS,
                    help="sgd (plain; fused with the master->half cast under --amp), adam, or adamw (decoupled "
                         f"weight decay 0.01); torch's other defaults {_default('optimizer')}")
     t.add_argument("--lr", type=float, help=f"learning rate {_default('lr')}")

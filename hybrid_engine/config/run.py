@@ -16,11 +16,8 @@ import os
 from dataclasses import dataclass, field
 
 import hybrid_engine._C as _C
-from hybrid_engine.engine import optim
-from .checks import (DEVICES, MODELS, check_numbers, check_training,  # noqa: F401
-                            resolve_grid)
-from .engine import (SCHEDULES, ConfigError, DataParallelConfig, PrecisionConfig,  # noqa: F401
-                            ScheduleConfig, StageConfig)
+from .checks import check_numbers, check_training, resolve_grid
+from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
 
 @dataclass(frozen=True)
@@ -125,15 +122,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The optimizer, by name (hybrid_engine/engine/optim.py; Engine users pass any factory instead)."""
+    """The optimizer, by name (hybrid_engine/optim/optimizers.py; Engine users pass any factory instead)."""
 
     name: str = "sgd"
     """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
     lr: float = 1e-2
     """Learning rate."""
-
-    def factory(self) -> optim.OptimizerFactory:
-        return optim.from_name(self.name, self.lr)
 
 
 @dataclass(frozen=True)
@@ -156,7 +150,7 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Checkpoints (hybrid_engine/checkpoint/save.py; docs/failures.md)."""
+    """Checkpoints (hybrid_engine/checkpoint/saving.py; docs/failures.md)."""
 
     save: str | None = None
     """Write checkpoints under this directory (DIR/step_N, DIR/latest); it must be visible to every rank."""

@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import hybrid_engine._C as _C
-from . import losses
-from . import optim
+from hybrid_engine.models import losses
+from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.data_parallel import param_gather
-from .amp import OverflowWatch, clip_grad_norm, make_loss_scaler
+from hybrid_engine.optim.scaling import OverflowWatch, clip_grad_norm, make_loss_scaler
 from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
@@ -29,13 +29,13 @@ from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
 from .micro_batches import MicroBatches, micro_batch_fn
 from hybrid_engine.models import materialize
 from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
-from .precision import MasterWeights
+from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.tensor.layers import is_mp_split, parallelize_mlp
-from hybrid_engine.parallel.data_parallel.zero import ShardedOptimizer, clip_group_for_shards
+from hybrid_engine.optim.zero import ShardedOptimizer, clip_group_for_shards
 
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
@@ -237,8 +237,8 @@ class Engine(EngineState):
                           loss_scale=scale if self.scaler is not None else None, grad_norm=grad_norm)
 
     def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, micro_batches: int = 1) -> float:
-        """Forward-only mean loss (no gradients, no state change): hybrid_engine.train.evaluate.evaluate."""
-        from hybrid_engine.train.evaluate import evaluate
+        """Forward-only mean loss (no gradients, no state change): hybrid_engine.engine.evaluate.evaluate."""
+        from hybrid_engine.engine.evaluate import evaluate
         self.wait_for_parameters()
         return evaluate(self, inputs, targets, micro_batches)
 

@@ -1,16 +1,15 @@
-"""The engine's workloads, each a function of the seed alone: the course MLP (mlp.py) and a GPT (gpt.py).
+"""The models the engine trains, each a function of the seed alone: the course MLP (mlp/) and a GPT (gpt/); what the
+driver needs to train each as one value (workloads.py); their losses (losses.py); whether a model can fit at all
+(memory_estimate.py). The MLP's public names are this package's.
 
-`from hybrid_engine.models import X` keeps working for everything models.py exported before it became a package.
+Imports: config, data, parallel (each model's tensor-parallel split), metrics' peaks. The engine imports
+`materialize` and the losses from here.
 """
 from __future__ import annotations
 
 from hybrid_engine.models.mlp.model import (
-    _STREAM_BATCH,
-    _STREAM_LAYER,
-    _STREAM_TEACHER,
     SeededLinear,
     SyntheticRegression,
-    _generator,
     large_linear_model,
     materialize,
     stream_seed,

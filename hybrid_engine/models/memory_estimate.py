@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from hybrid_engine.metrics.flops import gpt_param_count
+from hybrid_engine.models.gpt.flops import gpt_param_count
 from hybrid_engine.models.gpt.model import GPTConfig
 
 FP32_BYTES = 4

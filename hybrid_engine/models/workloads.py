@@ -24,11 +24,11 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from hybrid_engine.engine import losses
+from . import losses
 from hybrid_engine.parallel.pipeline.balance import balanced_partition, describe_layout
 from hybrid_engine.data import DataError, TokenDataset, load_tokens, open_dataset
 from hybrid_engine.config.engine import ConfigError
-from hybrid_engine.metrics.flops import gpt_flops_per_token, gpt_param_count
+from hybrid_engine.models.gpt.flops import gpt_flops_per_token, gpt_param_count
 from .memory_estimate import gpt_weight_bytes, refuse_if_too_large
 from . import SyntheticRegression, large_linear_model
 from hybrid_engine.models.gpt.model import Block, GPTConfig, build_gpt, layer_costs
@@ -72,7 +72,7 @@ class Workload:
     data: object
     flops_per_sample: float  # model FLOPs of one training sample (forward + backward)
     tokens_per_sample: int  # 1 for the MLP, seq_len for the GPT
-    checkpoint_model: dict  # run_info["model"] of hybrid_engine.checkpoint.save.save: what a checkpoint must match
+    checkpoint_model: dict  # run_info["model"] of hybrid_engine.checkpoint.saving.save: what a checkpoint must match
     summary: str
     layer_names: list[str]
     layer_costs: list[float]

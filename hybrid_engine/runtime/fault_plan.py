@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from hybrid_engine.config.run import ConfigError
+from hybrid_engine.config import ConfigError
 
 PREFIX = "HYBRID_ENGINE_TEST_"
 

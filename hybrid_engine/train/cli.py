@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine import checkpoint
 from hybrid_engine.runtime import faults
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.runtime.exit_together import agree_on_error
@@ -29,8 +29,9 @@ from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.config.flags import parse_config
 from hybrid_engine.parallel.grid import build_groups, grid_picture, host_name, mapping_table
 from hybrid_engine.runtime.interrupts import InterruptReporter
-from .trainer import (RunState, Trainer, TrainingStopped, build_engine, build_workload, check_output_paths,
-                      checkpoint_to_start_from)
+from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
+from hybrid_engine.config.output_paths import check_output_paths
+from .trainer import RunState, Trainer, TrainingStopped, build_engine, build_workload
 
 
 def validate_launch(cfg: RunConfig, env: LaunchEnv, device_type: str, argv: list[str], prog: str) -> object:

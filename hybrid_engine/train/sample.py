@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-from hybrid_engine.checkpoint.save import CheckpointError, open_checkpoint, read_shard
+from hybrid_engine.checkpoint import CheckpointError, open_checkpoint, read_shard
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.input_files import read_regular_file
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large

@@ -10,7 +10,6 @@ the same step. Rank 0 reports (hybrid_engine/train/progress.py).
 """
 from __future__ import annotations
 
-import errno
 import os
 import resource
 import statistics
@@ -19,7 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hybrid_engine.checkpoint import save as checkpoint
+from hybrid_engine import checkpoint
+from hybrid_engine import optim
 from hybrid_engine.runtime import faults
 from hybrid_engine.metrics import flops
 from hybrid_engine.config.run import RunConfig
@@ -29,9 +29,9 @@ from hybrid_engine.parallel.grid import GridGroups
 from hybrid_engine.models.gpt.model import GPTConfig
 from hybrid_engine.models.workloads import Workload, gpt_workload, mlp_workload
 from .divergence import DivergenceGuard
-from hybrid_engine.config.output_paths import ReportingError, check_output_paths  # noqa: F401
+from hybrid_engine.config.output_paths import ReportingError
 from .progress import Progress, summary_line
-from hybrid_engine.checkpoint.runs import RunCheckpoints, checkpoint_to_start_from  # noqa: F401
+from hybrid_engine.checkpoint.runs import RunCheckpoints
 from hybrid_engine.metrics.trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
 
@@ -70,7 +70,7 @@ def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Worklo
 
 def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
     """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
-    return Engine(workload.model, workload.loss, groups, optimizer=cfg.optimizer.factory(), schedule=cfg.schedule,
+    return Engine(workload.model, workload.loss, groups, optimizer=optim.from_name(cfg.optimizer.name, cfg.optimizer.lr), schedule=cfg.schedule,
                   stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))

@@ -1,7 +1,7 @@
 """ZeRO-1's parameter all-gather overlapped with the next forward: the order the buckets are gathered in, and which
 layer waits for which bucket.
 
-The update (hybrid_engine/parallel/data_parallel/zero.py) launches one asynchronous, in-place all-gather per bucket as soon as it has
+The update (hybrid_engine/optim/zero.py) launches one asynchronous, in-place all-gather per bucket as soon as it has
 written this DP rank's piece of that bucket, in the order the next forward reads the buckets
 (csrc/executor/dp_param_gather.h). Nothing waits for them at the end of the step: each layer of the next forward
 waits only for the buckets holding its own parameters, just before it runs (Megatron's overlap_param_gather), so

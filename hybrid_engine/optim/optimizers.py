@@ -14,8 +14,10 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 
+from hybrid_engine.config.checks import OPTIMIZERS
+
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-NAMES = ("sgd", "adam", "adamw")
+NAMES = OPTIMIZERS  # the names --optimizer takes
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import hybrid_engine._C as _C
-from hybrid_engine.engine import optim
-from hybrid_engine.engine.amp import clip_grad_norm
-from .grad_buffer import BufferLayout
-from .param_gather import ForwardWaits
+from . import optimizers as optim
+from hybrid_engine.optim.scaling import clip_grad_norm
+from hybrid_engine.parallel.data_parallel.grad_buffer import BufferLayout
+from hybrid_engine.parallel.data_parallel.param_gather import ForwardWaits
 from hybrid_engine.parallel.tensor.layers import copy_placement, gather_full, is_mp_split, take_shard
 
 

@@ -60,22 +60,10 @@ from dataclasses import dataclass
 
 import torch
 
-# This module saves, publishes and prunes; the other concepts live in sibling modules (checkpoint_files: names,
-# safe reads, manifest, finding; checkpoint_load: reading into an engine; checkpoint_digest: checksums;
-# checkpoint_lock: one run per directory; checkpoint_agree: every rank leaves together), whose names are
-# re-exported here so that callers keep importing hybrid_engine.checkpoint.save.
-from .agree import _agree, _all_gather, _from_rank0, _raise_first, _world  # noqa: F401
-from .digest import (HashingWriter, OutOfTime, intact, newest_complete_before,  # noqa: F401
-                                newest_intact_before)
-from .files import (  # noqa: F401
-    DTYPES, FORMAT, LATEST, LOCK, MANIFEST, MAX_MANIFEST_BYTES, MAX_POINTER_BYTES, Checkpoint, CheckpointError,
-    _complete, _inside, _is_count, _LEFTOVER, _manifest_problem, _read_capped, _regular_file, _SHARD, _STEP_DIR,
-    _step_dirs, check_compatible, check_same_data, latest_path, open_checkpoint, pointed_to, read_manifest,
-    shard_name, step_dir_name,
-)
-from .load import load, read_shard  # noqa: F401
-from .lock import _HOLDS, DirectoryHold, _holder_of, agree_on_directory_holds, hold_directory  # noqa: F401
-
+from .agree import _all_gather, _from_rank0, _world
+from .digest import HashingWriter
+from .files import (FORMAT, LATEST, MANIFEST, Checkpoint, CheckpointError, _complete, _LEFTOVER, _step_dirs, latest_path,
+                    shard_name, step_dir_name)
 
 # ------------------------------------------------------------------------------------------------ saving
 def _fsync_dir(path: str) -> None:

@@ -74,7 +74,7 @@ def as_micro_loss(loss: LossSpec) -> LossFn:
     if isinstance(loss, VocabParallelCrossEntropy):
         raise TypeError("VocabParallelCrossEntropy needs the engine's MP group: use losses.bind(loss, groups)")
     if not callable(loss):
-        raise TypeError(f"loss must be hybrid_engine.engine.losses.MSE(), VocabParallelCrossEntropy(vocab_size) or a "
+        raise TypeError(f"loss must be hybrid_engine.models.losses.MSE(), VocabParallelCrossEntropy(vocab_size) or a "
                         f"callable (output, target) -> scalar, got {type(loss).__name__}")
 
     def micro_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

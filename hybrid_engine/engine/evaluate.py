@@ -16,7 +16,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from hybrid_engine.engine import losses
+from hybrid_engine.models import losses
 
 
 @torch.no_grad()
