@@ -6,11 +6,13 @@ from the C++ core (csrc/schedule/generators.h), never from a second list here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 import hybrid_engine._C as _C
+
+from .fields import flag
 
 SCHEDULES: tuple[str, ...] = tuple(_C.schedule.schedule_names())
 STAGE_IMPLS = ("auto", "native", "autograd")
@@ -34,16 +36,16 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> None:
 class ScheduleConfig:
     """How micro-batches flow through the pipeline (csrc/schedule)."""
 
-    name: str = "1f1b"
+    name: str = field(default="1f1b", metadata=flag("--schedule", choices=SCHEDULES))
     """naive | gpipe | 1f1b | interleaved | zb1 (zero-bubble: weight gradients deferred into the bubbles)."""
-    micro_batches: int = 4
+    micro_batches: int = field(default=4, metadata=flag(metavar="M"))
     """Micro-batches per DP rank per step; the step's loss is their mean."""
-    virtual_stages: int = 1
+    virtual_stages: int = field(default=1, metadata=flag(metavar="V"))
     """Model chunks per pipeline rank (interleaved only)."""
-    lookahead: int = 0
+    lookahead: int = field(default=0, metadata=flag(metavar="K"))
     """1f1b/zb1: forwards every rank but the last runs beyond the 1F1B warm-up, hiding the gradient's round trip
     at the cost of one more micro-batch of activations each."""
-    merge_weight_grads: bool = False
+    merge_weight_grads: bool = field(default=False, metadata=flag("--merge-wgrad"))
     """zb1: compute a stage's weight gradients once over all micro-batches (one GEMM per layer)."""
 
     def validate(self, pp: int) -> None:
@@ -62,14 +64,14 @@ class ScheduleConfig:
 class StageConfig:
     """How each pipeline stage computes (hybrid_engine/parallel/pipeline/stages.py)."""
 
-    impl: str = "auto"
+    impl: str = field(default="auto", metadata=flag("--stage-impl", choices=STAGE_IMPLS))
     """auto: a plain Linear(+ReLU) chain runs natively in the C++ executor (no autograd), anything else through
     autograd; native: require the native chain for every stage; autograd: every stage through autograd."""
     recompute: bool = False
     """Activation recomputation: keep only each stage's input between a micro-batch's forward and backward."""
     compile: bool = False
     """Run autograd stages' modules under torch.compile (native stages are already fused)."""
-    tp_chunks: int = 0
+    tp_chunks: int = field(default=0, metadata=flag(metavar="N"))
     """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
     GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
 
@@ -83,18 +85,18 @@ class StageConfig:
 class PrecisionConfig:
     """Mixed precision and the loss scaler (hybrid_engine/optim/masters.py, csrc/amp)."""
 
-    amp: str = "off"
+    amp: str = field(default="off", metadata=flag(choices=AMP_MODES))
     """off | fp16 (with dynamic loss scaling) | bf16."""
-    implementation: str = "half-weights"
+    implementation: str = field(default="half-weights", metadata=flag("--amp-impl", choices=AMP_IMPLS))
     """half-weights: half weights for the whole step, fp32 masters and fp32 gradient accumulation;
     autocast: fp32 weights cast inside every matrix product by torch.autocast."""
-    loss_scale: float | None = None
+    loss_scale: float | None = field(default=None, metadata=flag(metavar="SCALE"))
     """fp16: a static loss scale instead of the dynamic one."""
-    scale_window: int = 2000
+    scale_window: int = field(default=2000, metadata=flag(metavar="N"))
     """fp16: clean steps before the dynamic scale doubles."""
-    hysteresis: int = 1
+    hysteresis: int = field(default=1, metadata=flag(metavar="N"))
     """fp16: overflows tolerated before the dynamic scale halves."""
-    clip_grad: float = 0.0
+    clip_grad: float = field(default=0.0, metadata=flag(metavar="NORM"))
     """Clip the global gradient norm to this (0: off); MP-replicated parameters count once."""
 
     def validate(self) -> None:
@@ -120,13 +122,13 @@ class PrecisionConfig:
 class DataParallelConfig:
     """How gradients are combined over DP replicas (csrc/grad, csrc/executor/dp_grad_sync.h)."""
 
-    bucket_mb: float = 256.0
+    bucket_mb: float = field(default=256.0, metadata=flag("--dp-bucket-mb", metavar="MIB"))
     """Size cap (MiB of gradient) of a bucket; buckets hold whole layers, last layer first, and each starts its
     collective as soon as its gradients are final in the step's last backward."""
-    grad_dtype: str = "fp32"
+    grad_dtype: str = field(default="fp32", metadata=flag("--dp-grad-dtype", choices=tuple(DP_GRAD_DTYPES)))
     """fp32 | bf16: the dtype gradients travel in (bf16 halves the bytes on the link, rounding each replica's
     gradient and their sum to bf16; accumulation stays fp32)."""
-    zero: int = 0
+    zero: int = field(default=0, metadata=flag(choices=(0, 1)))
     """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
     (ZeRO-1, hybrid_engine/optim/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
     updated parameters all-gathered."""

@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 
 import hybrid_engine._C as _C
-from .checks import check_numbers, check_training, resolve_grid
+from .checks import DEVICES, MODELS, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
 
@@ -52,20 +53,21 @@ class LaunchEnv:
 class ParallelConfig:
     """The process grid and where it runs (hybrid_engine/parallel/grid.py, csrc/grid)."""
 
-    dp: int | None = None
+    dp: int | None = field(default=None, metadata=flag(metavar="N"))
     """Data-parallel replicas; None: world size / (pp * mp)."""
-    pp: int = 1
+    pp: int = field(default=1, metadata=flag(metavar="N"))
     """Pipeline-parallel stages (ranks per pipeline)."""
-    mp: int = 1
+    mp: int = field(default=1, metadata=flag(metavar="N"))
     """Tensor (model) parallel ranks per layer."""
-    order: str = "mp-dp-pp"
-    """Rank layout, axes from fastest- to slowest-varying (any order of mp, dp, pp); the default keeps MP peers on
-    adjacent ranks (one node, NVLink) and pipeline stages outermost."""
-    device: str = "auto"
+    order: str = field(default="mp-dp-pp", metadata=flag(metavar="AXES"))
+    """Rank layout: mp, dp and pp joined by '-', fastest-varying first (mp-dp-pp, mp-pp-dp, dp-mp-pp, dp-pp-mp,
+    pp-mp-dp, pp-dp-mp); the default keeps MP peers on adjacent ranks (one node, NVLink) and pipeline stages
+    outermost."""
+    device: str = field(default="auto", metadata=flag(choices=DEVICES))
     """auto: CUDA + NCCL when GPUs exist, else CPU + gloo; cpu; cuda."""
-    comm_timeout: float = 60.0
+    comm_timeout: float = field(default=60.0, metadata=flag(metavar="SECONDS"))
     """Seconds a collective may wait for a peer before this rank gives up."""
-    memory_cap_gib: float | None = None
+    memory_cap_gib: float | None = field(default=None, metadata=flag(metavar="GIB"))
     """CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)."""
 
 
@@ -74,7 +76,7 @@ class ModelConfig:
     """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models/mlp/model.py), or a
     decoder-only transformer (hybrid_engine/models/gpt/model.py, hybrid_engine/models/workloads.py)."""
 
-    name: str = "mlp"
+    name: str = field(default="mlp", metadata=flag("--model", choices=MODELS))
     """Which model: mlp (the course model) or gpt."""
     dim: int = 1024
     """MLP: hidden size of every Linear layer."""
@@ -110,12 +112,12 @@ class ModelConfig:
 class DataConfig:
     """What each step trains on: synthetic regression drawn from (seed, step) alone."""
 
-    batch_size: int = 64
+    batch_size: int = field(default=64, metadata=flag(metavar="B"))
     """Global batch size (all DP replicas together): samples for the MLP, sequences for the GPT."""
-    path: str | None = None
+    path: str | None = field(default=None, metadata=flag("--data", metavar="PATH"))
     """GPT: a text file (byte-level tokens) or a token file from `python -m hybrid_engine.data prepare`; none: the
     built-in corpus drawn from a seeded Markov chain with a known entropy rate."""
-    stream: bool = False
+    stream: bool = field(default=False, metadata=flag("--stream-data"))
     """Draw each micro-batch when its forward runs instead of the whole batch before the step: the batch is never
     resident (a larger largest batch), for a few kernels per micro-batch."""
 
@@ -124,7 +126,7 @@ class DataConfig:
 class OptimizerConfig:
     """The optimizer, by name (hybrid_engine/optim/optimizers.py; Engine users pass any factory instead)."""
 
-    name: str = "sgd"
+    name: str = field(default="sgd", metadata=flag("--optimizer", choices=OPTIMIZERS))
     """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
     lr: float = 1e-2
     """Learning rate."""
@@ -134,16 +136,16 @@ class OptimizerConfig:
 class TrainingConfig:
     """The training loop (hybrid_engine/train/trainer.py)."""
 
-    steps: int = 10
+    steps: int = field(default=10, metadata=flag(metavar="N"))
     """Optimizer steps in all, counted from step 0 (a resumed run continues at its checkpoint's step); 0: set up,
     print the grid, stop."""
-    warmup: int = 2
+    warmup: int = field(default=2, metadata=flag(metavar="N"))
     """The first steps this run takes that the timing summary leaves out."""
-    log_every: int = 1
+    log_every: int = field(default=1, metadata=flag(metavar="N"))
     """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
-    eval_every: int = 0
+    eval_every: int = field(default=0, metadata=flag(metavar="N"))
     """GPT: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
-    spike_factor: float = 10.0
+    spike_factor: float = field(default=10.0, metadata=flag(metavar="F"))
     """Stop when a step's loss is more than this many times the largest of the 20 before it (0: never); a
     checkpoint becomes `latest` only once the step that trains on it has a finite loss within this factor."""
 
@@ -152,16 +154,16 @@ class TrainingConfig:
 class CheckpointConfig:
     """Checkpoints (hybrid_engine/checkpoint/saving.py; docs/failures.md)."""
 
-    save: str | None = None
+    save: str | None = field(default=None, metadata=flag(metavar="DIR"))
     """Write checkpoints under this directory (DIR/step_N, DIR/latest); it must be visible to every rank."""
-    save_every: int = 0
+    save_every: int = field(default=0, metadata=flag(metavar="N"))
     """Also save after every N steps (0: only after the last step)."""
-    keep: int = 3
+    keep: int = field(default=3, metadata=flag("--keep-checkpoints", metavar="K"))
     """Keep the newest K checkpoints."""
     resume: bool = False
     """Continue from the latest checkpoint in `save` if there is one, else start as usual (from `load`, or from
     scratch): what a restarted job (torchrun --max-restarts) needs."""
-    load: str | None = None
+    load: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Start from this checkpoint (DIR/step_N, or a save directory: its latest), on any grid."""
 
 
@@ -169,11 +171,11 @@ class CheckpointConfig:
 class ReportingConfig:
     """What the run writes besides checkpoints (rank 0)."""
 
-    metrics: str | None = None
+    metrics: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Write one JSON line per step to this file."""
     quiet: bool = False
     """No per-step lines, only the summary."""
-    trace: str | None = None
+    trace: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Time every action of the last step; write PATH.json (Chrome trace), PATH.png and PATH.simulated.png."""
 
 

@@ -1,0 +1,73 @@
+"""A configuration dataclass's fields as the user sees them, so that each is written once.
+
+The string literal under a field is its documentation: the flag's help and what its TOML key means. A field's
+metadata (`flag(...)`) names its command-line flag where that differs from the field's own name, and its choices
+and metavar. The command line (flags.py) and the TOML tables (run.py) are both made from these.
+
+    @dataclass(frozen=True)
+    class ScheduleConfig:
+        name: str = field(default="1f1b", metadata=flag("--schedule", choices=SCHEDULES))
+        \"\"\"naive | gpipe | 1f1b | interleaved | zb1 (...).\"\"\"
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import re
+import textwrap
+from typing import Any, Optional, Sequence
+
+
+def flag(name: Optional[str] = None, *, choices: Optional[Sequence] = None, metavar: Optional[str] = None) -> dict:
+    """A field's metadata for its flag: its name (default: --field-name), its choices and its metavar."""
+    out: dict[str, Any] = {}
+    if name is not None:
+        out["flag"] = name
+    if choices is not None:
+        out["choices"] = tuple(choices)
+    if metavar is not None:
+        out["metavar"] = metavar
+    return out
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: its documentation, one paragraph} of a dataclass, read from the string literal under each field."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for here, after in zip(body, body[1:]):
+        if (isinstance(here, ast.AnnAssign) and isinstance(here.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[here.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return docs
+
+
+def class_doc(cls: type) -> str:
+    """The first sentence of a dataclass's own docstring."""
+    doc = " ".join(inspect.cleandoc(cls.__doc__ or "").split())
+    first = re.split(r"(?<=\.) ", doc, maxsplit=1)[0].rstrip(".")
+    return re.sub(r" \([^()]*(?:/|\.py)[^()]*\)", "", first)  # where it lives in the code is not the user's concern
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def value_type(field: dataclasses.Field) -> type:
+    """int, float, str or bool: the field's type, an optional one's inner type ("int | None" -> int)."""
+    names = {"int": int, "float": float, "str": str, "bool": bool}
+    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    parts = [p.strip() for p in annotation.split("|") if p.strip() != "None"]
+    if len(parts) != 1 or parts[0] not in names:
+        raise TypeError(f"configuration field {field.name}: type {annotation} has no flag (int, float, str or bool, "
+                        "optionally | None)")
+    return names[parts[0]]
+
+
+def default_text(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
