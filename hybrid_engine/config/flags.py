@@ -53,6 +53,10 @@ class _Help(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog: str):
         super().__init__(prog, max_help_position=32, width=110)
 
+    def _split_lines(self, text: str, width: int) -> list[str]:  # "(default X)" is never cut in two
+        return [line.replace("\0", " ") for line in super()._split_lines(text.replace("(default ", "(default\0"),
+                                                                           width)]
+
 
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (printed once) and exit code 2."""

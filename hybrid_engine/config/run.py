@@ -60,9 +60,8 @@ class ParallelConfig:
     mp: int = field(default=1, metadata=flag(metavar="N"))
     """Tensor (model) parallel ranks per layer."""
     order: str = field(default="mp-dp-pp", metadata=flag(metavar="AXES"))
-    """Rank layout: mp, dp and pp joined by '-', fastest-varying first (mp-dp-pp, mp-pp-dp, dp-mp-pp, dp-pp-mp,
-    pp-mp-dp, pp-dp-mp); the default keeps MP peers on adjacent ranks (one node, NVLink) and pipeline stages
-    outermost."""
+    """mp-dp-pp, mp-pp-dp, dp-mp-pp, dp-pp-mp, pp-mp-dp or pp-dp-mp: the rank layout, axes fastest-varying first;
+    the default keeps MP peers on adjacent ranks (one node, NVLink) and pipeline stages outermost."""
     device: str = field(default="auto", metadata=flag(choices=DEVICES))
     """auto: CUDA + NCCL when GPUs exist, else CPU + gloo; cpu; cuda."""
     comm_timeout: float = field(default=60.0, metadata=flag(metavar="SECONDS"))
