@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hybrid_engine.config.flags import parse_config  # noqa: E402
+from hybrid_engine.models import registry  # noqa: E402
+from hybrid_engine.train.cli import parse_config  # noqa: E402
 from hybrid_engine.parallel.grid import build_groups  # noqa: E402
 from hybrid_engine.train.trainer import build_engine, build_workload  # noqa: E402
 from profile_engine import busy_us  # noqa: E402
@@ -30,7 +31,7 @@ def main() -> None:
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=device)
-    grid = cfg.validate(world, "cuda")
+    grid = cfg.validate(world, "cuda", registry.check_model)
     groups = build_groups(grid, rank)
     workload = build_workload(cfg, device)
     engine = build_engine(cfg, workload, groups, device)

@@ -11,7 +11,7 @@ import torch
 
 from hybrid_engine import checkpoint
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
-from hybrid_engine.models.workloads import gpt_checkpoint_model
+from hybrid_engine.models.gpt.workload import gpt_checkpoint_model
 
 
 class OneRankEngine:

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from hybrid_engine.config.flags import parse_config
+from hybrid_engine.train.cli import parse_config
 from hybrid_engine.config import ConfigError
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan

@@ -9,7 +9,7 @@ import copy
 import torch
 
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
-from hybrid_engine.models.workloads import ParallelizeGPT
+from hybrid_engine.models.gpt.workload import ParallelizeGPT
 
 CFG = GPTConfig(vocab_size=256, layers=12, hidden=64, heads=4, seq_len=32, seed=1)
 
@@ -61,7 +61,7 @@ def test_the_tensor_parallel_layers_take_the_switch_from_the_workload():
 
 
 def test_the_run_summary_names_the_fp32_stream():
-    from hybrid_engine.models.workloads import gpt_workload
+    from hybrid_engine.models.gpt.workload import gpt_workload
 
     assert "residual stream fp32" in gpt_workload(CFG, fp32_residual=True).summary
     assert "residual stream" not in gpt_workload(CFG).summary

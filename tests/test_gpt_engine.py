@@ -22,7 +22,7 @@ from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
 from hybrid_engine.engine.evaluate import evaluate
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
-from hybrid_engine.models.workloads import gpt_workload
+from hybrid_engine.models.gpt.workload import gpt_workload
 
 VOCAB, SEQ, BATCH, MICRO, STEPS, LR, MOMENTUM = 67, 16, 8, 4, 3, 0.1, 0.9
 RTOL = 1e-5

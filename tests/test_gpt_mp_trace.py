@@ -13,7 +13,7 @@ from hybrid_engine import ProcessGrid
 from hybrid_engine.data import MarkovChain, TokenDataset
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models.gpt.model import GPTConfig
-from hybrid_engine.models.workloads import gpt_workload
+from hybrid_engine.models.gpt.workload import gpt_workload
 
 LAYERS, MICRO = 2, 2
 

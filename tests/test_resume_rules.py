@@ -10,11 +10,12 @@ import pytest
 from checkpoint_fakes import SMALL_GPT, OneRankEngine, write_gpt_checkpoint
 from hybrid_engine import checkpoint
 from hybrid_engine.checkpoint import CheckpointError
-from hybrid_engine.config.flags import parse_config
+from hybrid_engine.train.cli import parse_config
 from hybrid_engine.models import large_linear_model
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.train.trainer import RunState
-from hybrid_engine.models.workloads import gpt_workload, mlp_workload
+from hybrid_engine.models.gpt.workload import gpt_workload
+from hybrid_engine.models.mlp.workload import mlp_workload
 
 MLP = ["--dim", "16", "--depth", "2", "--optimizer", "sgd"]
 

@@ -7,7 +7,8 @@ import pytest
 
 from hybrid_engine import optim
 from hybrid_engine.train import cli
-from hybrid_engine.config.flags import build_parser, parse_config
+from hybrid_engine.models import registry
+from hybrid_engine.train.cli import build_parser, parse_config
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.config.engine import ScheduleConfig, StageConfig
 
@@ -62,7 +63,7 @@ def test_flags_override_the_file_and_only_flags_given_do(tmp_path):
 
 
 def test_no_flags_and_no_file_give_the_dataclass_defaults():
-    assert parse_config([]) == RunConfig()
+    assert parse_config([]) == RunConfig.from_tables({}, registry.OPTIONS)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -96,7 +97,7 @@ def test_stage_impl_replaces_the_old_stage_flags():
 
 
 def validate(*flags: str, world: int = 1, device: str = "cpu"):
-    return parse_config(list(flags)).validate(world, device)
+    return parse_config(list(flags)).validate(world, device, registry.check_model)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -195,7 +196,7 @@ def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
     # the flag refuses these (argparse choices); a --config file's value must be refused alike, never run on the CPU
     cfg = parse_config(["--config", write(tmp_path, f'[parallel]\ndevice = "{device}"\n')])
     with pytest.raises(ConfigError) as info:
-        cfg.validate(1, "cpu")
+        cfg.validate(1, "cpu", registry.check_model)
     assert str(info.value) == f"parallel.device (--device) must be one of auto, cpu, cuda, got {device!r}"
 
 
@@ -203,5 +204,5 @@ def test_a_config_files_device_has_the_flags_choices(tmp_path, device):
 def test_a_dp_bucket_size_beyond_a_tebibyte_is_one_line(tmp_path, value):
     cfg = parse_config(["--config", write(tmp_path, f"[data_parallel]\nbucket_mb = {value}\n")])
     with pytest.raises(ConfigError) as info:  # 1e308 MiB in bytes does not fit the engine's integer sizes
-        cfg.validate(1, "cpu")
+        cfg.validate(1, "cpu", registry.check_model)
     assert "bucket" in str(info.value) and value.replace("1e308", "1e+308") in str(info.value), str(info.value)

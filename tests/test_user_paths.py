@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from hybrid_engine.config import ConfigError
-from hybrid_engine.config.flags import parse_config
+from hybrid_engine.train.cli import parse_config
 from hybrid_engine.config.output_paths import check_output_paths
 
 

@@ -19,7 +19,8 @@ from hybrid_engine.models.gpt.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt.model import GPTConfig
 from hybrid_engine.parallel.data_parallel.tied import tied_stages
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
-from hybrid_engine.models.workloads import ParallelizeGPT, check_gpt, gpt_config_of, gpt_workload, mlp_workload
+from hybrid_engine.models.gpt.workload import ParallelizeGPT, check_gpt, gpt_config_of, gpt_workload
+from hybrid_engine.models.mlp.workload import mlp_workload
 
 CFG = GPTConfig(vocab_size=256, layers=4, hidden=32, heads=4, seq_len=16, tie_embeddings=True, seed=1)
 

@@ -14,7 +14,7 @@ from hybrid_engine import ProcessGrid
 from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from hybrid_engine.models.workloads import gpt_workload
+from hybrid_engine.models.gpt.workload import gpt_workload
 
 DIM, DEPTH, BATCH, MICRO, STEPS = 32, 4, 32, 4, 4
 BUCKET_MB = 0.004  # ~1000 fp32 elements: one layer per bucket (DIM^2 + DIM = 1056), so several buckets

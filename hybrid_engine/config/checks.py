@@ -1,4 +1,4 @@
-"""The configuration's rules: every number range-checked, the grid resolved, model, batch and schedule checked,
+"""The configuration's rules: every number range-checked, the grid resolved, batch and schedule checked,
 each with one line that names the flag a user typed. RunConfig.validate (config/run.py) calls them in order; they
 need no process group, so every rank runs them before the first collective."""
 from __future__ import annotations
@@ -8,11 +8,8 @@ import math
 import hybrid_engine._C as _C
 from .engine import ConfigError, ScheduleConfig
 
-MODELS = ("mlp", "gpt")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_name builds each
-MAX_DIM = 2**16  # one dim x dim fp32 layer is then 16 GiB
-MAX_DEPTH = 4096
 MAX_RANKS = 2**16
 MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
@@ -43,13 +40,6 @@ def check_numbers(cfg) -> None:
               f"a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week)")
     if p.memory_cap_gib is not None:
         _in_range("--memory-cap-gib", p.memory_cap_gib, 1e-6, 1e6, "a positive number of GiB")
-    if m.name not in MODELS:
-        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {m.name!r}")
-    if m.dim > MAX_DIM:
-        raise ConfigError(f"--dim {m.dim} is too large (at most {MAX_DIM}: one {MAX_DIM} x {MAX_DIM} fp32 layer is "
-                          "already 16 GiB)")
-    if m.depth > MAX_DEPTH:
-        raise ConfigError(f"--depth {m.depth} is too large (at most {MAX_DEPTH} layers)")
     _in_range("--seed", m.seed, 0, MAX_SEED, "in [0, 2^63 - 1] (a torch generator's seed)")
     if cfg.data.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {cfg.data.batch_size}")
@@ -70,10 +60,6 @@ def check_numbers(cfg) -> None:
     _in_range("--spike-factor", t.spike_factor, 0.0, 3.0e38, "0 (off) or a factor > 1")
     if 0 < t.spike_factor <= 1:
         raise ConfigError(f"--spike-factor must be 0 (off) or a factor > 1, got {t.spike_factor}")
-    for flag, value in (("--layers", m.layers), ("--hidden", m.hidden), ("--heads", m.heads),
-                        ("--seq-len", m.seq_len)):
-        if value > MAX_DIM:
-            raise ConfigError(f"{flag} {value} is too large (at most {MAX_DIM})")
     if pr.loss_scale is not None:
         _in_range("--loss-scale", pr.loss_scale, 1e-30, 3.0e38, "a positive loss scale")
     _in_range("--scale-window", pr.scale_window, 1, MAX_INT, "a number of clean steps >= 1")
@@ -109,16 +95,15 @@ def check_training(
     *,
     schedule: str,
     virtual_stages: int,
-    depth: int,
-    dim: int,
     batch_size: int,
     micro_batches: int,
     amp: str = "off",
     device_type: str = "cpu",
     lookahead: int = 0,
 ) -> None:
-    """Everything about model, batch and schedule that can be wrong before training starts. The schedule's own
-    rules are the C++ core's (ScheduleConfig.validate); the two checked here first keep their flag-naming lines."""
+    """Everything about batch and schedule that can be wrong before training starts (each model checks its own
+    shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.validate); the two
+    checked here first keep their flag-naming lines."""
     if schedule == "interleaved" and virtual_stages < 2:
         raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
     if lookahead > 0 and schedule not in ("1f1b", "zb1"):
@@ -126,16 +111,6 @@ def check_training(
     ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead).validate(grid.pp_size)
     if schedule != "interleaved" and virtual_stages != 1:
         raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
-    if dim < 1 or depth < 1:
-        raise ConfigError(f"--dim and --depth must be >= 1, got dim {dim}, depth {depth}")
-    stages = grid.pp_size * virtual_stages
-    if depth < stages:
-        raise ConfigError(
-            f"--depth {depth} is less than pp x virtual stages = {grid.pp_size} x {virtual_stages} = {stages}: "
-            "every stage needs at least one layer"
-        )
-    if dim % grid.mp_size != 0:
-        raise ConfigError(f"--dim {dim} is not divisible by --mp {grid.mp_size}")
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if batch_size % (grid.dp_size * micro_batches) != 0:

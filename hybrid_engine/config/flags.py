@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Mapping
 
 from .engine import ConfigError
 from .fields import class_doc, default_text, field_docs, flag_name, value_type
-from .run import ModelConfig, RunConfig
+from .run import RunConfig
 from .input_files import read_regular_file
 
 EPILOG = """\
@@ -65,24 +66,26 @@ class _OneLineParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _add_field(group, table: str, f: dataclasses.Field, doc: str, default) -> None:
-    """One flag, made from the field: its name, type, choices and metavar from the field, its help from the
-    field's documentation with its real default said once. The dest is `table.field`."""
+def _add_field(group, table: str, f: dataclasses.Field, doc: str, default, choices=None) -> None:
+    """One flag, made from the field: its name, type, choices and metavar from the field (choices: given by the
+    caller where a registry holds them), its help from the field's documentation with its real default said
+    once. The dest is `table.field`."""
     kind = value_type(f)
     help_text = f"{doc} (default {default_text(default)})".replace("%", "%%")
     names = [flag_name(f)]
     if kind is bool:
         group.add_argument(*names, dest=f"{table}.{f.name}", action=argparse.BooleanOptionalAction, help=help_text)
         return
-    choices = f.metadata.get("choices")
+    choices = tuple(choices) if choices is not None else f.metadata.get("choices")
     group.add_argument(*names, dest=f"{table}.{f.name}", type=kind, choices=choices, help=help_text,
                        metavar=None if choices else f.metadata.get("metavar", f.name.upper()))
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(models: Mapping[str, type], prog: str | None = None) -> argparse.ArgumentParser:
     """Every field of every table of RunConfig as a flag, one group per table (the --config file's tables), each
-    flag's help its field's documentation. Flags not given stay out of the namespace (argparse.SUPPRESS), so a
-    --config file's values stand unless overridden."""
+    flag's help its field's documentation; [model] also gets a group per model of the registry (models: each
+    model's options class by name) with its own options. Flags not given stay out of the namespace
+    (argparse.SUPPRESS), so a --config file's values stand unless overridden."""
     p = _OneLineParser(
         prog=prog, argument_default=argparse.SUPPRESS, epilog=EPILOG, allow_abbrev=False,
         formatter_class=_Help,
@@ -95,8 +98,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{table.name}] {class_doc(type(part))}")
         docs = field_docs(type(part))
         for f in dataclasses.fields(part):
-            _add_field(group, table.name, f, docs[f.name], getattr(part, f.name))
+            if f.metadata.get("model_options"):
+                continue
+            _add_field(group, table.name, f, docs[f.name], getattr(part, f.name), models if f.name == "name"
+                       and table.name == "model" else None)
+        if table.name == "model":
+            _add_model_options(p, models)
     return p
+
+
+def _add_model_options(p: argparse.ArgumentParser, models: Mapping[str, type]) -> None:
+    """One group per model: its options' flags (dest model.<option>); an option two models share is one flag."""
+    seen: set[str] = set()
+    for name, options in models.items():
+        group = p.add_argument_group(f"[model] --model {name}: {class_doc(options)}")
+        defaults, docs = options(), field_docs(options)
+        for f in dataclasses.fields(options):
+            if f.name not in seen:
+                seen.add(f.name)
+                _add_field(group, "model", f, docs[f.name], getattr(defaults, f.name))
 
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -123,9 +143,10 @@ def read_toml(path: str) -> dict:
         raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
 
 
-def parse_config(argv: list[str] | None = None, prog: str | None = None) -> RunConfig:
-    """Flags over the --config file over the dataclasses' defaults."""
-    given = vars(build_parser(prog).parse_args(argv))
+def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str | None = None) -> RunConfig:
+    """Flags over the --config file over the dataclasses' defaults. models: each model's options class by name
+    (models/registry.py OPTIONS)."""
+    given = vars(build_parser(models, prog).parse_args(argv))
     path = given.pop("config", None)
     tables = read_toml(path) if path else {}
     for dest, value in given.items():
@@ -133,17 +154,4 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> RunC
         section = tables.setdefault(table, {})
         if isinstance(section, dict):
             section[name] = value
-    _refuse_other_models_flags(tables.get("model", {}))
-    return RunConfig.from_tables(tables, source=f"--config {path}" if path else "flags")
-
-
-def _refuse_other_models_flags(model: dict) -> None:
-    """GPT-only flags with the MLP, and MLP-only flags with the GPT, are mistakes, not silently ignored."""
-    if not isinstance(model, dict):
-        return
-    gpt = model.get("name", ModelConfig.name) == "gpt"
-    stray = [k for k in (ModelConfig.MLP_ONLY if gpt else ModelConfig.GPT_ONLY) if k in model]
-    if stray:
-        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
-        raise ConfigError(f"{flags} {'apply' if len(stray) > 1 else 'applies'} to --model "
-                          f"{'mlp' if gpt else 'gpt'} only (this run trains --model {'gpt' if gpt else 'mlp'})")
+    return RunConfig.from_tables(tables, models, source=f"--config {path}" if path else "flags")

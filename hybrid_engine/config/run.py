@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import DEVICES, MODELS, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import DEVICES, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
@@ -72,39 +73,23 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model trained: the course MLP, depth x [Linear(dim, dim) + ReLU] (hybrid_engine/models/mlp/model.py), or a
-    decoder-only transformer (hybrid_engine/models/gpt/model.py, hybrid_engine/models/workloads.py)."""
+    """The model trained, by name, its seed, and that model's own options: each model's options class
+    (models/<name>/options.py, listed in models/registry.py) adds its keys to [model] and its flags."""
 
-    name: str = field(default="mlp", metadata=flag("--model", choices=MODELS))
-    """Which model: mlp (the course model) or gpt."""
-    dim: int = 1024
-    """MLP: hidden size of every Linear layer."""
-    depth: int = 8
-    """MLP: number of Linear + ReLU blocks."""
+    name: str = field(default="mlp", metadata=flag("--model"))
+    """Which model (the registry's names: mlp, the course model; gpt, a decoder-only transformer)."""
     seed: int = 0
     """Initial weights and data depend on this alone, never on the grid."""
-    layers: int = 4
-    """GPT: transformer blocks."""
-    hidden: int = 256
-    """GPT: hidden size (the MLP inside each block is 4x wider)."""
-    heads: int = 4
-    """GPT: attention heads (whole heads per MP rank: divisible by mp)."""
-    seq_len: int = 128
-    """GPT: tokens per sequence."""
-    tie_embeddings: bool = False
-    """GPT: the LM head shares the token embedding (their gradients summed across the first and last stage)."""
-    sequence_parallel: bool = False
-    """GPT: LayerNorm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
-    selective_recompute: bool = False
-    """GPT: recompute only the attention core in the backward (--recompute recomputes whole stages)."""
-    fp32_residual: bool = False
-    """GPT under --amp with half weights: the residual stream (the embedding's output, every block's input and
-    output, the activations between pipeline stages) stays fp32; LayerNorms normalise it in fp32 and hand the
-    GEMMs half precision (Megatron's fp32_residual_connection)."""
+    options: object = field(default=None, metadata={"model_options": True})
+    """The chosen model's options (an instance of its options class); None: the defaults, once a registry says
+    which class that is."""
 
-    GPT_ONLY = ("layers", "hidden", "heads", "seq_len", "tie_embeddings", "sequence_parallel", "selective_recompute",
-                "fp32_residual")
-    MLP_ONLY = ("dim", "depth")
+    def __getattr__(self, key: str):
+        """cfg.model.<option> reads the chosen model's option."""
+        options = object.__getattribute__(self, "options")
+        if options is not None and key in {f.name for f in dataclasses.fields(options)}:
+            return getattr(options, key)
+        raise AttributeError(f"model {object.__getattribute__(self, 'name')!r} has no option {key!r}")
 
 
 @dataclass(frozen=True)
@@ -206,9 +191,10 @@ class RunConfig:
     """[data_parallel]: gradient buckets and their wire dtype (config/engine.py)."""
 
     @staticmethod
-    def from_tables(tables: dict, source: str = "the configuration") -> "RunConfig":
+    def from_tables(tables: dict, models: Mapping[str, type], source: str = "the configuration") -> "RunConfig":
         """A RunConfig from {table: {field: value}} (a parsed TOML file, flags laid over it); an unknown table or
-        key, or a value of the wrong type, is one ConfigError naming it."""
+        key, or a value of the wrong type, is one ConfigError naming it. models: each model's options class by
+        name (models/registry.py OPTIONS), which says what [model] may hold besides name and seed."""
         parts = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
         unknown = sorted(set(tables) - set(parts))
         if unknown:
@@ -219,43 +205,28 @@ class RunConfig:
             values = tables.get(name, {})
             if not isinstance(values, dict):
                 raise ConfigError(f"{source}: '{name}' must be a table ([{name}]), got {values!r}")
-            fields = {f.name: f for f in dataclasses.fields(cls)}
-            odd = sorted(set(values) - set(fields))
-            if odd:
-                raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
-                                  f"{', '.join(f'{name}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
-            for key, value in values.items():
-                _check_type(f"{source}: {name}.{key}", value, fields[key].type)
-            built[name] = cls(**values)
+            if cls is ModelConfig:
+                built[name] = _model_config(values, models, source)
+                continue
+            built[name] = _build(cls, name, values, source)
         return RunConfig(**built)
 
-    def validate(self, world_size: int, device_type: str) -> _C.ProcessGrid:
-        """Every check that needs no process group, in one place; returns the grid. Raises ConfigError."""
+    def validate(self, world_size: int, device_type: str,
+                 model_rules: Callable[["RunConfig", _C.ProcessGrid, str], None]) -> _C.ProcessGrid:
+        """Every check that needs no process group, in one place; returns the grid. Raises ConfigError.
+        model_rules(cfg, grid, device_type): the chosen model's own (models/registry.py check_model), run first
+        once the grid is known, so a model's mistakes are said in its own words."""
         check_numbers(self)
+        self.model.options.check()
         p, s = self.parallel, self.schedule
         grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
-        m = self.model
-        gpt = m.name == "gpt"
-        if gpt:  # the GPT's shape and data first, in its own words; check_training then sees a shape that passes
-            from hybrid_engine.models.workloads import check_gpt
-
-            check_gpt(m, grid, m.sequence_parallel, s.virtual_stages, self.data.path, device_type)
-        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages,
-                       depth=m.layers + 2 if gpt else m.depth, dim=grid.mp_size if gpt else m.dim,
-                       batch_size=self.data.batch_size, micro_batches=s.micro_batches,
-                       amp=self.precision.amp, device_type=device_type, lookahead=s.lookahead)
-        if not gpt and self.data.path is not None:
-            raise ConfigError("--data applies to --model gpt only (the MLP trains on synthetic regression)")
-        if self.training.eval_every and not gpt:
-            raise ConfigError("--eval-every applies to --model gpt only (the MLP's data has no held-out part)")
+        model_rules(self, grid, device_type)
+        check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, batch_size=self.data.batch_size,
+                       micro_batches=s.micro_batches, amp=self.precision.amp, device_type=device_type,
+                       lookahead=s.lookahead)
         if s.lookahead > s.micro_batches:
             raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
                               "step: there are no forwards that far ahead")
-        if m.fp32_residual and not self.precision.half_weights:
-            why = ("--amp off keeps everything in fp32" if self.precision.amp == "off" else
-                   "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
-            raise ConfigError(f"--fp32-residual applies to --amp fp16|bf16 with half weights (--amp-impl "
-                              f"half-weights) only: {why}")
         if self.precision.loss_scale is not None and self.precision.amp != "fp16":
             raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.precision.amp}")
         s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)
@@ -267,6 +238,37 @@ class RunConfig:
             raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "
                               "use --load PATH)")
         return grid
+
+
+def _build(cls: type, table: str, values: dict, source: str):
+    """cls(**values), each key known and of its field's type, or one ConfigError naming the key."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    odd = sorted(set(values) - set(fields))
+    if odd:
+        raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
+                          f"{', '.join(f'{table}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
+    for key, value in values.items():
+        _check_type(f"{source}: {table}.{key}", value, fields[key].type)
+    return cls(**values)
+
+
+def _model_config(values: dict, models: Mapping[str, type], source: str) -> ModelConfig:
+    """[model]: name and seed, and the rest the chosen model's options; an option of another model is said so."""
+    values = dict(values)
+    name = values.pop("name", ModelConfig.name)
+    if name not in models:
+        raise ConfigError(f"model must be one of {', '.join(models)}, got {name!r}")
+    seed = values.pop("seed", ModelConfig.seed)
+    _check_type(f"{source}: model.seed", seed, "int")
+    own = {f.name for f in dataclasses.fields(models[name])}
+    stray = [k for k in values if k not in own and any(k in {f.name for f in dataclasses.fields(c)}
+                                                        for c in models.values())]
+    if stray:
+        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
+        owners = sorted({m for m, c in models.items() for k in stray if k in {f.name for f in dataclasses.fields(c)}})
+        raise ConfigError(f"{flags} {'apply' if len(stray) > 1 else 'applies'} to --model {' or '.join(owners)} only "
+                          f"(this run trains --model {name})")
+    return ModelConfig(name, seed, _build(models[name], "model", values, source))
 
 
 def _check_type(where: str, value, annotation: str) -> None:

@@ -1,5 +1,5 @@
 """The models the engine trains, each a function of the seed alone: the course MLP (mlp/) and a GPT (gpt/); what the
-driver needs to train each as one value (workloads.py); their losses (losses.py); whether a model can fit at all
+driver needs to train each as one value (workload.py, found by name in registry.py); their losses (losses.py); whether a model can fit at all
 (memory_estimate.py). The MLP's public names are this package's.
 
 Imports: config, data, parallel (each model's tensor-parallel split), metrics' peaks. The engine imports

@@ -26,18 +26,29 @@ from hybrid_engine.runtime import faults
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan
-from hybrid_engine.config.flags import parse_config
+from hybrid_engine.config import flags
+from hybrid_engine.models import registry
 from hybrid_engine.parallel.grid import build_groups, grid_picture, host_name, mapping_table
 from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
-from .trainer import RunState, Trainer, TrainingStopped, build_engine, build_workload
+from .trainer import RunState, Trainer, TrainingStopped, build_engine
+
+
+def build_parser(prog: str | None = None):
+    """The command line of the driver: every configuration field and every registered model's options."""
+    return flags.build_parser(registry.OPTIONS, prog)
+
+
+def parse_config(argv: list[str] | None, prog: str | None = None) -> RunConfig:
+    """The run described by flags over a --config file over the defaults, for the models of the registry."""
+    return flags.parse_config(argv, registry.OPTIONS, prog)
 
 
 def validate_launch(cfg: RunConfig, env: LaunchEnv, device_type: str, argv: list[str], prog: str) -> object:
     """cfg.validate for this launch; without a launcher, a grid of several ranks says how to start them."""
     try:
-        return cfg.validate(env.world_size, device_type)
+        return cfg.validate(env.world_size, device_type, registry.check_model)
     except ConfigError as exc:
         p = cfg.parallel
         needed = (p.dp or 1) * p.pp * p.mp
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
-    workload = build_workload(cfg, device)  # the model (meta), loss, stage cut and data; GPT data files read here
+    workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
     start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 

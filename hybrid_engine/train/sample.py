@@ -5,7 +5,7 @@
 CKPT is a checkpoint directory (DIR/step_N) or a --save directory (its latest). The checkpoint stores every
 parameter whole (gathered over MP, unpadded vocabulary) under the dense model's names ("<module index>.<name>"),
 each in the shard the manifest names, and the model's shape in the manifest's "model" entry (the driver writes
-`workloads.gpt_checkpoint_model(cfg)`: name "gpt", vocab_size, layers, hidden, heads, seq_len, tie_embeddings,
+`models.gpt.workload.gpt_checkpoint_model(cfg)`: name "gpt", vocab_size, layers, hidden, heads, seq_len, tie_embeddings,
 seed). So the dense GPT is rebuilt here and loaded directly, whatever dp x pp x mp wrote it.
 
 Before anything is built, the model entry must describe a GPT whose weights fit this machine's memory and whose
@@ -34,7 +34,7 @@ from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.input_files import read_regular_file
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, generate
-from hybrid_engine.models.workloads import gpt_config_of
+from hybrid_engine.models.gpt.workload import gpt_config_of
 
 MAX_SIZE = 2**16  # layers, hidden, heads, seq_len: the training flags' limit
 MAX_VOCAB = 2**32  # a token file's 4-byte ids

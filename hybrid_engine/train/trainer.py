@@ -1,6 +1,6 @@
 """The training loop, apart from the command line: data -> engine.train_step -> metrics -> checkpoint cadence.
 
-    workload = build_workload(cfg, device)      # the MLP or the GPT: model, loss, stage cut, data
+    workload = registry.build_workload(cfg, device)  # the model of the registry: model, loss, stage cut, data
     engine = build_engine(cfg, workload, groups, device)
     Trainer(cfg, engine, workload, grid, groups, device).train(start_from)
 
@@ -26,8 +26,7 @@ from hybrid_engine.config.run import RunConfig
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.parallel.grid import GridGroups
-from hybrid_engine.models.gpt.model import GPTConfig
-from hybrid_engine.models.workloads import Workload, gpt_workload, mlp_workload
+from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .progress import Progress, summary_line
@@ -55,17 +54,6 @@ class RunState:
         where = "before the first step" if self.step is None else f"at step {self.step}"
         latest = checkpoint.pointed_to(self.save) if self.save else None
         return f"{where}; last checkpoint {latest or self.last_checkpoint or 'none'}"
-
-
-def build_workload(cfg: RunConfig, device: torch.device | str = "cpu") -> Workload:
-    """The model, loss, stage cut and data of the run (hybrid_engine/models/workloads.py); the model is on meta."""
-    m = cfg.model
-    if m.name == "gpt":
-        shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, m.seed)  # vocab: the data's
-        return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
-                            recompute="selective" if m.selective_recompute else "none",
-                            fp32_residual=m.fp32_residual)
-    return mlp_workload(m.dim, m.depth, m.seed, device)
 
 
 def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:

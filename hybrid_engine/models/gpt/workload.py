@@ -1,46 +1,29 @@
-"""Workloads: everything the driver needs to train one kind of model, as one value.
-
-A `Workload` bundles the whole model (on the meta device: each rank materializes only its stages), the loss spec,
-the model's tensor-parallel function and stage layout (torchtitan's one function per model, not flags threaded
-through the engine), the data source, the numbers for metrics and what a checkpoint must record. The driver does
-
-    workload = gpt_workload(GPTConfig(...), data_path, sequence_parallel=..., recompute=...)   # or mlp_workload
-    check_gpt(cfg, grid, sequence_parallel, virtual_stages)       # GPT only, before the first collective
-    engine = Engine(workload.model, workload.loss, groups, ...,
-                    stages=StageConfig(impl, recompute=workload.full_recompute or <the run's --recompute>),
-                    **workload.engine_kwargs(pp * virtual_stages))
-    x, y = workload.draw(step, start, stop, inputs=engine.holds_first_stage, targets=engine.holds_last_stage,
-                         dtype=<half dtype with half weights, else fp32>, device=device)
-    checkpoint.save(engine, root, step, {"model": workload.checkpoint_model, "optimizer": name})
-
-and, on rank 0, prints `workload.describe()` and `workload.describe_layout(pp * virtual_stages)`.
-"""
+"""The GPT as a workload: its model on the meta device, its vocab-parallel loss, its data, its cost-balanced cut and
+its tensor-parallel function, from the run's configuration; what a checkpoint records of it; and its rules."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from . import losses
-from hybrid_engine.parallel.pipeline.balance import balanced_partition, describe_layout
-from hybrid_engine.data import DataError, TokenDataset, load_tokens, open_dataset
 from hybrid_engine.config.engine import ConfigError
-from hybrid_engine.models.gpt.flops import gpt_flops_per_token, gpt_param_count
-from .memory_estimate import gpt_weight_bytes, refuse_if_too_large
-from . import SyntheticRegression, large_linear_model
-from hybrid_engine.models.gpt.model import Block, GPTConfig, build_gpt, layer_costs
-from hybrid_engine.parallel.pipeline.partition import partition
-from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+from hybrid_engine.data import DataError, TokenDataset, load_tokens, open_dataset
+from hybrid_engine.models import losses
+from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large
+from hybrid_engine.models.workload import Workload
+from hybrid_engine.parallel.pipeline.balance import balanced_partition
+
+from .flops import gpt_flops_per_token, gpt_param_count
+from .model import Block, GPTConfig, build_gpt, layer_costs
 
 RECOMPUTE = ("none", "full", "selective")
 
 
 @dataclass(frozen=True)
 class ParallelizeGPT:
-    """A GPT stage over the MP group (tp_transformer.parallelize_gpt), with selective recompute switched on in
+    """A GPT stage over the MP group (models/gpt/parallelize.py), with selective recompute switched on in
     its blocks when asked (the attention core recomputed in backward, every other activation kept)."""
 
     sequence_parallel: bool = False
@@ -57,78 +40,6 @@ class ParallelizeGPT:
             if isinstance(module, ParallelEmbedding) and self.fp32_residual:
                 module.fp32_residual = True
         return out
-
-
-@dataclass
-class Workload:
-    """One trainable workload. `model` is on the meta device; `data` has `draw(step, start, stop, ...)` and
-    `batch(step, batch_size, start, stop, ...)` (and, for text, `val_batch` / `val_batches`)."""
-
-    name: str  # "mlp" | "gpt"
-    model: nn.Sequential
-    loss: losses.LossSpec
-    parallelize: Callable[[nn.Sequential, object], nn.Sequential]
-    layout_fn: Optional[Callable[[int], list[list[int]]]]  # num_stages -> module indices per stage; None: by count
-    data: object
-    flops_per_sample: float  # model FLOPs of one training sample (forward + backward)
-    tokens_per_sample: int  # 1 for the MLP, seq_len for the GPT
-    checkpoint_model: dict  # run_info["model"] of hybrid_engine.checkpoint.saving.save: what a checkpoint must match
-    summary: str
-    layer_names: list[str]
-    layer_costs: list[float]
-    full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
-    cfg: Optional[GPTConfig] = None  # the GPT's shape (None for the MLP)
-    checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
-
-    @property
-    def flops_per_token(self) -> float:
-        return self.flops_per_sample / self.tokens_per_sample
-
-    @property
-    def has_validation(self) -> bool:
-        return hasattr(self.data, "val_batch")
-
-    def describe(self) -> str:
-        """One line for rank 0: the model, its data and its options."""
-        return self.summary
-
-    def layout(self, num_stages: int) -> list[list[int]]:
-        """Module indices of each stage."""
-        return self.layout_fn(num_stages) if self.layout_fn is not None else partition(self.model, num_stages)
-
-    def describe_layout(self, num_stages: int) -> str:
-        return describe_layout(self.layer_names, self.layer_costs, self.layout(num_stages))
-
-    def engine_kwargs(self, num_stages: int) -> dict:
-        """Engine(..., **this): the model's parallelize function and its stage layout."""
-        return {"parallelize": self.parallelize,
-                "layout": self.layout_fn(num_stages) if self.layout_fn is not None else None}
-
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every parameter's full shape (the meta model's state_dict): what checkpoint.check_compatible takes."""
-        return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
-
-    def draw(self, step: int, start: int, stop: int, *, inputs: bool = True, targets: bool = True,
-             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        """(inputs, targets) of rows [start, stop) of step `step`'s global batch, each only if asked (else None).
-        Float data comes in `dtype`; token data is int64 (dtype does not apply) on `device`."""
-        if isinstance(self.data, TokenDataset):
-            return self.data.draw(step, start, stop, inputs=inputs, targets=targets, device=device)
-        return self.data.draw(step, start, stop, inputs=inputs, targets=targets, dtype=dtype)
-
-
-def mlp_workload(dim: int, depth: int, seed: int, device: torch.device | str = "cpu") -> Workload:
-    """The course MLP: depth x (Linear(dim, dim) + ReLU) against SyntheticRegression, built-in MSE, cut by layer
-    count, split by parallelize_mlp (exactly what the driver did before workloads)."""
-    model = large_linear_model(dim, depth, seed)
-    names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
-    costs = [1.0 if any(True for _ in m.parameters()) else 0.0 for m in model]
-    return Workload(
-        name="mlp", model=model, loss=losses.MSE(), parallelize=parallelize_mlp, layout_fn=None,
-        data=SyntheticRegression(dim, seed, device), flops_per_sample=6.0 * dim * dim * depth, tokens_per_sample=1,
-        checkpoint_model={"name": "large_linear_model", "dim": dim, "depth": depth, "seed": seed},
-        summary=f"model: MLP, {depth} x Linear({dim}, {dim}) + ReLU, synthetic regression (seed {seed})",
-        layer_names=names, layer_costs=costs)
 
 
 def gpt_checkpoint_model(cfg: GPTConfig) -> dict:
@@ -222,3 +133,22 @@ def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 
     if too_large:
         raise ConfigError(f"{too_large}: smaller flags, more --pp/--mp, or (a vocabulary this large) a damaged "
                           "token file")
+
+
+def build(cfg, device: torch.device | str = "cpu") -> Workload:
+    """The workload of a run (cfg: RunConfig whose [model] is the GPT); the vocabulary is the data's."""
+    m = cfg.model.options
+    shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
+    return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
+                        recompute="selective" if m.selective_recompute else "none", fp32_residual=m.fp32_residual)
+
+
+def check(cfg, grid, device_type: str) -> None:
+    """The GPT's rules on this grid and its data, before any collective (check_gpt), and its precision's."""
+    m = cfg.model.options
+    check_gpt(m, grid, m.sequence_parallel, cfg.schedule.virtual_stages, cfg.data.path, device_type)
+    if m.fp32_residual and not cfg.precision.half_weights:
+        why = ("--amp off keeps everything in fp32" if cfg.precision.amp == "off" else
+               "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
+        raise ConfigError(f"--fp32-residual applies to --amp fp16|bf16 with half weights (--amp-impl "
+                          f"half-weights) only: {why}")

@@ -1,0 +1,46 @@
+"""The course MLP as a workload: its model, loss, data and cut, from the run's configuration; and its rules."""
+from __future__ import annotations
+
+import torch
+
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.models import losses
+from hybrid_engine.models.workload import Workload
+from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+
+from .model import SyntheticRegression, large_linear_model
+
+
+def mlp_workload(dim: int, depth: int, seed: int, device: torch.device | str = "cpu") -> Workload:
+    """The course MLP: depth x (Linear(dim, dim) + ReLU) against SyntheticRegression, built-in MSE, cut by layer
+    count, split by parallelize_mlp."""
+    model = large_linear_model(dim, depth, seed)
+    names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
+    costs = [1.0 if any(True for _ in m.parameters()) else 0.0 for m in model]
+    return Workload(
+        name="mlp", model=model, loss=losses.MSE(), parallelize=parallelize_mlp, layout_fn=None,
+        data=SyntheticRegression(dim, seed, device), flops_per_sample=6.0 * dim * dim * depth, tokens_per_sample=1,
+        checkpoint_model={"name": "large_linear_model", "dim": dim, "depth": depth, "seed": seed},
+        summary=f"model: MLP, {depth} x Linear({dim}, {dim}) + ReLU, synthetic regression (seed {seed})",
+        layer_names=names, layer_costs=costs)
+
+
+def build(cfg, device: torch.device | str = "cpu") -> Workload:
+    """The workload of a run (cfg: RunConfig whose [model] is the MLP)."""
+    m = cfg.model.options
+    return mlp_workload(m.dim, m.depth, cfg.model.seed, device)
+
+
+def check(cfg, grid, device_type: str) -> None:
+    """The MLP's rules on this grid, before any collective: every stage holds a layer, MP splits every width."""
+    m, s = cfg.model.options, cfg.schedule
+    stages = grid.pp_size * s.virtual_stages
+    if m.depth < stages:
+        raise ConfigError(f"--depth {m.depth} is less than pp x virtual stages = {grid.pp_size} x {s.virtual_stages} "
+                          f"= {stages}: every stage needs at least one layer")
+    if m.dim % grid.mp_size != 0:
+        raise ConfigError(f"--dim {m.dim} is not divisible by --mp {grid.mp_size}")
+    if cfg.data.path is not None:
+        raise ConfigError("--data applies to --model gpt only (the MLP trains on synthetic regression)")
+    if cfg.training.eval_every:
+        raise ConfigError("--eval-every applies to --model gpt only (the MLP's data has no held-out part)")
