@@ -16,6 +16,7 @@ from .fields import flag
 
 SCHEDULES: tuple[str, ...] = tuple(_C.schedule.schedule_names())
 STAGE_IMPLS = ("auto", "native", "autograd")
+RECOMPUTE = ("none", "selective", "full")
 AMP_MODES = ("off", "fp16", "bf16")
 AMP_IMPLS = ("half-weights", "autocast")
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -67,16 +68,30 @@ class StageConfig:
     impl: str = field(default="auto", metadata=flag("--stage-impl", choices=STAGE_IMPLS))
     """auto: a plain Linear(+ReLU) chain runs natively in the C++ executor (no autograd), anything else through
     autograd; native: require the native chain for every stage; autograd: every stage through autograd."""
-    recompute: bool = False
-    """Activation recomputation: keep only each stage's input between a micro-batch's forward and backward."""
+    recompute: str = field(default="none", metadata=flag(
+        choices=RECOMPUTE, const="full", aliases={"--no-recompute": "none", "--selective-recompute": "selective"},
+        bools={True: "full", False: "none"}))
+    """Activation recomputation: none; full (keep only each stage's input between a micro-batch's forward and
+    backward, rerun the forward in the backward); selective (the GPT: recompute only the attention core, keep
+    every other activation). --recompute alone is full."""
     compile: bool = False
     """Run autograd stages' modules under torch.compile (native stages are already fused)."""
     tp_chunks: int = field(default=0, metadata=flag(metavar="N"))
     """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
     GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
 
+    def __post_init__(self):
+        if isinstance(self.recompute, bool):  # StageConfig(impl, True): the engine's whole-stage recompute
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
+
+    @property
+    def full_recompute(self) -> bool:
+        """Whole stages recomputed (the engine's business; selective recompute is the model's)."""
+        return self.recompute == "full"
+
     def validate(self) -> None:
         _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
+        _choice(self.recompute, RECOMPUTE, "stages.recompute (--recompute)")
         if self.tp_chunks < 0:
             raise ConfigError(f"stages.tp_chunks (--tp-chunks) must be >= 0 (0: auto), got {self.tp_chunks}")
 

@@ -20,9 +20,18 @@ import textwrap
 from typing import Any, Optional, Sequence
 
 
-def flag(name: Optional[str] = None, *, choices: Optional[Sequence] = None, metavar: Optional[str] = None) -> dict:
-    """A field's metadata for its flag: its name (default: --field-name), its choices and its metavar."""
+def flag(name: Optional[str] = None, *, choices: Optional[Sequence] = None, metavar: Optional[str] = None,
+         const=None, aliases: Optional[dict] = None, bools: Optional[dict] = None) -> dict:
+    """A field's metadata for its flag: its name (default: --field-name), its choices and its metavar; const: the
+    value of the flag given alone (a choice field whose flag may come without one); aliases: other flags that
+    set one value each ({"--no-recompute": "none"}); bools: the value a TOML true or false stands for."""
     out: dict[str, Any] = {}
+    if const is not None:
+        out["const"] = const
+    if aliases:
+        out["aliases"] = dict(aliases)
+    if bools:
+        out["bools"] = dict(bools)
     if name is not None:
         out["flag"] = name
     if choices is not None:

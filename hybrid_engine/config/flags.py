@@ -77,8 +77,12 @@ def _add_field(group, table: str, f: dataclasses.Field, doc: str, default, choic
         group.add_argument(*names, dest=f"{table}.{f.name}", action=argparse.BooleanOptionalAction, help=help_text)
         return
     choices = tuple(choices) if choices is not None else f.metadata.get("choices")
+    alone = {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}
     group.add_argument(*names, dest=f"{table}.{f.name}", type=kind, choices=choices, help=help_text,
-                       metavar=None if choices else f.metadata.get("metavar", f.name.upper()))
+                       metavar=None if choices else f.metadata.get("metavar", f.name.upper()), **alone)
+    for alias, value in f.metadata.get("aliases", {}).items():
+        group.add_argument(alias, dest=f"{table}.{f.name}", action="store_const", const=value,
+                           help=f"the same as {names[0]} {value} (default {default_text(default)})")
 
 
 def build_parser(models: Mapping[str, type], prog: str | None = None) -> argparse.ArgumentParser:

@@ -247,6 +247,7 @@ def _build(cls: type, table: str, values: dict, source: str):
     if odd:
         raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
                           f"{', '.join(f'{table}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
+    values = {k: fields[k].metadata.get("bools", {}).get(v, v) if isinstance(v, bool) else v for k, v in values.items()}
     for key, value in values.items():
         _check_type(f"{source}: {table}.{key}", value, fields[key].type)
     return cls(**values)

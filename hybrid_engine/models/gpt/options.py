@@ -24,8 +24,6 @@ class GPTOptions:
     """GPT: the LM head shares the token embedding (their gradients summed across the first and last stage)."""
     sequence_parallel: bool = False
     """GPT: LayerNorm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
-    selective_recompute: bool = False
-    """GPT: recompute only the attention core in the backward (--recompute recomputes whole stages)."""
     fp32_residual: bool = False
     """GPT under --amp with half weights: the residual stream (the embedding's output, every block's input and
     output, the activations between pipeline stages) stays fp32; LayerNorms normalise it in fp32 and hand the

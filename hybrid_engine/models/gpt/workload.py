@@ -139,8 +139,8 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the GPT); the vocabulary is the data's."""
     m = cfg.model.options
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
-    return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
-                        recompute="selective" if m.selective_recompute else "none", fp32_residual=m.fp32_residual)
+    return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
+                        fp32_residual=m.fp32_residual)
 
 
 def check(cfg, grid, device_type: str) -> None:

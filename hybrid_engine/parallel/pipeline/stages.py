@@ -49,8 +49,8 @@ class StagePlan:
             what = "Linear(+ReLU) chain" if self.mp == 1 else f"tensor-parallel Linear(+ReLU) chain, mp {self.mp}"
             chunks = ("" if self.mp == 1 or stage_cfg.tp_chunks <= 1 else f", {stage_cfg.tp_chunks} row chunks")
             return f"stage {self.stage}: native {what}, {self.layers} layers{chunks}" + (
-                ", recomputed" if stage_cfg.recompute else "")
-        extras = [e for e, on in (("recomputed", stage_cfg.recompute), ("torch.compile", stage_cfg.compile)) if on]
+                ", recomputed" if stage_cfg.full_recompute else "")
+        extras = [e for e, on in (("recomputed", stage_cfg.full_recompute), ("torch.compile", stage_cfg.compile)) if on]
         return (f"stage {self.stage}: autograd, {self.layers} layers ({self.why})"
                 + (f", {', '.join(extras)}" if extras else ""))
 
@@ -114,7 +114,7 @@ def native_program(stage: nn.Sequential, stage_cfg: StageConfig, grads: _C.GradB
     linears = [m for m in stage if isinstance(m, CHAIN_LINEARS)]
     params = [t for m in linears for t in (m.weight, m.bias)]
     kinds = [chain_kind(m) for m in linears]
-    return _C.NativeChainStage(params, chain_relu_flags(stage), stage_cfg.recompute, grads, param_gather,
+    return _C.NativeChainStage(params, chain_relu_flags(stage), stage_cfg.full_recompute, grads, param_gather,
                                kinds=kinds, mp_group=mp_group if any(kinds) else None, chunks=stage_cfg.tp_chunks,
                                trace=comm_trace)
 
@@ -132,7 +132,7 @@ def autograd_forward(stage: nn.Module, precision: PrecisionConfig, device: torch
         if before is not None:
             before()
         with context():
-            if stage_cfg.recompute and torch.is_grad_enabled():
+            if stage_cfg.full_recompute and torch.is_grad_enabled():
                 return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)
             return module(x)
 
