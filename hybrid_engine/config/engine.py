@@ -118,7 +118,7 @@ class PrecisionConfig:
         _choice(self.amp, AMP_MODES, "precision.amp (--amp)")
         _choice(self.implementation, AMP_IMPLS, "precision.implementation (--amp-impl)")
         if self.loss_scale is not None and self.amp != "fp16":
-            raise ConfigError(f"a static loss scale applies to amp fp16 only, got amp {self.amp}")
+            raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.amp}")
 
     @property
     def half_dtype(self) -> torch.dtype | None:

@@ -227,8 +227,6 @@ class RunConfig:
         if s.lookahead > s.micro_batches:
             raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
                               "step: there are no forwards that far ahead")
-        if self.precision.loss_scale is not None and self.precision.amp != "fp16":
-            raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.precision.amp}")
         s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)
         self.stages.validate()
         self.precision.validate()

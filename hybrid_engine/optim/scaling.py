@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 import hybrid_engine._C as _C
+from hybrid_engine.config.engine import PrecisionConfig
 
 DynamicLossScaler = _C.DynamicLossScaler
 
-AMP_MODES = ("off", "fp16", "bf16")
 DEFAULT_INIT_SCALE = 2.0**16
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,8 @@ def make_loss_scaler(
     whose gradients are not finite). ``hysteresis`` follows Megatron-LM: that many overflows since the last
     growth are needed before the scale backs off (1 = back off on every overflow, torch.amp.GradScaler).
     """
-    if amp not in AMP_MODES:
-        raise ValueError(f"--amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
+    PrecisionConfig(amp, loss_scale=loss_scale).validate()  # the rules of --amp and --loss-scale, said once
     if amp != "fp16":
-        if loss_scale is not None:
-            raise ValueError(f"--loss-scale applies to --amp fp16 only, got --amp {amp}")
         return None
     if loss_scale is not None:
         return DynamicLossScaler(init_scale=float(loss_scale), min_scale=0.0, static=True)
