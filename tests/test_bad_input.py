@@ -1,4 +1,4 @@
-"""Bad input through the real driver under torchrun (issue #7, part 5; issue #16, item 2): every rank stops,
+"""Bad input through the real driver under torchrun: every rank stops,
 the mistake every rank finds alike is printed once (one clear line), the run exits non-zero well before a
 collective could time out, and our script prints no traceback. Two ranks wherever the mistake does not need
 more (each launch costs seconds on a small CI machine)."""

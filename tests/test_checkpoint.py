@@ -1,4 +1,4 @@
-"""Checkpoints (issue #7): exact resume, resharding across grids, atomic saves that keep K, and clear errors
+"""Checkpoints: exact resume, resharding across grids, atomic saves that keep K, and clear errors
 for a missing, truncated, foreign or mismatched checkpoint that every rank reports alike."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""Checkpoints through the real driver under torchrun (issue #15: 3, 6, 9), 2 CPU ranks, the issue's model:
+"""Checkpoints through the real driver under torchrun, 2 CPU ranks, the issue's model:
 two runs never share a --save directory; a diverged update never replaces the good checkpoint; a disk that
 refuses a shard names the cause and leaves nothing behind. Each failure is one line on every rank, exit 2."""
 import json

@@ -1,4 +1,4 @@
-"""Checkpoint safety (issue #15: 3, 4, 6, 9, 11; issue #16: 12), in one process and without a process group:
+"""Checkpoint safety, in one process and without a process group:
 a run holds its --save directory; nothing outside a checkpoint directory is read, followed or revealed; a
 malformed manifest is one clear error; no checkpoint with non-finite state is published; a failed save names
 its cause and leaves nothing behind; pruning removes only complete checkpoints that hybrid_engine wrote."""

@@ -1,4 +1,4 @@
-"""The CLI end to end (issue #16, items 2, 3, 8; issue #15, item 5): Ctrl-C is one line per rank and exit 130,
+"""The CLI end to end: Ctrl-C is one line per rank and exit 130,
 torchrun's own exit code is 1 whatever the ranks' codes, `python -m hybrid_engine` is the same CLI, and a
 resumed run's summary times exactly the steps it says it timed."""
 import json

@@ -1,6 +1,6 @@
 """The driver's parts that need no process group, in this process: one line per error however many ranks find
-it (issue #16, item 2), progress lines and the summary of a resumed run (items 7, 8), output paths checked
-before setup (item 12), and the fault plan read from the documented test variables."""
+it, progress lines and the summary of a resumed run, output paths checked
+before setup, and the fault plan read from the documented test variables."""
 import io
 import threading
 

@@ -1,4 +1,4 @@
-"""Faults with real processes (issue #7, part 4): a rank SIGKILLed mid-run ends every other rank within 60 s
+"""Faults with real processes: a rank SIGKILLed mid-run ends every other rank within 60 s
 with a line naming it (under torchrun, and without a launcher that tears the others down); torchrun
 --max-restarts with --resume finishes from the last checkpoint with the uninterrupted losses; a crash while
 saving leaves the previous checkpoint loadable. The test hooks are described in hybrid_engine/runtime/faults.py."""
@@ -143,7 +143,7 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
 
 
-# --- hangs and orphans (issue #15): bounded by a small --comm-timeout, every process killed in a finally ---
+# --- hangs and orphans: bounded by a small --comm-timeout, every process killed in a finally ---
 
 HANG_MODEL = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--steps", "100000")
 TIMEOUT = 8  # --comm-timeout of the tests below
@@ -223,7 +223,7 @@ def _rank_lines(err: str, rank: int) -> list[str]:
 
 @pytest.mark.parametrize("launcher", ["torch.distributed.run", "hybrid_engine.launch"])
 def test_frozen_rank_under_a_launcher_ends_the_whole_job_naming_it(tmp_path, launcher):
-    # issue #15.2: the grid's groups (here the DP all-reduce) had torch's default 30-minute timeout. The job, the
+    # the grid's groups (here the DP all-reduce) would otherwise take torch's default 30-minute timeout. The job, the
     # frozen rank included, must end within the timeout and a few seconds: torchrun's SIGTERM does not move a
     # stopped process, and its SIGKILL comes 30 s later
     proc = _torchrun_popen(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), tmp_path, launcher)
@@ -244,7 +244,7 @@ def test_frozen_rank_under_a_launcher_ends_the_whole_job_naming_it(tmp_path, lau
 
 
 def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
-    # issue #15.2 with no torchrun to tear anything down
+    # the same with no torchrun to tear anything down
     procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
     try:
         assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
@@ -263,7 +263,7 @@ def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
 
 
 def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
-    # issue #15.2: rank 0 serves the store, so the store freezes too; no survivor may wait on it (a TCPStore call
+    # rank 0 serves the store, so the store freezes too; no survivor may wait on it (a TCPStore call
     # on a server that never answers blocks whatever its timeout)
     procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
     try:
@@ -284,7 +284,7 @@ def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
 
 
 def test_killed_torchrun_leaves_no_rank_running(tmp_path):
-    # issue #15.7: SIGKILL of the launcher alone (not its workers); they must notice and stop
+    # SIGKILL of the launcher alone (not its workers); they must notice and stop
     root = tmp_path / "ckpt"
     launcher = _torchrun_popen(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT), "--save", str(root),
                                    "--save-every", "1"), tmp_path)
@@ -308,7 +308,7 @@ def test_killed_torchrun_leaves_no_rank_running(tmp_path):
 
 
 def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
-    # issue #15.10: something holds MASTER_PORT, accepts connections and never answers
+    # something holds MASTER_PORT, accepts connections and never answers
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
@@ -327,7 +327,7 @@ def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
 
 
 def test_sigterm_to_one_rank_is_named_by_the_rank_and_by_the_survivor():
-    # issue #15.11: nobody but the test sent the SIGTERM; the rank says what it got, the survivor names it
+    # nobody but the test sent the SIGTERM; the rank says what it got, the survivor names it
     procs = _plain_ranks(2, ("--pp", "2", *HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
     try:
         assert "step    2" in _read_until(procs[0], "step    2", timeout=90)

@@ -76,7 +76,7 @@ def _all_reduce_with_a_silent_peer(rank: int, world_size: int, timeout_s: float 
 
 
 def test_grid_groups_give_up_on_a_silent_peer_after_the_given_timeout():
-    # issue #15.2: without `timeout=`, new_group waits torch's default 30 minutes (here: run_ranks' 60 s) for it
+    # without `timeout=`, new_group waits torch's default 30 minutes (here: run_ranks' 60 s) for it
     outcome = run_ranks(2, _all_reduce_with_a_silent_peer, 2.0, timeout=60)[0]
     assert "Timed out" in outcome and "2000ms" in outcome, outcome
 

@@ -1,4 +1,4 @@
-"""`python -m hybrid_engine.launch` (issue #16, items 2 and 3): torchrun's arguments and agent, but the shell sees
+"""`python -m hybrid_engine.launch`: torchrun's arguments and agent, but the shell sees
 the ranks' own exit code and lines, and Ctrl-C under it leaves no launcher traceback."""
 import os
 import re

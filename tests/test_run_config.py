@@ -1,6 +1,6 @@
 """The run's typed configuration, in this process (no ranks): flags and --config TOML files onto RunConfig (flags
-win), one-line errors for unknown keys and wrong types, every number range-checked before setup (issue #16,
-items 6 and 11), a launch hint without a launcher, and a --help a user can read (item 5)."""
+win), one-line errors for unknown keys and wrong types, every number range-checked before setup, a launch hint
+without a launcher, and a --help a user can read."""
 import math
 
 import pytest

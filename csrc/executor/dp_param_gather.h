@@ -1,7 +1,7 @@
 // The distributed optimizer's (ZeRO-1) parameter all-gathers, overlapped with the next step's forward.
 //
 // Under ZeRO-1 each DP rank updates only its equal piece of every bucket's parameters (the parameters live in flat
-// buffers laid out like the gradient buckets, hybrid_engine/parallel/data_parallel/zero.py). The update launches one asynchronous,
+// buffers laid out like the gradient buckets, hybrid_engine/optim/zero.py). The update launches one asynchronous,
 // in-place all-gather per bucket as soon as that bucket's piece is written, and nothing waits for it then: the
 // next forward waits for a bucket only just before the first layer that reads it (Megatron's
 // overlap_param_gather), so the gathers of later layers run while earlier layers compute. A wait on a device

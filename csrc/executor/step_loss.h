@@ -10,7 +10,7 @@
 
 namespace hybrid {
 
-// What the engine's loss is, as a value (hybrid_engine/engine/losses.py): the built-in mean squared error, which runs in
+// What the engine's loss is, as a value (hybrid_engine/models/losses.py): the built-in mean squared error, which runs in
 // C++ (executor/mse_loss.h: no Python on the last stage's critical path, the output's gradient computed together
 // with the loss, no per-row memory), or any callable (output, target) -> scalar.
 struct LossSpec {

@@ -1,4 +1,4 @@
-"""Mixed precision: the fp16 loss scaler and global-norm gradient clipping (issue #5, parts 2-4).
+"""Mixed precision: the fp16 loss scaler and global-norm gradient clipping.
 
 Both live in C++ (csrc/amp/); this module picks the right one for ``--amp`` and watches for overflow.
 A training step with fp16 reads::
