@@ -7,13 +7,8 @@ Imports: config, data, parallel (each model's tensor-parallel split), metrics' p
 """
 from __future__ import annotations
 
-from hybrid_engine.models.mlp.model import (
-    SeededLinear,
-    SyntheticRegression,
-    large_linear_model,
-    materialize,
-    stream_seed,
-)
+from .mlp.data import SyntheticRegression
+from .mlp.model import SeededLinear, large_linear_model, materialize, stream_seed
 
 __all__ = [
     "SeededLinear",

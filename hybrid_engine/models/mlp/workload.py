@@ -8,7 +8,8 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
 
-from .model import SyntheticRegression, large_linear_model
+from .data import SyntheticRegression
+from .model import large_linear_model
 
 
 def mlp_workload(dim: int, depth: int, seed: int, device: torch.device | str = "cpu") -> Workload:
