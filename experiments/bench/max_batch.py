@@ -2,7 +2,7 @@
 """Max batch finder (issue #6, item 4): the largest global batch the engine trains without running out of memory.
 
     python experiments/bench/max_batch.py --modes fp32,fp16,fp16-recompute [--dim 8192 --depth 16 --micro-batches 8]
-    python experiments/bench/max_batch.py --print-model --dim 4096     # the memory model below, no GPU needed
+    python experiments/bench/max_batch.py --print-model --dim 4096     # the memory model, no GPU needed
     python experiments/bench/max_batch.py --modes fp16 --dp 2 --zero 1  # the distributed optimizer, 2 pipelines
 
 For each mode (a row of MODES: driver flags), at --pp 2 (one pipeline over 2 GPUs, 1F1B by default; --dp N runs
@@ -14,20 +14,8 @@ and stderr says so ("out of memory", OutOfMemoryError, CUBLAS_STATUS_ALLOC_FAILE
 a rendezvous error, a GPU busy in exclusive mode: launch.is_transient) runs once more on a new port; any other
 failure stops that mode with the error.
 
-The search (a few trials: each costs ~20 s, mostly process start-up). Peak memory is linear in the batch,
-peak = a + b * batch, so:
-  1. a small batch (--start) gives a (the fixed memory: weights, gradients, optimizer);
-  2. a batch at --spread (0.4) x the predicted maximum gives a well-measured slope b: the prediction comes from
-     the memory model below until two measured points exist, then from the least-squares line through every
-     passing trial's peak; a line whose points span less than 0.15 x its own prediction gets another point;
-  3. the line meets the memory the process may use (--capacity-gib; default the driver's --memory-cap-gib, else
-     the GPU's size) at the predicted maximum P: the next trial is just below it, --aim (0.97) x P; then one
-     just above the last pass (x (1 + tolerance): a failure there closes the bracket), or just below the
-     last failure (/ (1 + tolerance): a pass there closes it); steps grow after two moves the same way, never
-     past the middle of the bracket, and a bracket of <= 2 x tolerance is split in the middle;
-  4. stop when (first failure - max pass) <= --tolerance (3%) x max pass, at --cap, on an error, or when the
-     next round would end past the mode's --time-budget (the answer is then the bracket so far, "converged":
-     false). A typical search: 4 trials (start, slope point, 0.97 P pass, 1.0 P fail).
+The search (a few trials, each ~20 s, mostly process start-up) is max_batch_search.py; its first slope comes
+from the memory model, memory_model.py (`--print-model` prints it for a shape).
 
 --parallel N runs up to N trials at once on the same GPUs: all modes together, and with N >= 2 x modes two
 batches per round per mode (the planned one and the one the planner would pick next if the first went as the
@@ -38,33 +26,6 @@ limit; peaks are per process): N x (cap + 1.5 GiB) must fit the GPU. If the GPU 
 The batch is the global batch of the driver: with fixed --micro-batches a bigger batch means bigger
 micro-batches; --micro-size R instead keeps R rows per micro-batch and raises the micro-batch count with the
 batch (1F1B then holds at most pp micro-batches of activations, whatever the batch).
-
-Memory model (bytes per global batch row, per pipeline stage; memory_model() below, derivation and the table
-for dim 4096 / depth 16 / pp 2 / 8 micro-batches in experiments/README.md). With D = dim, e = bytes per element
-of data and activations (4 fp32, 2 with half weights), L layers per stage, m micro-batches, and phi = the share
-of the batch in flight on the stage (1F1B: min(m, pp - stage) / m, i.e. 2/m on stage 0 and 1/m on the last
-stage of pp=2; GPipe: 1, every micro-batch):
-  data       e*D             first stage: the inputs, last stage: the targets, resident for the whole step;
-                             with the driver's --stream-data each micro-batch is drawn when its forward runs:
-                             phi*e*D of inputs on the first stage (they are its a_0), 1/m*e*D of targets
-  stored     phi*L*e*D       the fused chain (csrc/tp/linear_chain.cpp) saves every layer's output (its input
-                             a_0 is the data on stage 0, a received buffer elsewhere: + phi*e*D there);
-                             with --recompute only a_0 is saved (a native stage drops its output once its send
-                             is done; the engine's default)
-  rebuilt    L/m*e*D         --recompute only: one micro-batch's whole chain exists again while its backward
-                             runs (the forward keeps only the layer it is on)
-  backward   3/m*e*D         incoming gradient, ReLU-masked gradient, gradient for the layer below
-  loss       (4+e)*D/m       last stage: the C++ MSE's one fp32 difference of a micro-batch, and the output
-                             gradient it computes with the loss (native stages), kept until the backward:
-                             + phi*e*D, except with --recompute, where the last stage's whole forward, its loss
-                             and its target's draw move into the backward (before 2026-11-26's fix: fp32 copies
-                             of output and target saved, and every micro-batch's fp32 unreduced loss kept to the
-                             end of the step)
-`--print-model` prints the table for a shape. What bounds the ratios under 1F1B at pp=2: only 2 micro-batches
-are in flight on stage 0 (1 on the last), so recompute saves at most (2 - 1) * L/m * e * D per row there and
-leaves one micro-batch's rebuilt chain (L/m); with the data resident, it alone (e*D per row on each end) caps
-the fp16 + recompute ratio at 13.5 D / 2 D = 6.75x. Under GPipe every micro-batch is in flight, which is
-where recomputation pays: with streamed data and m = 16 the model gives ~10.7x.
 
 Writes JSON lines to <out>/<date>-<gpus>x<card>-maxbatch.jsonl (appending, so modes run in separate commands
 accumulate): {"kind": "trial", ...} per trial, {"kind": "result", ...} per mode (with the fitted line
@@ -78,7 +39,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -87,7 +47,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -96,6 +56,8 @@ sys.path.insert(0, str(HERE))
 
 from launch import (DRIVER, GPU_BUSY, REPO, child_env, driver_flags, error_line, execute, free_port,  # noqa: E402
                     is_oom, is_transient, missing_flags, shown, torchrun)
+from max_batch_search import Trial, search_max_batch  # noqa: E402
+from memory_model import memory_model  # noqa: E402
 
 MODES = {  # name -> driver flags; a flag the driver lacks skips the mode with a message
     "fp32": (),
@@ -105,87 +67,6 @@ MODES = {  # name -> driver flags; a flag the driver lacks skips the mode with a
     "fp16-autocast": ("--amp", "fp16", "--amp-impl", "autocast"),
 }
 TARGETS = {"fp16": 2.0, "fp16-recompute": 8.0}  # x the fp32 max batch
-TOO_BIG = ("oom", "timeout")  # outcomes that mean "this batch does not fit"
-CONDITIONED = 0.15  # a line is trusted once its points span this share of its own predicted maximum
-
-
-@dataclass
-class Trial:
-    batch: int
-    # ok | oom | timeout (too slow: counts as too big) | budget (cut by --time-budget) | transient (the launcher
-    # failed: run again on a new port) | error
-    status: str
-    peak_gib: Optional[float] = None  # the largest per-rank peak (torch.cuda.max_memory_allocated)
-    seconds: float = 0.0
-    message: str = ""
-
-
-@dataclass
-class Search:
-    max_batch: Optional[int]  # the largest batch that passed
-    first_failure: Optional[int]  # the smallest batch above it that failed
-    converged: bool
-    reason: str
-    trials: list[Trial] = field(default_factory=list)
-    fit: Optional[dict] = None  # {"a_gib", "b_gib_per_row", "points"}: peak = a + b * batch, least squares
-    predicted_max: Optional[int] = None  # where that line meets the capacity
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the planner knows besides the trials."""
-    quantum: int
-    start: int
-    cap: int
-    tolerance: float = 0.03
-    capacity_gib: Optional[float] = None  # memory one process may allocate
-    row_gib_hint: Optional[float] = None  # the memory model's slope (GiB per batch row), before any is measured
-    fixed_gib_hint: Optional[float] = None  # the memory model's fixed memory
-    aim: float = 0.97  # the first trial near the limit: this x the predicted maximum
-    spread: float = 0.4  # the slope point: this x the predicted maximum
-
-
-# ------------------------------------------------------------------------------------------- memory model
-def memory_model(*, dim: int, depth: int, pp: int, micro_batches: Optional[int], schedule: str, half: bool,
-                 recompute: bool, data_half: Optional[bool] = None, streamed: bool = False, dp: int = 1,
-                 zero: int = 0) -> dict:
-    """Bytes per global batch row on every pipeline stage (the model of the module docstring), and the fixed
-    bytes per stage (weights, gradients, fp32 masters, one gradient-sized optimizer temporary).
-    micro_batches None: --micro-size (the micro-batch count grows with the batch; per-micro-batch terms are
-    then fixed memory, except under GPipe, which keeps every micro-batch in flight).
-    streamed: the driver's --stream-data (micro-batches drawn when their forward runs). dp: pipelines, each
-    running 1/dp of the global batch's rows; zero 1: each holds 1/dp of the masters and the optimizer's
-    temporary (weights and gradient buckets stay whole)."""
-    e = 2 if half else 4  # activations
-    ed = e if data_half is None else (2 if data_half else 4)  # data (autocast: fp32 data, half activations)
-    layers = depth / pp
-    per_micro = 0.0 if micro_batches is None else 1.0 / micro_batches
-    stages = []
-    for s in range(pp):
-        first, last = s == 0, s == pp - 1
-        if schedule == "gpipe":
-            phi = 1.0
-        else:  # 1F1B-like: stage s holds at most pp - s micro-batches between their forward and backward
-            phi = 0.0 if micro_batches is None else min(micro_batches, pp - s) / micro_batches
-        data = (first * phi + last * per_micro) if streamed else (first + last)
-        terms = {
-            "data": data * ed * dim,
-            # received input (not on stage 0: the data) + the layer outputs; with recompute none of them (a
-            # native stage drops its output once sent; the last stage defers its forward to the backward)
-            "stored": phi * ((0 if first else 1) + (0 if recompute else layers)) * e * dim,
-            "rebuilt": (layers * per_micro * e * dim) if recompute else 0.0,
-            "backward": 3 * per_micro * e * dim,
-            # the C++ MSE: one fp32 difference of one micro-batch; its output gradient waits for the backward,
-            # except with recompute, where the last stage's forward and loss run in the backward itself
-            "loss": ((4 + e) * dim * per_micro + (0 if recompute else phi * e * dim)) if last else 0.0,
-        }
-        stages.append({"stage": s, "row_bytes": sum(terms.values()) / dp, "terms": terms})
-    params = layers * (dim * dim + dim)
-    sharded = dp if zero else 1
-    fixed = params * ((2 + 4 + (4 + 4) / sharded) if half else (4 + 4 + 4 / sharded))
-    worst = max(stages, key=lambda st: st["row_bytes"])
-    return {"stages": stages, "row_bytes": worst["row_bytes"], "bound_by_stage": worst["stage"],
-            "fixed_bytes": fixed}
 
 
 def mode_model(flags: tuple[str, ...], a: argparse.Namespace) -> dict:
@@ -209,223 +90,6 @@ def model_table(a: argparse.Namespace) -> str:
                         f"{m['bound_by_stage']}), fixed {m['fixed_bytes'] / 2**30:.2f} GiB, "
                         f"x fp32 {base / m['row_bytes']:.2f} (slopes)")
     return "\n".join(rows)
-
-
-# ----------------------------------------------------------------------------------------------- search
-def round_down(x: float, quantum: int) -> int:
-    return max(quantum, int(x) // quantum * quantum)
-
-
-def round_up(x: float, quantum: int) -> int:
-    return max(quantum, -(-int(math.ceil(x)) // quantum) * quantum)
-
-
-def fit_line(trials: list[Trial]) -> Optional[tuple[float, float, int, int]]:
-    """(a, b, span, points): least squares peak = a + b * batch over the passing trials with a peak (repeats
-    of a batch averaged); span = largest - smallest batch. None below two distinct batches."""
-    by_batch: dict[int, list[float]] = {}
-    for t in trials:
-        if t.status == "ok" and t.peak_gib:
-            by_batch.setdefault(t.batch, []).append(t.peak_gib)
-    if len(by_batch) < 2:
-        return None
-    xs = list(by_batch)
-    ys = [sum(v) / len(v) for v in by_batch.values()]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - b * mx, b, max(xs) - min(xs), len(xs)
-
-
-def predict(trials: list[Trial], capacity_gib: Optional[float]) -> Optional[float]:
-    """The batch at which the least-squares line through the passing trials' peaks reaches capacity_gib."""
-    line = fit_line(trials)
-    if capacity_gib is None or line is None or line[1] <= 0:
-        return None
-    a, b, _, _ = line
-    return (capacity_gib - a) / b
-
-
-def bounds(trials: list[Trial]) -> tuple[Optional[int], Optional[int]]:
-    """(largest passing batch, smallest failing batch above it)."""
-    passed = [t.batch for t in trials if t.status == "ok"]
-    lo = max(passed) if passed else None
-    failed = [t.batch for t in trials if t.status in TOO_BIG and (lo is None or t.batch > lo)]
-    return lo, min(failed) if failed else None
-
-
-def finished(trials: list[Trial], c: Plan) -> Optional[str]:
-    lo, hi = bounds(trials)
-    cap = round_down(c.cap, c.quantum)
-    if lo is not None and hi is not None and hi - lo <= max(c.quantum, c.tolerance * lo):
-        return f"bracket within {c.tolerance:.0%}"
-    if hi is None and lo is not None and lo >= cap:
-        return f"reached the cap ({cap}): the true limit is higher"
-    if lo is None and hi is not None and hi <= c.quantum:
-        return f"even batch {c.quantum} fails"
-    return None
-
-
-def _peak_of(trials: list[Trial], batch: int) -> Optional[float]:
-    return next((t.peak_gib for t in reversed(trials) if t.batch == batch and t.status == "ok" and t.peak_gib), None)
-
-
-def _estimate(trials: list[Trial], c: Plan, lo: int) -> tuple[Optional[float], bool]:
-    """(predicted maximum, whether it comes from a well-conditioned measured line)."""
-    line = fit_line(trials)
-    pred = predict(trials, c.capacity_gib)
-    if pred is not None and line[2] >= CONDITIONED * pred:
-        return pred, True
-    if pred is not None:
-        return pred, False
-    peak = _peak_of(trials, lo)
-    if c.capacity_gib and c.row_gib_hint and peak:  # the model's slope from the measured point
-        return lo + (c.capacity_gib - peak) / c.row_gib_hint, False
-    return None, False
-
-
-def plan_next(trials: list[Trial], c: Plan) -> Optional[int]:
-    """The next batch to try (None: nothing left to learn). Pure: a function of the trials so far."""
-    q, tol = c.quantum, c.tolerance
-    cap = round_down(c.cap, q)
-    considered = [t for t in trials if t.status == "ok" or t.status in TOO_BIG]
-    tested = {t.batch for t in considered}
-    lo, hi = bounds(considered)
-    if finished(considered, c):
-        return None
-    if lo is None and hi is None:
-        return min(round_down(c.start, q), cap)
-
-    def inside(x: int, step: int) -> Optional[int]:  # x, moved by `step` past tested batches, within (lo, hi)
-        x = max(q, min(x, cap))
-        while x in tested:
-            x += step
-        ok = (lo is None or x > lo) and (hi is None or x < hi) and q <= x <= cap
-        return x if ok else None
-
-    if lo is None:  # everything failed so far: halve
-        return inside(round_down(hi // 2, q), -q)
-    mid = round_down((lo + hi) // 2, q) if hi is not None else None
-    est, conditioned = _estimate(considered, c, lo)
-    if est is None:  # nothing to aim with (no capacity, no peaks): grow geometrically, then bisect
-        return inside(min(4 * lo, cap), q) if hi is None else inside(mid, q)
-    if hi is not None:
-        est = min(est, hi)
-    if not conditioned:
-        x = round_down(c.spread * est, q)
-        if x >= 1.5 * lo:  # the slope point: far enough above the small start to measure the slope well
-            return inside(x, q)
-        low = min(t.batch for t in considered if t.status == "ok")
-        if fit_line(considered) is None or low > CONDITIONED * est:  # passes only near the limit: one far below
-            below = round_down(c.spread * low, q)
-            if below < low and below not in tested:
-                return below
-    # near the limit: jump to just below the prediction, then step across it
-    if hi is not None and hi - lo <= 2 * tol * lo:  # one trial in the middle closes the bracket either way
-        return inside(mid, q) or inside(mid, -q)
-    target = round_down(c.aim * est, q)
-    step_up = max(lo + q, round_down(lo * (1 + tol), q))
-    if target >= step_up and (hi is None or target < hi) and target not in tested:
-        return min(target, cap)
-    outcome = "ok" if considered[-1].status == "ok" else "fail"
-    streak = 0
-    for t in reversed(considered):
-        if ("ok" if t.status == "ok" else "fail") != outcome or (outcome == "ok" and t.batch < 0.8 * est):
-            break
-        streak += 1
-    j = 1 if streak <= 2 else 2 ** (streak - 2)  # after two moves the same way, steps grow
-    if outcome == "ok" or hi is None:
-        x = max(lo + q, round_down(lo * (1 + tol) ** (j if outcome == "ok" else 1), q))
-        return inside(min(x, mid) if mid is not None else x, q)
-    x = min(hi - q, round_up(hi / (1 + tol) ** j, q))
-    return inside(max(x, mid), -q)
-
-
-def _line_peak(trials: list[Trial], c: Plan, batch: int) -> Optional[float]:
-    line = fit_line(trials)
-    if line is not None and line[1] > 0:
-        return line[0] + line[1] * batch
-    if c.row_gib_hint is None:
-        return None
-    low = [t for t in trials if t.status == "ok" and t.peak_gib]
-    if low:  # the model's slope through the smallest measured point
-        t = min(low, key=lambda t: t.batch)
-        return t.peak_gib + c.row_gib_hint * (batch - t.batch)
-    return (c.fixed_gib_hint or 0.0) + c.row_gib_hint * batch
-
-
-def plan_round(trials: list[Trial], c: Plan, width: int = 1) -> list[int]:
-    """The batches of the next round: plan_next's, and with width 2 also the one it would pick next if that
-    trial went as the line (or the model) predicts, else the one for the other outcome."""
-    first = plan_next(trials, c)
-    if first is None:
-        return []
-    batches = [first]
-    if width > 1:
-        peak = _line_peak(trials, c, first)
-        likely_ok = peak is None or c.capacity_gib is None or peak <= c.capacity_gib
-        for ok in (likely_ok, not likely_ok):
-            guess = Trial(first, "ok" if ok else "oom", peak_gib=peak if ok else None)
-            second = plan_next(trials + [guess], c)
-            if second is not None and second != first:
-                batches.append(second)
-                break
-    return batches
-
-
-def search_max_batch(trial: Callable[[int], Trial], *, quantum: int, start: int, cap: int, tolerance: float = 0.03,
-                     budget_s: float = math.inf, capacity_gib: Optional[float] = None,
-                     row_gib_hint: Optional[float] = None, fixed_gib_hint: Optional[float] = None, width: int = 1,
-                     aim: float = 0.97, clock: Callable[[], float] = time.monotonic) -> Search:
-    """Largest multiple of `quantum` in [quantum, cap] for which trial(batch).status == "ok" (memory grows with
-    the batch, so pass/fail is monotonic). Stops when the bracket is within max(quantum, tolerance * best),
-    at the cap, on an error trial, or when the next round would likely end past `budget_s`. A "transient"
-    trial is run once more (the trial function picks a new port); twice in a row is an error.
-    width 2: two trials per round, run side by side (plan_round)."""
-    c = Plan(quantum=quantum, start=start, cap=cap, tolerance=tolerance, capacity_gib=capacity_gib,
-             row_gib_hint=row_gib_hint, fixed_gib_hint=fixed_gib_hint, aim=aim)
-    began = clock()
-    trials: list[Trial] = []
-    longest = 0.0
-    pool = ThreadPoolExecutor(max_workers=width) if width > 1 else None
-
-    def done(converged: bool, reason: str) -> Search:
-        if pool is not None:
-            pool.shutdown(wait=True)
-        lo, hi = bounds(trials)
-        line = fit_line(trials)
-        pred = predict(trials, capacity_gib)
-        fit = None if line is None else {"a_gib": round(line[0], 4), "b_gib_per_row": line[1], "points": line[3]}
-        return Search(lo, hi, converged, reason, trials, fit, None if pred is None else int(pred))
-
-    def attempt(batch: int) -> list[Trial]:
-        first = trial(batch)
-        if first.status != "transient":
-            return [first]
-        again = trial(batch)
-        if again.status == "transient":
-            again.status = "error"
-            again.message = f"launcher failed twice: {again.message}"
-        return [first, again]
-
-    while True:
-        reason = finished(trials, c)
-        if reason:
-            return done(True, reason)
-        batches = plan_round(trials, c, width)
-        if not batches:
-            return done(True, "no untested batch left")
-        if trials and clock() - began + longest > budget_s:
-            return done(False, "time budget spent")
-        rounds = list(pool.map(attempt, batches)) if pool is not None else [attempt(b) for b in batches]
-        for results in rounds:
-            trials.extend(results)
-            longest = max([longest] + [r.seconds for r in results])
-        for r in (results[-1] for results in rounds):
-            if r.status == "error":
-                return done(False, f"trial at batch {r.batch} failed: {r.message}")
-        if any(results[-1].status == "budget" for results in rounds):
-            return done(False, "time budget spent")
 
 
 # ------------------------------------------------------------------------------------------------ trials

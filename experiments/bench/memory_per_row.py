@@ -207,7 +207,7 @@ def main(argv=None) -> int:
             pr.join()
 
     sys.path.insert(0, HERE)
-    from max_batch import memory_model
+    from memory_model import memory_model
 
     b1, b2 = batches
     report = {"config": cfg, "modes": {}}

@@ -1,6 +1,7 @@
 """experiments/bench/max_batch.py around its search: real driver trials on CPU + gloo, a fake driver and launcher
 for the port clash and modes run side by side, the ratios against fp32, and the launcher's failures; the memory
-model of the GPU run's shape, and experiments/bench/memory_per_row.py's measured bytes per row."""
+model (experiments/bench/memory_model.py) of the GPU run's shape, and the bytes per row that
+experiments/bench/memory_per_row.py measures."""
 import json
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The max-batch search (experiments/bench/max_batch.py) on fake trial runners, no processes: it brackets
+"""The max-batch search (experiments/bench/max_batch_search.py) on fake trial runners, no processes: it brackets
 the limit within its tolerance, jumps near it along the measured memory line, stops at the cap, on errors and when
 its budget is spent, and retries a launcher failure once."""
 import random
@@ -12,6 +12,7 @@ EXPERIMENTS = REPO / "experiments"
 sys.path.insert(0, str(EXPERIMENTS / "bench"))
 
 import max_batch  # noqa: E402
+import max_batch_search  # noqa: E402
 
 
 def fake_trials(limit: int, *, gib_per_row: float | None = None, seconds: float = 1.0):
@@ -123,8 +124,9 @@ def test_max_batch_search_without_the_model_still_converges_and_the_old_run_woul
 @pytest.mark.parametrize("a,b,capacity", SETTINGS[:4])
 def test_max_batch_search_two_per_round_needs_at_most_3_rounds(a, b, capacity, monkeypatch):
     rounds = []
-    plan_round = max_batch.plan_round
-    monkeypatch.setattr(max_batch, "plan_round", lambda *x, **k: rounds.append(plan_round(*x, **k)) or rounds[-1])
+    plan_round = max_batch_search.plan_round
+    monkeypatch.setattr(max_batch_search, "plan_round",
+                        lambda *x, **k: rounds.append(plan_round(*x, **k)) or rounds[-1])
     for hint_error in (0.5, 1.0, 2.0):
         rounds.clear()
         trial, calls, limit = linear_memory(a, b, capacity, frag=0.01)
