@@ -1,6 +1,6 @@
 """From bench.py's run records to MFU, bubbles, the issue-#6 target ratios and the closing table.
 
-Pure functions of the records (no GPU, no processes): tests/test_experiments.py feeds them synthetic runs.
+Pure functions of the records (no GPU, no processes): tests/experiments/test_analysis.py feeds them synthetic runs.
 A run record is the program's JSON line plus bench.py's spec fields: config (C/L/X), system (base, peer,
 engine), mode (base: practical10; peer: gpipe/1f1b/interleaved/tp/single; engine: its schedule, or single
 on one GPU), prec, dp, pp, mp, gpus, variant ("" = the system's default; e.g. "autocast" for the engine's
