@@ -42,7 +42,8 @@ def title_page(rep: Report, res: Results) -> None:
                    *(("b", f"{name}: {value:.2f} (goal {b.details.get(name, {}).get('target', '?')}, "
                            f"{ {True: 'met', False: 'missed'}.get(b.details.get(name, {}).get('met'), 'n/a') })")
                      for name, value in b.ratios.items() if "_vs_" in name and value is not None),
-                   ("m", "python experiments/bench.py " + " ".join(m.get("argv", [])) + "   # as run (meta.argv)")]
+                   ("m", "python experiments/bench/bench.py " + " ".join(m.get("argv", []))
+                    + "   # as run (meta.argv)")]
     if not res.benches:
         blocks.append(("p", f"No bench results file in {res.root}: performance sections are {NOT_MEASURED}."))
     blocks += [("h", "Rebuild this report (CPU only)"), ("m", "python report/build.py --results experiments/results "
@@ -130,7 +131,7 @@ def memory_pages(rep: Report, res: Results, b: Bench) -> None:
     if conv:
         parts.append(tables.convergence_table(conv, res.root))
     missing = [[what, NOT_MEASURED] for what, have in (
-        ("largest batch fp32 vs fp16 vs fp16 + recompute (experiments/max_batch.py, *-maxbatch.jsonl)",
+        ("largest batch fp32 vs fp16 vs fp16 + recompute (experiments/bench/max_batch.py, *-maxbatch.jsonl)",
          mb and mb.results), ("fp16 vs fp32 loss curves (*-convergence.json)", conv)) if not have]
     if missing:
         parts.append(tables.Table(f"Memory and convergence measurements missing, {b.card}", ["measurement", "status"],

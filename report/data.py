@@ -20,7 +20,7 @@ NOT_MEASURED = "not measured in this results set"
 
 
 def ok(run: dict) -> bool:
-    """A run that produced numbers (same rule as experiments/bench_analysis.ok)."""
+    """A run that produced numbers (same rule as experiments/bench/bench_analysis.ok)."""
     return "error" not in run and "skipped" not in run and run.get("step_ms") is not None
 
 

@@ -22,15 +22,15 @@ from .gpt_data import GptFile, GptResults  # noqa: E402
 from .render import Block, Report  # noqa: E402
 from .tables import DASH, Table, gib, ms, pct, rate, rel, times  # noqa: E402
 
-# The records of a -gpt.json in table order (experiments/gpt_bench.sh names them); others follow in file order.
+# The records of a -gpt.json in table order (experiments/passes/gpt_bench.sh names them); others follow in file order.
 ENGINE = {"gpt_bf16_1f1b": "engine, bf16 half weights, 1f1b",
           "gpt_bf16_zb1m": "engine, bf16 half weights, zb1 + merged W",
           "gpt_fp16_zb1m": "engine, fp16 half weights (loss scaling), zb1 + merged W"}
 PEERS = {"torch-compile": "torch.compile (bf16 autocast)", "torch": "plain PyTorch eager (bf16 autocast)",
          "megatron": "Megatron-core, local spec (bf16)"}
 REFERENCE = "gpt_bf16_1f1b"  # the engine run every other row is compared with
-REALTEXT_RUN = "bash experiments/gpt_realtext_pass.sh"
-AUTOCAST_RUN = "AMP_IMPL=autocast bash experiments/gpt_realtext_pass.sh"
+REALTEXT_RUN = "bash experiments/passes/gpt_realtext_pass.sh"
+AUTOCAST_RUN = "AMP_IMPL=autocast bash experiments/passes/gpt_realtext_pass.sh"
 TARGET = 0.01
 # How each real-text file's bf16 run held its weights (-gpt-realtext.json: the default; -autocast: --amp-impl autocast).
 BF16_HOW = {"realtext": "bf16 half weights (the default)",
@@ -74,7 +74,7 @@ def bench_table(f: GptFile, root: Path) -> Table:
 
 
 def _dp_kind(name: str, gpus: int) -> str:
-    """experiments/gpt_dp_pass.sh's names: gpt_single, gpt_dp<N> (strong: the 1-GPU batch), gpt_dp<N>w (weak)."""
+    """experiments/passes/gpt_dp_pass.sh's names: gpt_single, gpt_dp<N> (strong: the 1-GPU batch), gpt_dp<N>w (weak)."""
     if gpus == 1:
         return "1 GPU"
     return "weak" if re.match(r"gpt_dp\d+w", name) else "strong"
@@ -244,7 +244,7 @@ def prose(g: GptResults, root: Path) -> list[Block]:
     if not g.realtext:
         out.append(("b", f"The real-text run has not been made: no *-gpt-realtext.json in {rel(root, root)}. It is "
                          f"one GPU call, `{REALTEXT_RUN}` (300 steps on .data/python-docs.txt, made by "
-                         "experiments/real_text.sh, in bf16 and in fp32 with one seed)."))
+                         "experiments/bench/real_text.sh, in bf16 and in fp32 with one seed)."))
     if not g.realtext_autocast:
         out.append(("b", f"{BF16_HOW['realtext_autocast']}: not measured in this results set (no "
                          f"*-gpt-realtext-autocast.json); it is one GPU call, `{AUTOCAST_RUN}`."))

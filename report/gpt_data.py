@@ -1,15 +1,15 @@
 """Reading the GPT's results files (section 7). Five kinds, each named `<date>-<gpus>x<card>-gpt[-kind].json`:
 
-    -gpt.json           experiments/gpt_bench.sh: one GPU, the engine's runs ("engine": {name: record}) and its
+    -gpt.json           experiments/passes/gpt_bench.sh: one GPU, the engine's runs ("engine": {name: record}) and its
                         peers' ("peers": {system: record}), "ratios"
-    -gpt-dp.json        experiments/gpt_dp_pass.sh: "runs": {gpt_single, gpt_dp2[w][_zero]: record}, "ratios"
-    -gpt-realtext.json  experiments/gpt_realtext_pass.sh (experiments/realtext_results.py): "runs": {bf16, fp32:
-                        curves and throughput}, "target"; bf16 with half weights (the engine's default)
+    -gpt-dp.json        experiments/passes/gpt_dp_pass.sh: "runs": {gpt_single, gpt_dp2[w][_zero]: record}, "ratios"
+    -gpt-realtext.json  experiments/passes/gpt_realtext_pass.sh (experiments/analysis/realtext_results.py):
+                        "runs": {bf16, fp32: curves and throughput}, "target"; bf16 with half weights (the engine's default)
     -gpt-realtext-autocast.json
                         the same pass with AMP_IMPL=autocast (bf16 run with --amp-impl autocast: fp32 weights cast
                         per matrix product); the same keys
-    -gpt-pp-tp.json     experiments/gpt_pp_tp_pass.sh (experiments/gpt_pp_tp_results.py), two GPUs: "runs": {name:
-                        record}, "ratios" {name: {value, target, met, engine, peer}}, "loss_check", "loss_tolerance"
+    -gpt-pp-tp.json     experiments/passes/gpt_pp_tp_pass.sh (experiments/analysis/gpt_pp_tp_results.py), two
+                        GPUs: "runs": {name: record}, "ratios" {name: {value, target, met, engine, peer}}, "loss_check", "loss_tolerance"
 
 Where several files of one kind exist for one card, the newest (date in the name, then name) is used and the others
 are listed as ignored, as report/data.py does for the bench files. Other names (e.g. a `-gpt-before-...` file kept

@@ -1,6 +1,6 @@
 """Section 7.3, the GPT-1B shape at pp=2 and tp=2 on two GPUs beside torch.distributed.pipelining, DTensor TP and
-Megatron-core (issue #20): one -gpt-pp-tp.json per card (experiments/gpt_pp_tp_pass.sh through
-experiments/gpt_pp_tp_results.py). Every cell is computed from the file's records: tokens/s, MFU, step ms, peak
+Megatron-core (issue #20): one -gpt-pp-tp.json per card (experiments/passes/gpt_pp_tp_pass.sh through
+experiments/analysis/gpt_pp_tp_results.py). Every cell is computed from the file's records: tokens/s, MFU, step ms, peak
 memory per rank, the loss check against the 1-GPU engine run, and each target ratio recomputed as the engine run's
 tokens/s over the peer's, with its verdict against the file's goal."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .gpt_data import GptFile
 from .render import Block
 from .tables import DASH, Table, ms, pct, rate, rel, times
 
-RUN = "bash experiments/gpt_pp_tp_pass.sh"
+RUN = "bash experiments/passes/gpt_pp_tp_pass.sh"
 
 
 def _shape_int(shape: str, pattern: str) -> Optional[int]:

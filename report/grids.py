@@ -1,7 +1,7 @@
 """Section 8, every 4-GPU grid (dp x pp x mp = 4x1x1, 1x4x1, 1x1x4, 2x2x1, 2x1x2, 1x2x2) beside one GPU running the
-same flags, and the GPT beside its peers on the same grids: the files of experiments/grids_pass.sh through
-experiments/grids_results.py, `<date>-<gpus>x<card>-grids-<mlp|gpt>.json` (newest per phase and card). Every ratio
-is recomputed here from the two records it compares; a target's verdict is the recomputed value against its goal."""
+same flags, and the GPT beside its peers on the same grids: the files of experiments/passes/grids_pass.sh through
+experiments/analysis/grids_results.py, `<date>-<gpus>x<card>-grids-<mlp|gpt>.json` (newest per phase and card).
+Every ratio is recomputed here from the two records it compares; a target's verdict is the recomputed value against its goal."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from .render import Block, Report
 from .tables import DASH, Table, ms, pct, rate, rel, times
 
 NAME = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<gpus>\d+)x(?P<card>[^-]+)-grids-(?P<phase>mlp|gpt)\.json$")
-RUN = "PHASE={phase} bash experiments/grids_pass.sh"
+RUN = "PHASE={phase} bash experiments/passes/grids_pass.sh"
 GRID = re.compile(r"(dp|pp|mp|tp)(\d)")
 
 
@@ -138,7 +138,7 @@ def prose(g: GridResults, root: Path) -> list[Block]:
                          f"{len(targets(f))} targets met; experiments/NOTES.md says what bounds each miss."))
     if not g.files:
         out.append(("b", "not measured in this results set (no *-grids-mlp.json or *-grids-gpt.json): one 4-GPU call "
-                         "per phase, `PHASE=mlp bash experiments/grids_pass.sh` and `PHASE=gpt ...`."))
+                         "per phase, `PHASE=mlp bash experiments/passes/grids_pass.sh` and `PHASE=gpt ...`."))
     return out
 
 

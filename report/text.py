@@ -181,7 +181,7 @@ def conclusions(bench: Bench, mb: Optional[MaxBatch], conv: Optional[Convergence
                          f"all-reduce of the {gb:.1f} GB fp32 gradient sends {gb:.1f} GB per GPU on a 2-rank ring, "
                          f"at least {gb / p2p * 1e3:.1f} ms at {p2p:,.0f} GB/s. The per-layer buckets start as soon as "
                          f"their gradients are final, but with merged weight gradients that happens only in the "
-                         f"step's last ~3 ms: in a dp=2 profile (experiments/results/raw/*-profile-logs) 13 of 16 "
+                         f"step's last ~3 ms: in a dp=2 profile (experiments/results/raw/*-profile-logs.tgz) 13 of 16 "
                          f"bucket all-reduces ran after it, back to back, ~0.9 ms each." + small))
     if not (tr and p2p) and not (dp2 and one):
         out.append(("p", f"Communication costs: {NOT_MEASURED}."))

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import types
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Test files in a folder under tests/ import the helpers here (engine_reference, launch_utils, ...): pytest's
+# default import mode puts only a test file's own folder on sys.path.
+if os.path.join(REPO, "tests") not in sys.path:
+    sys.path.insert(0, os.path.join(REPO, "tests"))
 SPAWNERS = {"run_ranks", "torchrun", "subprocess", "Popen", "_plain_ranks"}
 
 
@@ -42,7 +47,7 @@ def _ours(obj) -> bool:
 
 def _spawns(func, seen: set[int]) -> bool:
     """Whether `func`, or a function of ours it names (a module global, or `module.attr` of a module of ours such
-    as experiments/bench.py's main), names a spawner."""
+    as experiments/bench/bench.py's main), names a spawner."""
     func = inspect.unwrap(func)
     code = getattr(func, "__code__", None)
     if code is None or id(code) in seen or not _ours(func):

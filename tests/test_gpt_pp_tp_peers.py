@@ -1,4 +1,4 @@
-"""The GPT's pp=2 / tp=2 peers (experiments/gpt_pp_tp_peers.py) on CPU + gloo at a toy shape, fp32: the
+"""The GPT's pp=2 / tp=2 peers (experiments/peers/gpt_pp_tp_peers.py) on CPU + gloo at a toy shape, fp32: the
 torch.distributed.pipelining stages and DTensor tensor parallelism (with and without SequenceParallel) reproduce
 the one-process plain-PyTorch losses step by step, and those are the engine's own losses -- the premise of the
 GPU pass comparing every torch peer's losses with the engine's 1-GPU run (same initial weights, same draw of
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
+sys.path.insert(0, str(REPO / "experiments" / "bench"))
 
 import launch  # noqa: E402
 from hybrid_engine.data import write_token_file  # noqa: E402
@@ -32,7 +32,7 @@ def tokens(tmp_path_factory) -> str:
 
 
 def run_peer(mode: str, nproc: int, tokens: str) -> dict:
-    cmd = launch.torchrun(nproc, launch.free_port()) + [str(REPO / "experiments" / "gpt_pp_tp_peers.py"),
+    cmd = launch.torchrun(nproc, launch.free_port()) + [str(REPO / "experiments" / "peers" / "gpt_pp_tp_peers.py"),
                                                         "--mode", mode, "--data", tokens, *SHAPE,
                                                         "--precision", "fp32", "--device", "cpu", "--lr", "3e-3"]
     done = subprocess.run(cmd, cwd=REPO, env=launch.child_env(cpu=True), capture_output=True, text=True, timeout=180)

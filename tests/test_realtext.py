@@ -1,6 +1,6 @@
-"""The real-text device pass (experiments/gpt_realtext_pass.sh) and its results file (experiments/realtext_results.py):
-the results are computed right from metrics files, and the whole pass runs end to end on the CPU at a tiny shape
-(SMOKE=1), so the one-GPU call works the first time."""
+"""The real-text device pass (experiments/passes/gpt_realtext_pass.sh) and its results file
+(experiments/analysis/realtext_results.py): the results are computed right from metrics files, and the whole pass
+runs end to end on the CPU at a tiny shape (SMOKE=1), so the one-GPU call works the first time."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
+sys.path.insert(0, str(REPO / "experiments" / "analysis"))
 
 import realtext_results  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_the_pass_runs_end_to_end_on_the_cpu_at_a_tiny_shape(tmp_path, fp32_resi
     out = tmp_path / "out"
     env = {**os.environ, "SMOKE": "1", "TEXT": str(REPO / "README.md"), "TOKENIZE": "bytes", "OUT": str(out),
            "FP32_RESIDUAL": fp32_residual}
-    done = subprocess.run(["bash", str(REPO / "experiments" / "gpt_realtext_pass.sh")], cwd=REPO, env=env,
+    done = subprocess.run(["bash", str(REPO / "experiments" / "passes" / "gpt_realtext_pass.sh")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     suffix = "-fp32-residual" if fp32_residual == "1" else ""

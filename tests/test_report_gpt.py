@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "experiments"))
+sys.path.insert(0, str(REPO / "experiments" / "analysis"))
 
 import realtext_results  # noqa: E402
 from report import gpt, gpt_pptp  # noqa: E402
@@ -115,18 +115,19 @@ def test_without_the_real_text_file_the_section_says_the_run_has_not_been_made(t
     g = load_gpt(root)
     prose = text_of(gpt.prose(g, root))
     assert "The real-text run has not been made: no *-gpt-realtext.json" in prose
-    assert "bash experiments/gpt_realtext_pass.sh" in prose
+    assert "bash experiments/passes/gpt_realtext_pass.sh" in prose
     assert "not measured in this results set (no *-gpt-realtext-autocast.json)" in prose
-    assert "AMP_IMPL=autocast bash experiments/gpt_realtext_pass.sh" in prose
+    assert "AMP_IMPL=autocast bash experiments/passes/gpt_realtext_pass.sh" in prose
     assert "not measured in this results set (no *-gpt-pp-tp.json)" in prose
-    assert "bash experiments/gpt_pp_tp_pass.sh" in prose
+    assert "bash experiments/passes/gpt_pp_tp_pass.sh" in prose
     pages = Pages()
     gpt.gpt_pages(pages, g, root)
     assert pages.titles[0] == "7. GPT" and not any("real text" in t or "pp=2" in t for t in pages.titles)
 
 
 def realtext_file(root: Path, tmp_path: Path, bf16_final: float) -> Path:
-    """A real-text results file as the pass writes it (experiments/realtext_results.py on two metrics files)."""
+    """A real-text results file as the pass writes it (experiments/analysis/realtext_results.py on two metrics
+    files)."""
     def metrics(name: str, vals: dict[int, float], tps: float) -> str:
         path = tmp_path / f"{name}.jsonl"
         with open(path, "w") as out:
@@ -141,7 +142,7 @@ def realtext_file(root: Path, tmp_path: Path, bf16_final: float) -> Path:
     assert realtext_results.main(["--bf16", metrics("bf16", {2: 3.05, 5: bf16_final}, 4e5),
                                   "--fp32", metrics("fp32", {2: 3.0, 5: 2.0}, 1.6e5), "--card", "1 x H100",
                                   "--data", "python-docs.txt, bytes", "--shape", "GPT tiny", "--command",
-                                  "bash experiments/gpt_realtext_pass.sh", "--wall", "30 60", "--out", str(out)]) == 0
+                                  "bash experiments/passes/gpt_realtext_pass.sh", "--wall", "30 60", "--out", str(out)]) == 0
     return out
 
 

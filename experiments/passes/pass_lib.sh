@@ -1,0 +1,58 @@
+# Sourced by the device pass scripts (tune_pass.sh, ab_pass.sh, dp_pass.sh, profile_pass.sh, gpt_pp_tp_pass.sh,
+# grids_pass.sh): the NCCL settings every GPU run keeps, the build, and the helpers that log one run under $RES and
+# print its one-line result.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
+
+pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_out}
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/$1; mkdir -p "$OUT" "$RES"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
+    || { tail -40 "$RES/build.log"; exit 1; }
+}
+
+budget_run() {  # name limit_s command...: logged under $RES (.cmd, .log, .rc), killed at its limit or at the pass's
+  # $DEADLINE less $RESERVE seconds (a run that no longer fits is skipped, said, and listed in skipped.txt)
+  local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS - RESERVE))
+  if (( left < 25 )); then
+    echo "$name SKIPPED ($left s of the budget left)"; echo "$name" >> "$RES/skipped.txt"; return 1
+  fi
+  (( limit > left )) && limit=$left
+  echo "$*" > "$RES/$name.cmd"
+  timeout -k 10 "$limit" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  echo "$rc" > "$RES/$name.rc"
+  if (( rc == 124 )); then echo "$name TIMED OUT after ${limit}s"
+  elif (( rc != 0 )); then
+    echo "$name FAILED (exit $rc)"; grep -E -m2 ': error: |Error: |out of memory' "$RES/$name.log" || tail -3 "$RES/$name.log"
+  fi
+  return "$rc"
+}
+
+engine() {  # name nproc driver-args...: the driver with --metrics, its median step printed
+  local name=$1 n=$2; shift 2
+  timeout 120 torchrun --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" "$@" \
+    > "$RES/$name.log" 2>&1 || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
+  echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
+}
+
+program() {  # name nproc script args...: a base or peer program of experiments/peers/, its samples/s printed
+  local name=$1 n=$2 script=$3; shift 3
+  timeout 120 torchrun --nproc_per_node="$n" "experiments/peers/$script" "$@" > "$RES/$name.log" 2>&1 \
+    || { echo "$name FAILED"; tail -4 "$RES/$name.log"; }
+  echo "$name: $(grep -o '"samples_s": [0-9.]*' "$RES/$name.log" | tail -1)"
+}
+
+gpt_tokens() {  # the GPT passes' data: 8M synthetic tokens over a 32000-token vocabulary, in /tmp/gpt_bench_tokens.bin
+  python3 - <<'PY'
+import numpy as np
+from hybrid_engine.data import write_token_file
+write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+PY
+}
+
+last_losses() {  # each metrics file in $RES: its last step's loss (runs that must agree are read side by side)
+  for f in "$RES"/*.jsonl; do
+    echo "$(basename "$f" .jsonl): last loss $(grep '"loss"' "$f" | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
+  done
+}
