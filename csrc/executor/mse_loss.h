@@ -1,7 +1,7 @@
 // The course loss, mean squared error, computed in C++ for the last pipeline stage.
 //
 // Computed in fp32 like mse_loss(out.float(), target.float()), bit for bit, but without its per-row memory
-// (experiments/memory_per_row.py): that form keeps fp32 copies of output and target from the forward to the
+// (experiments/bench/memory_per_row.py): that form keeps fp32 copies of output and target from the forward to the
 // backward (half weights) and returns a 0-dim loss whose storage is the whole micro-batch's fp32 unreduced loss,
 // which the executor's per-micro-batch loss (loss.detach()) kept alive to the end of the step: m of them,
 // 4 * dim bytes per batch row. Here at most one fp32 temporary of the output's size exists at a time, and the

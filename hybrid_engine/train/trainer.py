@@ -214,7 +214,7 @@ class Trainer:
             faults.kill_self()
         # Inputs on the first stage, targets on the last (drawn block by block: no full-size inputs kept for
         # them), straight in the dtype the engine takes (half weights take half data), so no full-size fp32 copy
-        # ever exists. Data, not the engine, would otherwise set the largest batch (experiments/max_batch.py).
+        # ever exists. Data, not the engine, would otherwise set the largest batch (experiments/bench/max_batch.py).
         poison = self.faults.poisons(step)
         first_row = self.groups.coords.dp * self.per_dp
         if cfg.data.stream:
