@@ -207,7 +207,7 @@ def prose(g: GptResults, root: Path) -> list[Block]:
     """The section's summary, each number from a file; a missing run is said to be missing."""
     out: list[Block] = [("p", "The second workload, --model gpt: a decoder-only transformer split over the same "
                               "grid (heads, MLP and vocabulary over MP; stages cut to equal cost over PP; ZeRO-1 "
-                              "over DP). Its correctness on every grid is held by tests (tests/test_gpt_engine.py); "
+                              "over DP). Its correctness on every grid is held by tests (tests/models/test_gpt_engine.py); "
                               "this section holds its measurements.")]
     out.append(("h", "7.1 One GPU against the peers"))
     for f in g.benches:

@@ -23,10 +23,15 @@ import types
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Test files in a folder under tests/ import the helpers here (engine_reference, launch_utils, ...): pytest's
-# default import mode puts only a test file's own folder on sys.path.
-if os.path.join(REPO, "tests") not in sys.path:
-    sys.path.insert(0, os.path.join(REPO, "tests"))
+# tests/ mirrors the package (tests/parallel/ for hybrid_engine/parallel/, ...). Test files import the helpers
+# here (engine_reference, launch_utils, ...), and ranks started by dist_utils.run_ranks import a test module by its
+# name: pytest's default import mode puts only a test file's own folder on sys.path, and the ranks' forkserver keeps
+# the sys.path it started with. So every test folder is on sys.path from the start of the session.
+_TESTS = os.path.join(REPO, "tests")
+for _folder in [_TESTS] + sorted(os.path.join(_TESTS, d) for d in os.listdir(_TESTS)
+                                 if os.path.isdir(os.path.join(_TESTS, d)) and not d.startswith(("_", "."))):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
 SPAWNERS = {"run_ranks", "torchrun", "subprocess", "Popen", "_plain_ranks"}
 
 

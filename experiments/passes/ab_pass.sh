@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 pass_setup ab_pass
-timeout 150 python3 -X faulthandler -m pytest -q -x tests/test_fused_sgd.py tests/test_nonfinite_flag.py \
+timeout 150 python3 -X faulthandler -m pytest -q -x tests/optim/test_fused_sgd.py tests/optim/test_nonfinite_flag.py \
   > "$RES/pytest_gpu.txt" 2>&1
 echo "gpu pytest rc=$? $(tail -1 "$RES/pytest_gpu.txt")"
 L="--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0"

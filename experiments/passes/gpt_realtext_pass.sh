@@ -10,7 +10,7 @@
 # the logs in $OUT/gpt_realtext.tgz.
 #
 # SMOKE=1 runs the same job on the CPU at a tiny shape for a few steps, without the build and without touching
-# experiments/results/ (the script's own check; tests/test_realtext.py runs it). TEXT=FILE reads another text;
+# experiments/results/ (the script's own check; tests/train/test_realtext.py runs it). TEXT=FILE reads another text;
 # TOKENIZE=bytes|bpe overrides the choice (default auto: bpe when tokenizers imports).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

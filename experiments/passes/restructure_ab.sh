@@ -43,6 +43,6 @@ for row in rows.values():
 print(json.dumps({"gpu": gpu, "config": "L pp=1 (dim 8192, depth 16, batch 1024, 8 micro-batches)",
                   "median_step_ms_best_of_2": rows}, indent=1))
 PY
-timeout 240 python3 -m pytest -q tests/test_fused_sgd.py tests/test_nonfinite_flag.py 2>&1 | tail -5 \
+timeout 240 python3 -m pytest -q tests/optim/test_fused_sgd.py tests/optim/test_nonfinite_flag.py 2>&1 | tail -5 \
   | tee "$RES/pytest_gpu.txt"
 tar -czf "$OUT/restructure_ab_logs.tgz" -C /tmp ab

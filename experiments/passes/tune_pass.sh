@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 pass_setup tune_pass
-timeout 120 python3 -X faulthandler -m pytest -q -x tests/test_fused_sgd.py > "$RES/pytest_gpu.txt" 2>&1
+timeout 120 python3 -X faulthandler -m pytest -q -x tests/optim/test_fused_sgd.py > "$RES/pytest_gpu.txt" 2>&1
 echo "gpu pytest rc=$?"; tail -25 "$RES/pytest_gpu.txt"
 L="--dim 8192 --depth 16 --batch-size 1024 --micro-batches 8 --steps 8 --warmup 3 --seed 0"
 C="--dim 8192 --depth 8 --batch-size 64 --micro-batches 4 --steps 10 --warmup 3 --seed 0"

@@ -22,5 +22,5 @@ for sched in 1f1b zb1m; do
   engine "Lw_dp2_zero_$sched" 2 --dp 2 $Lw $S --zero 1
 done
 last_losses  # sharded and replicated must agree
-timeout 300 python3 -m pytest -q tests/test_fused_sgd.py tests/test_nonfinite_flag.py 2>&1 | tail -3
+timeout 300 python3 -m pytest -q tests/optim/test_fused_sgd.py tests/optim/test_nonfinite_flag.py 2>&1 | tail -3
 tar czf "$OUT/zero_pass.tgz" -C "$RES" .

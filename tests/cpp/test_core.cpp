@@ -1,4 +1,4 @@
-// Torch-free core, tested alone: tests/test_cpp_core.py compiles this with csrc/grid/*.cpp and
+// Torch-free core, tested alone: tests/cpp/test_cpp_core.py compiles this with csrc/grid/*.cpp and
 // csrc/schedule/*.cpp using a plain C++17 compiler and no torch include path, then runs it.
 #include <cmath>
 #include <cstdio>

@@ -28,7 +28,7 @@ from hybrid_engine.data import (
     write_token_file,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEQ = 16
 SMALL = 1 << 16  # a small built-in corpus keeps the tests fast
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from report.grids import load_grids, prose, runs_table, targets, targets_table
 
-RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 
 def _times(cell: str) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "experiments" / "results"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments" / "analysis"))

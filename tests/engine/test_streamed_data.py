@@ -19,7 +19,7 @@ from engine_builders import make_engine
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIM, DEPTH, BATCH, MICRO, STEPS = 32, 6, 32, 4, 3
 
 

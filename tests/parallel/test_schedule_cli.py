@@ -9,7 +9,7 @@ import pytest
 
 from hybrid_engine.schedule import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

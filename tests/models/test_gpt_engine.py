@@ -386,7 +386,7 @@ def test_sample_loads_a_checkpoint_from_any_grid_and_continues_a_prompt(tmp_path
     # The command line, as a user runs it; a bad path is one line and exit 2.
     cli = subprocess.run([sys.executable, "-m", "hybrid_engine.sample", "--load", str(tmp_path), "--prompt", "ab",
                           "--tokens", "8"], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert cli.returncode == 0 and cli.stdout.startswith("ab"), cli.stderr
     assert sample.main(["--load", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
     assert capsys.readouterr().err.startswith("error: no checkpoint at")

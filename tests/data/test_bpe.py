@@ -26,7 +26,7 @@ from hybrid_engine.models.gpt.model import generate
 
 tokenizers = pytest.importorskip("tokenizers")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB = 512
 
 

@@ -14,7 +14,7 @@ import pytest
 from checkpoint_fakes import SMALL_GPT, sha256_of, write_gpt_checkpoint
 from hybrid_engine.train import sample
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _fails(capsys, *argv: str) -> str:

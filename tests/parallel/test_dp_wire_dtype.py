@@ -20,7 +20,7 @@ from hybrid_engine.config.engine import DataParallelConfig
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def replica_grads(rank: int) -> list[torch.Tensor]:

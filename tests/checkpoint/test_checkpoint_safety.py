@@ -19,7 +19,7 @@ from checkpoint_fakes import OneRankEngine
 from hybrid_engine import checkpoint
 from hybrid_engine.checkpoint import CheckpointError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = {"model": {"name": "large_linear_model", "dim": 4, "depth": 1, "seed": 0}, "optimizer": "sgd"}
 
 
