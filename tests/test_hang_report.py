@@ -23,7 +23,7 @@ def _activity(**fields) -> dict:
 
 def test_a_receive_names_stage_action_peer_and_channel():
     long, short = describe(_activity(action="1B3", stage=1, wait="recv", awaited="1RECV_F3", peer_pp_rank=0), HERE)
-    assert long == ("stage 1, action 1RECV_F3 (needed by 1B3), peer rank 1 (host a), collective recv on the pp "
+    assert long == ("stalled at stage 1, action 1RECV_F3 (needed by 1B3), peer rank 1 (host a), collective recv on the pp "
                     "activation channel 0->1")
     assert short == "1RECV_F3 <- rank 1"
 
@@ -34,10 +34,10 @@ def test_a_send_the_dp_sync_and_a_compute_action_name_their_collective():
     assert long.endswith("peer rank 1 (host a), collective send on the pp gradient channel 1->0")
     assert short == "1SEND_B2 -> rank 1"
     long, short = describe(_activity(wait="dp_sync"), HERE)
-    assert long == ("end of the pipeline step, collective DP gradient all-reduce / reduce-scatter of ranks 5, 7 "
+    assert long == ("stalled at the end of the pipeline step, collective DP gradient all-reduce / reduce-scatter of ranks 5, 7 "
                     "(host b)")
     long, short = describe(_activity(action="1F0", stage=1), HERE)
-    assert long == "stage 1, action 1F0, collective the stage's MP collectives of ranks 4, 5 (host b)"
+    assert long == "in stage 1, action 1F0, collective the stage's MP collectives of ranks 4, 5 (host b)"
     assert describe(_activity(in_step=False), HERE) is None and describe(None, HERE) is None
 
 

@@ -51,6 +51,15 @@ def test_an_srun_task_becomes_a_rank_with_the_first_host_as_rendezvous():
     assert note == "srun launch: 8 tasks, rendezvous at gpu01:23456 (task 0 serves it)"
 
 
+def test_a_task_bound_to_its_own_gpu_uses_cuda_0():
+    env = _task()
+    adopt_srun_environment(env, visible_gpus=1)  # srun --gpus-per-task=1: each task sees its GPU alone
+    assert env["LOCAL_RANK"] == "0" and env["RANK"] == "5"
+    env = _task()
+    adopt_srun_environment(env, visible_gpus=4)
+    assert env["LOCAL_RANK"] == "1"
+
+
 def test_the_steps_nodelist_wins_and_explicit_master_variables_are_kept():
     env = _task(SLURM_STEP_NODELIST="gpu[07-08]")
     adopt_srun_environment(env)

@@ -376,7 +376,7 @@ class SigtermReporter:
                                           if self.heartbeat.launcher_pid is not None else "")
         where = self.where() if self.where is not None else None
         if where is not None:
-            why += f" while at {where[0]}"
+            why += f" while {where[0]}"
         say(f"hybrid_engine: rank {self.rank}: stopped: {why}")
         sys.stdout.flush()
         os._exit(143)

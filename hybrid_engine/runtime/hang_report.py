@@ -4,7 +4,8 @@ A peer that stops answering (frozen, stuck in its own wait, cut off by the netwo
 collective that times out after --comm-timeout. The pipeline executor records what it runs and what it waits for
 (csrc/executor/activity.h); here that record becomes one line per rank, e.g.
 
-    stage 1, action 1RECV_B0 (needed by 1B0), peer rank 2 (host b), collective recv on the pp gradient channel 2->1
+    stalled at stage 1, action 1RECV_B0 (needed by 1B0), peer rank 2 (host b), collective recv on the pp gradient
+    channel 2->1
 
 printed inside the rank's own failure line (train/cli.py) or SIGTERM line (runtime/faults.py). After a
 communication timeout the ranks also check their lines in at the rendezvous store (no process group is trusted any
@@ -45,7 +46,7 @@ class Placement:
 
 def describe(activity: dict | None, where: Placement) -> tuple[str, str] | None:
     """(long, short) description of an executor's activity record (PipelineExecutor.activity()), or None when it
-    was not inside a step."""
+    was not inside a step. The long one starts 'stalled at' for a wait on a peer, 'in' for a compute action."""
     if not activity or not activity.get("in_step"):
         return None
     wait, action, stage = activity["wait"], activity["action"], activity["stage"]
@@ -57,17 +58,17 @@ def describe(activity: dict | None, where: Placement) -> tuple[str, str] | None:
         src, dst = (activity["peer_pp_rank"], mine) if wait == "recv" else (mine, activity["peer_pp_rank"])
         needed = f" (needed by {action})" if wait == "recv" and action else ""
         arrow = "<-" if wait == "recv" else "->"
-        return (f"stage {stage}, action {awaited}{needed}, peer rank {peer} (host {where.hosts[peer]}), collective "
-                f"{wait} on the pp {kind} channel {src}->{dst}", f"{awaited} {arrow} rank {peer}")
+        return (f"stalled at stage {stage}, action {awaited}{needed}, peer rank {peer} (host {where.hosts[peer]}), "
+                f"collective {wait} on the pp {kind} channel {src}->{dst}", f"{awaited} {arrow} rank {peer}")
     if wait == "dp_sync":
-        return (f"end of the pipeline step, collective DP gradient all-reduce / reduce-scatter of "
+        return (f"stalled at the end of the pipeline step, collective DP gradient all-reduce / reduce-scatter of "
                 f"{where.named(where.dp_ranks)}", f"DP gradient sync of ranks {', '.join(map(str, where.dp_ranks))}")
     if action is None:
-        return "start of the pipeline step, before its first action", "step start"
+        return "at the start of the pipeline step, before its first action", "step start"
     if len(where.mp_ranks) > 1:
-        return (f"stage {stage}, action {action}, collective the stage's MP collectives of "
+        return (f"in stage {stage}, action {action}, collective the stage's MP collectives of "
                 f"{where.named(where.mp_ranks)}", f"{action} (MP ranks {', '.join(map(str, where.mp_ranks))})")
-    return f"stage {stage}, action {action} (computing, no collective)", f"{action} (computing)"
+    return f"in stage {stage}, action {action} (computing, no collective)", f"{action} (computing)"
 
 
 class HangReport:

@@ -2,7 +2,8 @@
 the driver reads (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), once, at the process's edge, as torchrun
 would have set them:
 
-    RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID (the GPU: cuda:LOCAL_RANK)
+    RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID (the GPU: cuda:LOCAL_RANK; 0 when
+                  SLURM bound the task to a single GPU it alone sees)
     MASTER_ADDR = the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST): task 0 runs there and serves the
                   rendezvous store
     MASTER_PORT = 20000 + SLURM_JOB_ID mod 20000, the same on every task without talking; an explicit MASTER_PORT
@@ -44,14 +45,15 @@ def rendezvous_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
 
-def adopt_srun_environment(environ: MutableMapping[str, str] = os.environ) -> str | None:
+def adopt_srun_environment(environ: MutableMapping[str, str] = os.environ, visible_gpus: int = 0) -> str | None:
     """Under a bare srun task, write the launcher variables from SLURM's into `environ` and return a one-line
     description of the launch (rank 0 prints it); None when this is no srun task. ConfigError for a variable that
-    cannot be read, before anything else runs."""
+    cannot be read, before anything else runs. `visible_gpus`: the GPUs this task sees; exactly one means SLURM bound
+    the task to its own GPU (srun --gpus-per-task=1, --gpu-bind), which is then cuda:0 whatever SLURM_LOCALID."""
     if not is_srun_task(environ):
         return None
     rank, world = _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")
-    local = _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else 0
+    local = _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ and visible_gpus != 1 else 0
     nodelist_var = "SLURM_STEP_NODELIST" if environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodelist = environ.get(nodelist_var, "")
     if "MASTER_ADDR" not in environ:

@@ -174,7 +174,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
     143 SIGTERM. An error every rank finds alike is printed once; a rank's own error by that rank. A task of a
     bare `srun` step first takes its rank and rendezvous from SLURM's variables (runtime/slurm.py)."""
     try:
-        srun = slurm.adopt_srun_environment()
+        srun = slurm.adopt_srun_environment(visible_gpus=torch.cuda.device_count())
     except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
         if os.environ.get("SLURM_PROCID", "0") == "0":
             faults.say(f"hybrid_engine: error: {exc}")
@@ -240,7 +240,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         heartbeat.note_exit()
         lost = heartbeat.describe_loss()  # a lost peer is the usual cause: watch the heartbeats a moment to name it
         where = state.where()  # inside a step: the stage, action, peer and collective it waited on
-        stalled = f"stalled at {where[0]}; " if where else ""
+        stalled = f"{where[0]}; " if where else ""
         faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{stalled}{what}")
         if where and world > 1 and hang_report.is_timeout(first):  # rank 0 lines up every rank's wait
             summary = hang_report.check_in(rank, world, where[1], heartbeat.departed(), min(10.0, heartbeat.timeout_s))
