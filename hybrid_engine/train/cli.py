@@ -174,7 +174,8 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
     143 SIGTERM. An error every rank finds alike is printed once; a rank's own error by that rank. A task of a
     bare `srun` step first takes its rank and rendezvous from SLURM's variables (runtime/slurm.py)."""
     try:
-        srun = slurm.adopt_srun_environment(visible_gpus=torch.cuda.device_count())
+        gpus = torch.cuda.device_count() if slurm.is_srun_task(os.environ) else 0
+        srun = slurm.adopt_srun_environment(visible_gpus=gpus)
     except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
         if os.environ.get("SLURM_PROCID", "0") == "0":
             faults.say(f"hybrid_engine: error: {exc}")
@@ -236,6 +237,8 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
         first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
         what = f"{type(exc).__name__}: {first.split('. ')[0]}"
+        if isinstance(exc, comm_check.CommCheckError):  # its message is the whole line
+            what = str(exc)
         claim(1)
         heartbeat.note_exit()
         lost = heartbeat.describe_loss()  # a lost peer is the usual cause: watch the heartbeats a moment to name it
