@@ -7,7 +7,12 @@
 """
 import sys
 
-from hybrid_engine.train.cli import run
+try:
+    from hybrid_engine.train.cli import run
+except ImportError as exc:  # not built, or built against another torch: the message is the whole story
+    if not str(exc).startswith("hybrid_engine"):
+        raise
+    sys.exit(f"hybrid_engine: error: {exc}")
 
 if __name__ == "__main__":
     sys.exit(run())

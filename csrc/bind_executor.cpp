@@ -228,6 +228,28 @@ void bind_executor(py::module_& m) {
           py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
           "run() with micro-batches drawn on demand: inputs / targets are callables micro -> tensor (None on a "
           "rank that needs none), each called once per micro-batch when its forward runs.")
+      .def(
+          "activity",
+          [](const PipelineExecutor& e) {
+            static const char* const waits[] = {"none", "recv", "send", "dp_sync"};
+            const ActivitySnapshot s = e.activity();
+            auto action = [](const std::optional<Action>& a) {
+              return a ? py::object(py::str(to_string(*a))) : py::object(py::none());
+            };
+            py::dict d;
+            d["in_step"] = s.in_step;
+            d["action"] = action(s.action);
+            d["stage"] = s.action ? py::object(py::int_(s.action->stage))
+                                  : s.awaited ? py::object(py::int_(s.awaited->stage)) : py::object(py::none());
+            d["wait"] = waits[static_cast<int>(s.wait)];
+            d["awaited"] = action(s.awaited);
+            d["peer_pp_rank"] = s.peer_pp_rank;
+            d["steps_started"] = s.steps_started;
+            return d;
+          },
+          "What the executor is doing now, or was doing when its step threw (safe from any thread): in_step, action "
+          "(e.g. '1B3'), stage, wait ('none' | 'recv' | 'send' | 'dp_sync'), awaited (the RECV_*/SEND_* waited "
+          "on), peer_pp_rank (-1: none), steps_started.")
       .def("trace", &PipelineExecutor::trace)
       .def_property_readonly("overwrites_weight_grads",
                              [](const PipelineExecutor& e) { return e.config().overwrite_weight_grads; })

@@ -16,6 +16,10 @@ void bind_executor(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hybrid_engine C++ core: process grid, pipeline schedules, executor, loss scaler, TP autograd";
+  // What this module was compiled against (CMakeLists.txt); hybrid_engine/__init__.py checks the same facts from
+  // _build_info.py before loading the module, where a mismatch would be an undefined symbol.
+  m.attr("built_with_torch") = HYBRID_TORCH_VERSION;
+  m.attr("built_with_cuda") = HYBRID_CUDA_VERSION;
   // Bindings that only tests use live in hybrid_engine._C._testing, out of the product's namespace.
   py::module_ testing = m.def_submodule("_testing", "C++ entry points for tests only");
   hybrid::bind_grid(m);

@@ -10,9 +10,29 @@ data_parallel), models (the MLP, the GPT, their workloads), data, checkpoint, en
 there and what it may import.
 
 torch is imported first so that its shared libraries and pybind11 type registrations are loaded before the
-compiled extension, which links against them.
+compiled extension, which links against them. The extension works with the torch it was compiled against only (its
+C++ symbols change between releases): `_build_info.py`, written by the build beside it, names that torch, and
+another one is refused here in one line before the loader would fail on an undefined symbol.
 """
 import torch  # noqa: F401  (must precede _C)
+
+
+def _check_built_torch() -> None:
+    try:
+        from ._build_info import CUDA_VERSION, TORCH_VERSION
+    except ImportError:  # not built (the _C import below says so) or built before the record existed
+        return
+    found, found_cuda = str(torch.__version__), torch.version.cuda or ""
+    if (found, found_cuda) != (TORCH_VERSION, CUDA_VERSION):
+        def named(version: str, cuda: str) -> str:
+            return f"torch {version} ({f'CUDA {cuda}' if cuda else 'no CUDA'})"
+
+        raise ImportError(f"hybrid_engine was built against {named(TORCH_VERSION, CUDA_VERSION)} but this Python "
+                          f"has {named(found, found_cuda)}: rebuild it with `pip install --no-build-isolation -e .` "
+                          "in its source tree (or build a wheel with this torch: `pip wheel --no-build-isolation .`)")
+
+
+_check_built_torch()
 
 try:
     from . import _C

@@ -12,10 +12,6 @@ namespace hybrid {
 
 namespace {
 
-std::string where(int pp_rank, const Action& a) {
-  return "pipeline rank " + std::to_string(pp_rank) + " action " + to_string(a);
-}
-
 bool is_backward_type(ActionType t) { return t == ActionType::B || t == ActionType::I || t == ActionType::W; }
 
 // Scope of a stage's last gradient action: every gradient write in it is the step's last for that parameter,
@@ -74,7 +70,7 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
     if (stage_owner(a.stage, config_.pp_size) != config_.pp_rank) {
-      throw std::invalid_argument(where(config_.pp_rank, a) + ": stage is owned by pipeline rank " +
+      throw std::invalid_argument(where(a) + ": stage is owned by pipeline rank " +
                                   std::to_string(stage_owner(a.stage, config_.pp_size)));
     }
     if (is_backward_type(a.type)) last_grad_action_[a.stage] = i;
@@ -102,6 +98,10 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   if (!config_.merge_weight_grads && !overwrite_in_backward_) config_.overwrite_weight_grads = false;
 }
 
+std::string PipelineExecutor::where(const Action& a) const {
+  return "pipeline rank " + std::to_string(config_.pp_rank) + " action " + to_string(a);
+}
+
 MicroState& PipelineExecutor::state(int stage, int micro) { return micro_[{stage, micro}]; }
 
 StageProgram& PipelineExecutor::program(const Action& a) const { return *programs_.at(a.stage); }
@@ -112,16 +112,6 @@ const std::vector<int>* PipelineExecutor::final_grad_buckets(int stage, size_t i
   if (last == last_grad_action_.end() || last->second != index) return nullptr;
   auto buckets = stage_buckets_.find(stage);
   return buckets == stage_buckets_.end() ? nullptr : &buckets->second;
-}
-
-const Channel& PipelineExecutor::channel(const std::map<ChannelKey, Channel>& channels, int peer, TensorKind kind,
-                                         const Action& a) const {
-  auto it = channels.find({peer, static_cast<int>(kind)});
-  if (it == channels.end()) {
-    throw std::runtime_error(where(config_.pp_rank, a) + ": no channel to/from pipeline rank " +
-                             std::to_string(peer));
-  }
-  return it->second;
 }
 
 std::vector<at::Tensor> PipelineExecutor::run(const std::vector<at::Tensor>& inputs,
@@ -166,6 +156,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   StepLoss loss(loss_, targets, loss_multiplier, losses);
   step_ = {&inputs, holds_last ? &loss : nullptr};
   trace_.clear();
+  activity_.start_step();
   device_spans_.clear();
   const bool device_trace = config_.record_trace && device_.type() != c10::DeviceType::CPU;
   if (device_trace) step_event_ = record_event();
@@ -186,6 +177,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
       {
         std::optional<ArmedGradSync> armed;
         if (grads_final) armed.emplace(*grads_, dp_sync_, *grads_final);
+        activity_.run(a);
         execute(a);
       }
       if (traced && device_trace) {
@@ -206,7 +198,10 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
                                std::to_string(std::get<0>(key)) + " micro-batch " + std::to_string(std::get<1>(key)) +
                                " was posted but never consumed");
     }
-    if (dp_sync_) dp_sync_->finish();
+    if (dp_sync_) {
+      activity_.wait_dp();
+      dp_sync_->finish();
+    }
     if (device_trace) resolve_device_trace();
   } catch (...) {
     step_ = {};
@@ -218,6 +213,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
   }
   step_ = {};
   micro_.clear();
+  activity_.end_step();
   return losses;
 }
 
@@ -243,7 +239,7 @@ void PipelineExecutor::execute(const Action& a) {
       break;
     case ActionType::SEND_F: {
       MicroState& s = state(a.stage, a.micro);
-      if (!s.output.defined()) throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no F ran)");
+      if (!s.output.defined()) throw std::runtime_error(where(a) + ": nothing to send (no F ran)");
       post_send(a, TensorKind::Activation, s.output.detach());
       // A program whose backward needs only what it saved (a native chain: with recompute, the input) drops the
       // output: the pending send keeps it alive until the transfer is done.
@@ -253,7 +249,7 @@ void PipelineExecutor::execute(const Action& a) {
     case ActionType::SEND_B: {
       MicroState& s = state(a.stage, a.micro);
       if (!s.input_grad.defined()) {
-        throw std::runtime_error(where(config_.pp_rank, a) + ": nothing to send (no backward ran)");
+        throw std::runtime_error(where(a) + ": nothing to send (no backward ran)");
       }
       post_send(a, TensorKind::Gradient, s.input_grad);
       s.input_grad.reset();
@@ -272,7 +268,7 @@ void PipelineExecutor::forward(const Action& a) {
 
 void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   MicroState& s = state(a.stage, a.micro);
-  if (!s.forwarded) throw std::runtime_error(where(config_.pp_rank, a) + ": backward before forward");
+  if (!s.forwarded) throw std::runtime_error(where(a) + ": backward before forward");
   const at::Tensor output_grad = is_last_stage(a.stage) ? at::Tensor() : take_recv(a, TensorKind::Gradient);
   std::optional<DeferWeightGrads> defer;
   if (defer_weight_grads) defer.emplace(grads_->wgrad(), WgradKey{a.stage, a.micro});
@@ -313,81 +309,6 @@ void PipelineExecutor::resolve_device_trace() {
                       step_event_->elapsedTime(*span.end) * 1e3});
   }
   device_spans_.clear();
-}
-
-void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {
-  const bool activation = kind == TensorKind::Activation;
-  const int peer_stage = activation ? a.stage - 1 : a.stage + 1;
-  if (peer_stage < 0 || peer_stage >= config_.num_stages) {
-    throw std::runtime_error(where(config_.pp_rank, a) + ": no neighbouring stage to receive from");
-  }
-  const TensorSpec& spec = activation ? input_specs_.at(a.stage) : output_specs_.at(a.stage);
-  at::Tensor buffer = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype).device(device_));
-  const Channel& ch = channel(recv_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
-  std::vector<at::Tensor> tensors{buffer};
-  auto key = std::make_tuple(a.stage, a.micro, static_cast<int>(kind));
-  if (recvs_.count(key)) throw std::runtime_error(where(config_.pp_rank, a) + ": receive posted twice");
-  recvs_[key] = PendingRecv{ch.group->recv(tensors, ch.peer_group_rank, /*tag=*/0), buffer};
-}
-
-void PipelineExecutor::await_input(const Action& a) {
-  TensorKind kind = a.type == ActionType::F ? TensorKind::Activation : TensorKind::Gradient;
-  if (a.type == ActionType::W || (kind == TensorKind::Activation && is_first_stage(a.stage)) ||
-      (kind == TensorKind::Gradient && is_last_stage(a.stage))) {
-    return;
-  }
-  auto it = recvs_.find(std::make_tuple(a.stage, a.micro, static_cast<int>(kind)));
-  if (it != recvs_.end() && !it->second.waited) {
-    it->second.work->wait();
-    it->second.waited = true;
-  }
-}
-
-at::Tensor PipelineExecutor::take_recv(const Action& a, TensorKind kind) {
-  auto it = recvs_.find(std::make_tuple(a.stage, a.micro, static_cast<int>(kind)));
-  if (it == recvs_.end()) {
-    throw std::runtime_error(where(config_.pp_rank, a) + ": its input was never received (no " +
-                             (kind == TensorKind::Activation ? "RECV_F" : "RECV_B") + " before it)");
-  }
-  PendingRecv pending = std::move(it->second);
-  recvs_.erase(it);
-  if (!pending.waited) pending.work->wait();
-  return pending.buffer;
-}
-
-void PipelineExecutor::post_send(const Action& a, TensorKind kind, const at::Tensor& tensor) {
-  const bool activation = kind == TensorKind::Activation;
-  const int peer_stage = activation ? a.stage + 1 : a.stage - 1;
-  if (peer_stage < 0 || peer_stage >= config_.num_stages) {
-    throw std::runtime_error(where(config_.pp_rank, a) + ": no neighbouring stage to send to");
-  }
-  // The receiver allocated its buffer from the probed spec; anything else would be read as garbage.
-  const TensorSpec& spec = activation ? output_specs_.at(a.stage) : input_specs_.at(a.stage);
-  if (tensor.sizes().vec() != spec.shape || tensor.scalar_type() != spec.dtype) {
-    std::ostringstream msg;
-    msg << where(config_.pp_rank, a) << ": sends " << tensor.scalar_type() << tensor.sizes()
-        << " but the receiving stage expects " << spec.dtype << at::IntArrayRef(spec.shape)
-        << " (stage outputs must keep the shape and dtype seen on the first step)";
-    throw std::runtime_error(msg.str());
-  }
-  const Channel& ch = channel(send_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
-  at::Tensor payload = tensor.contiguous();
-  std::vector<at::Tensor> tensors{payload};
-  sends_.push_back(PendingSend{ch.group->send(tensors, ch.peer_group_rank, /*tag=*/0), payload});
-}
-
-void PipelineExecutor::reap_sends(bool wait_all) {
-  if (wait_all) {
-    for (auto& s : sends_) s.work->wait();
-    sends_.clear();
-    return;
-  }
-  // Drop the sends that are done so their buffers free early; keep posting order for the rest.
-  std::vector<PendingSend> still;
-  for (auto& s : sends_) {
-    if (!s.work->isCompleted()) still.push_back(std::move(s));
-  }
-  sends_ = std::move(still);
 }
 
 }  // namespace hybrid

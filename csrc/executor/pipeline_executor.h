@@ -8,6 +8,10 @@
 //
 // Lifetime: a micro-batch's stage input and output are dropped by the backward that last needs them; the
 // gradient sent upstream is dropped once its send completes.
+//
+// Files: pipeline_executor.cpp runs the step and its compute actions; pipeline_p2p.cpp posts and waits for the
+// channel traffic. Every action and every wait is recorded in `activity_` (executor/activity.h), so a step stuck
+// on a peer can be named from another thread, or after the timeout threw.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +27,7 @@
 
 #include "comm/collectives.h"
 #include "comm/comm_trace.h"
+#include "executor/activity.h"
 #include "executor/dp_grad_sync.h"
 #include "executor/stage_program.h"
 #include "executor/step_loss.h"
@@ -100,6 +105,8 @@ class PipelineExecutor {
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const ExecutorConfig& config() const { return config_; }
   const std::shared_ptr<DpGradSync>& dp_sync() const { return dp_sync_; }
+  // What the executor is doing now (or was doing when its step threw); safe to call from any thread.
+  ActivitySnapshot activity() const { return activity_.snapshot(); }
   const std::map<int, std::shared_ptr<StageProgram>>& programs() const { return programs_; }
 
  private:
@@ -118,6 +125,8 @@ class PipelineExecutor {
   struct PendingSend {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor tensor;  // kept alive until the send completes
+    Action action;      // the SEND_* that posted it, and the pipeline rank it goes to (for the activity record)
+    int peer_pp_rank = -1;
   };
 
   void execute(const Action& a);
@@ -130,6 +139,9 @@ class PipelineExecutor {
   at::Tensor take_recv(const Action& a, TensorKind kind);
   void await_input(const Action& a);  // make the compute stream (CPU: the host) wait for a's received input
   void reap_sends(bool wait_all);
+  Action recv_action(const Action& a, TensorKind kind) const;  // the RECV_* whose message compute action `a` needs
+  int recv_peer(const Action& a, TensorKind kind) const;       // the pipeline rank that message comes from
+  std::string where(const Action& a) const;                    // "pipeline rank 1 action 1F3", for errors
   MicroState& state(int stage, int micro);
   // The DP buckets of `stage` when actions_[index] is its last gradient action (they become final during it),
   // else null.
@@ -164,6 +176,7 @@ class PipelineExecutor {
   std::map<std::pair<int, int>, MicroState> micro_;
   std::map<std::tuple<int, int, int>, PendingRecv> recvs_;  // (stage, micro, kind)
   std::vector<PendingSend> sends_;
+  Activity activity_;
   std::vector<TraceEvent> trace_;
   std::chrono::steady_clock::time_point step_start_;
   // GPU tracing: events recorded around each compute action, resolved to times once the step is over.

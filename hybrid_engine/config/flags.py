@@ -37,7 +37,10 @@ environment:
   HYBRID_ENGINE_TEST_KILL_AT_STEP=S      test hooks (first attempt only, see hybrid_engine/runtime/fault_plan.py):
   HYBRID_ENGINE_TEST_KILL_RANK=R           rank R (default 0) SIGKILLs itself as step S begins,
   HYBRID_ENGINE_TEST_CRASH_IN_SAVE=S       or dies writing its shard of checkpoint S;
-  HYBRID_ENGINE_TEST_NAN_AT_STEP=S         NaN inputs at step S
+  HYBRID_ENGINE_TEST_NAN_AT_STEP=S         NaN inputs at step S,
+  HYBRID_ENGINE_TEST_FREEZE_AT_STEP=S      or rank R stops itself (SIGSTOP) as step S begins
+  HYBRID_ENGINE_HOST=NAME                the host name the node map uses (default: the machine's)
+  SLURM_PROCID, SLURM_NTASKS, ...        a task of a bare srun step is a rank (see docs/cluster.md)
 
 exit codes: 0 done; 2 bad input (flags, grid, checkpoint); 1 training stopped (NaN loss) or a failure (a lost
 peer: the line names it); 130 Ctrl-C (SIGINT); 143 SIGTERM. Under torchrun the shell sees torchrun's own code

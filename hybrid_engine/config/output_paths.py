@@ -9,6 +9,7 @@ and a path that could not be written, would block, or would land among the check
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 
@@ -71,3 +72,13 @@ def check_output_paths(cfg: RunConfig) -> None:
     if r.trace:
         for suffix in (".json", ".png", ".simulated.png"):  # what write_trace writes
             _file_output("--trace", r.trace, r.trace + suffix, c.save)
+    if r.tensorboard:
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(f"--tensorboard {r.tensorboard} needs the tensorboard package, which is not installed "
+                              "(pip install tensorboard)")
+        if c.save and _under(r.tensorboard, c.save):
+            raise ConfigError(f"--tensorboard {r.tensorboard} is inside --save {c.save}: that directory holds the "
+                              "checkpoints alone; write it elsewhere")
+        if os.path.exists(r.tensorboard) and not os.path.isdir(r.tensorboard):
+            raise ConfigError(f"--tensorboard {r.tensorboard} is a file; give a directory")
+        _writable_dir(f"--tensorboard {r.tensorboard}", r.tensorboard)

@@ -69,6 +69,9 @@ class ParallelConfig:
     """Seconds a collective may wait for a peer before this rank gives up."""
     memory_cap_gib: float | None = field(default=None, metadata=flag(metavar="GIB"))
     """CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)."""
+    allow_cross_node_mp: bool = False
+    """Run even when an MP group spans hosts (its all-reduces then cross the network every layer); without it such
+    a grid is refused before the first step."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,9 @@ class ReportingConfig:
     """No per-step lines, only the summary."""
     trace: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Time every action of the last step; write PATH.json (Chrome trace), PATH.png and PATH.simulated.png."""
+    tensorboard: str | None = field(default=None, metadata=flag(metavar="DIR"))
+    """Write every step's metrics (loss, validation loss, lr, samples/s and tokens/s, step time, peak memory, loss
+    scale, gradient norm) as TensorBoard scalars under DIR (needs the tensorboard package)."""
 
 
 @dataclass(frozen=True)

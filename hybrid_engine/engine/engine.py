@@ -351,6 +351,12 @@ class Engine(EngineState):
         """{stage: _C.StageProgram} of this rank (`.native`, `.describe()`)."""
         return dict(self._programs)
 
+    def activity(self) -> dict | None:
+        """What the pipeline executor is doing now, or was doing when its step threw (_C.PipelineExecutor.activity;
+        safe from any thread); None before the first step."""
+        executor = self._executor
+        return executor.activity() if executor is not None else None
+
     @property
     def trace(self) -> list:
         return list(self._executor.trace()) if self._executor is not None else []

@@ -1,6 +1,8 @@
 """The grid and its three axes.
 
-    grid.py          build_groups: this rank's DP, PP (one two-rank group per channel) and MP process groups
+    grid.py          build_groups: this rank's DP, PP (one two-rank group per channel) and MP process groups; the
+                     mapping table and the grid picture
+    nodes.py         which ranks share a host; MP groups kept inside a node
     pipeline/        schedules, stage programs (native or autograd), the cut of a model into stages, balancing
     tensor/          tensor-parallel layers (Megatron column/row), sequence parallelism, vocab-parallel loss
     data_parallel/   the gradient buffer and its buckets, ZeRO-1, its parameter all-gather, tied weights

@@ -12,13 +12,13 @@ for `new_group` (30 minutes): a frozen peer must end the others within the timeo
 from __future__ import annotations
 
 import datetime
-import socket
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 import hybrid_engine._C as _C
+from .nodes import NodeMap, rank_ranges
 
 ACTIVATION = "act"
 GRADIENT = "grad"
@@ -56,6 +56,19 @@ class GridGroups:
     @property
     def coords(self) -> _C.GridCoord:
         return self.grid.coords(self.rank)
+
+    def named_groups(self) -> list[tuple[str, dist.ProcessGroup, list[int]]]:
+        """(label, group, global ranks) of every group this rank belongs to, in one order all ranks share: the
+        axes (mp, dp, pp, the replica's PP x MP), then the pipeline channels by (src, dst, kind). Two ranks of a
+        group reach it in the same position of their lists, so visiting them in turn never deadlocks."""
+        g, r = self.grid, self.rank
+        named = [("mp", self.mp, g.group_of(r, "mp")), ("dp", self.dp, g.group_of(r, "dp")),
+                 ("pp", self.pp, g.group_of(r, "pp")),
+                 ("model-parallel", self.model_parallel, g.model_parallel_group_of(r))]
+        for (src, dst, kind), channel in sorted(self.channels.items()):
+            ranks = [self.pp_ranks[src], self.pp_ranks[dst]]
+            named.append((f"pp {kind} channel {src}->{dst}", channel.group, ranks))
+        return named
 
 
 def pipeline_channel_pairs(pp: int) -> list[tuple[int, int]]:
@@ -121,37 +134,48 @@ def build_groups(grid: _C.ProcessGrid, rank: int, *, timeout_s: float | None = N
     )
 
 
-def mapping_table(grid: _C.ProcessGrid, hosts: list[str], devices: list[str]) -> str:
-    """Rank -> (dp, pp, mp, host, device), one line per rank."""
-    lines = [f"{'rank':>4} {'dp':>3} {'pp':>3} {'mp':>3}  {'host':<20} device"]
-    for rank in range(grid.world_size):
-        c = grid.coords(rank)
-        lines.append(f"{rank:>4} {c.dp:>3} {c.pp:>3} {c.mp:>3}  {hosts[rank]:<20} {devices[rank]}")
+def mapping_table(grid: _C.ProcessGrid, nodes: NodeMap, devices: list[str]) -> str:
+    """Rank -> (dp, pp, mp, device), grouped by host (hosts in the order of their lowest rank)."""
+    lines = [f"ranks by host, {nodes.host_summary()}"]
+    for host in nodes.names:
+        lines.append(f"{host}:")
+        lines.append(f"  {'rank':>4} {'dp':>3} {'pp':>3} {'mp':>3}  device")
+        for rank in nodes.ranks_on(host):
+            c = grid.coords(rank)
+            lines.append(f"  {rank:>4} {c.dp:>3} {c.pp:>3} {c.mp:>3}  {devices[rank]}")
     return "\n".join(lines)
 
 
-def grid_picture(grid: _C.ProcessGrid) -> str:
-    """ASCII picture of the 3-D grid: one box per pipeline stage, DP replicas as rows, MP ranks as columns."""
+def grid_picture(grid: _C.ProcessGrid, nodes: NodeMap | None = None) -> str:
+    """ASCII picture of the 3-D grid: one box per pipeline stage, DP replicas as rows, MP ranks as columns. With
+    several hosts, each row names its node (n0, n1, ...) and a '|' inside [..] marks where an MP group crosses
+    from one node to the next."""
     lines = [f"grid dp={grid.dp_size} x pp={grid.pp_size} x mp={grid.mp_size}  (order {grid.order}, fastest first)"]
     cell = max(len(str(grid.world_size - 1)), 2)
+    several = nodes is not None and len(nodes.names) > 1
     for pp in range(grid.pp_size):
-        row_cells = [
-            " ".join(f"{grid.rank_of(dp, pp, mp):>{cell}}" for mp in range(grid.mp_size))
-            for dp in range(grid.dp_size)
-        ]
+        row_cells = []
+        for dp in range(grid.dp_size):
+            ranks = [grid.rank_of(dp, pp, mp) for mp in range(grid.mp_size)]
+            text = f"{ranks[0]:>{cell}}"
+            for before, rank in zip(ranks, ranks[1:]):
+                crosses = several and nodes.node_of(before) != nodes.node_of(rank)
+                text += f"{' |' if crosses else ''} {rank:>{cell}}"
+            if several:
+                text += "]  " + "|".join(dict.fromkeys(f"n{nodes.node_of(r)}" for r in ranks))
+            row_cells.append(text)
         width = max(len(r) for r in row_cells)
         title = f" stage pp={pp} "
         inner = max(width + 12, len(title) + 2)
         lines.append("+" + title.center(inner, "-") + "+")
         for dp, cells in enumerate(row_cells):
-            body = f" dp={dp}: [{cells}]"
+            body = f" dp={dp}: [{cells}" + ("" if several else "]")
             lines.append("|" + body.ljust(inner) + "|")
         lines.append("+" + "-" * inner + "+")
         if pp < grid.pp_size - 1:
             lines.append(" " * (inner // 2) + "| activations down, gradients up")
     lines.append("[..] lists the mp ranks of one tensor-parallel group; a column across stages is a pipeline.")
+    if several:
+        lines.append("nodes: " + ", ".join(f"n{i} = {h} (ranks {rank_ranges(nodes.ranks_on(h))})"
+                                           for i, h in enumerate(nodes.names)))
     return "\n".join(lines)
-
-
-def host_name() -> str:
-    return socket.gethostname()

@@ -10,6 +10,8 @@ TORCHELASTIC_RESTART_COUNT is 0 or unset, so a restarted run does not fail again
   HYBRID_ENGINE_TEST_CRASH_IN_SAVE=S    that rank writes half its shard of the checkpoint of step S, then
                                         SIGKILLs itself
   HYBRID_ENGINE_TEST_NAN_AT_STEP=S      a NaN is written into the inputs of step S (so the loss is NaN)
+  HYBRID_ENGINE_TEST_FREEZE_AT_STEP=S   rank HYBRID_ENGINE_TEST_KILL_RANK stops itself (SIGSTOP) as step S begins:
+                                        the others wait on it mid-step until --comm-timeout, then say where
 """
 from __future__ import annotations
 
@@ -34,12 +36,17 @@ class FaultPlan:
     """`kill_rank` writes half its shard of this step's checkpoint, then SIGKILLs itself."""
     nan_at_step: int | None = None
     """The inputs of this step are NaN (so the loss is NaN on every rank)."""
+    freeze_at_step: int | None = None
+    """`kill_rank` stops itself (SIGSTOP) as this step begins: a frozen peer, mid-step for the others."""
 
     def kills(self, step: int, rank: int) -> bool:
         return self.kill_at_step == step and rank == self.kill_rank
 
     def crashes_in_save(self, step: int, rank: int) -> bool:
         return self.crash_in_save == step and rank == self.kill_rank
+
+    def freezes(self, step: int, rank: int) -> bool:
+        return self.freeze_at_step == step and rank == self.kill_rank
 
     def poisons(self, step: int) -> bool:
         return self.nan_at_step == step
@@ -60,4 +67,5 @@ class FaultPlan:
                 raise ConfigError(f"environment variable {PREFIX}{name}={raw!r} is not an integer") from None
 
         return FaultPlan(kill_at_step=read("KILL_AT_STEP"), kill_rank=read("KILL_RANK") or 0,
-                         crash_in_save=read("CRASH_IN_SAVE"), nan_at_step=read("NAN_AT_STEP"))
+                         crash_in_save=read("CRASH_IN_SAVE"), nan_at_step=read("NAN_AT_STEP"),
+                         freeze_at_step=read("FREEZE_AT_STEP"))

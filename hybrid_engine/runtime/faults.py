@@ -59,6 +59,13 @@ def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def freeze_self() -> None:
+    """Stop this process (SIGSTOP) as a hung driver would: it neither answers nor exits until SIGCONT or SIGKILL."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 EXIT_LEFT, EXIT_SIGTERM = 1, 2  # exit notes: left on purpose (done, or reporting a failure); stopped by SIGTERM
 
 
@@ -271,6 +278,13 @@ class Heartbeat:
             return [r for r in range(self.world_size)
                     if r != self.rank and not self._exited[r] and self._changed[r] <= self._last_read - silence_s]
 
+    def departed(self) -> list[int]:
+        """Peers no failure report will come from: lost (silent with no exit note, judged on what was last seen) or
+        stopped by SIGTERM. (A rank reporting a failure notes its exit first, so that note alone says nothing.)"""
+        lost = set(self.silent_ranks(watch_s=0.0))
+        with self._lock:
+            return sorted(lost | {r for r in range(self.world_size) if self._exited[r] == EXIT_SIGTERM})
+
     def describe_loss(self) -> str | None:
         """'lost rank 3 (...)' and/or 'rank 1 stopped by SIGTERM' after watching the peers for a moment, or 'the
         launcher is gone (...)'; None if no peer was found lost (or this rank never started its heartbeat: it failed
@@ -316,9 +330,10 @@ class SigtermReporter:
     exits silently. The line does not say who sent the signal: a rank cannot know (torchrun sends it to every
     rank once one fails, but so does a user's `kill`)."""
 
-    def __init__(self, rank: int, heartbeat: Heartbeat | None = None):
+    def __init__(self, rank: int, heartbeat: Heartbeat | None = None, where=None):
         self.rank = rank
         self.heartbeat = heartbeat
+        self.where = where  # () -> (long, short) description of the step's wait, or None (runtime/hang_report.py)
         if heartbeat is not None:
             heartbeat.reporter = self
         self._lock = threading.Lock()
@@ -359,6 +374,9 @@ class SigtermReporter:
             if lost:
                 why = f"{lost}; {why}" + (" (torchrun sends it to every rank once one fails)"
                                           if self.heartbeat.launcher_pid is not None else "")
+        where = self.where() if self.where is not None else None
+        if where is not None:
+            why += f" while {where[0]}"
         say(f"hybrid_engine: rank {self.rank}: stopped: {why}")
         sys.stdout.flush()
         os._exit(143)

@@ -22,13 +22,14 @@ import torch
 import torch.distributed as dist
 
 from hybrid_engine import checkpoint
-from hybrid_engine.runtime import faults
+from hybrid_engine.runtime import comm_check, faults, hang_report, slurm
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.config import flags
 from hybrid_engine.models import registry
-from hybrid_engine.parallel.grid import build_groups, grid_picture, host_name, mapping_table
+from hybrid_engine.parallel.grid import GridGroups, build_groups, grid_picture, mapping_table
+from hybrid_engine.parallel.nodes import NodeMap, check_mp_within_nodes, host_name
 from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
-    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0)
+    # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
+    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups
@@ -120,22 +122,42 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     if heartbeat is not None:
         heartbeat.start(cfg.parallel.comm_timeout)  # lets the others name this rank if it is lost (runtime/faults.py)
     checkpoint.agree_on_directory_holds()  # --save DIR in use by another run: every rank stops here, exit 2
-    groups = build_groups(grid, env.rank, timeout_s=cfg.parallel.comm_timeout)
     places = [None] * env.world_size
     dist.all_gather_object(places, (host_name(), str(device)))
+    nodes = NodeMap(tuple(h for h, _ in places))
+    # an MP group across hosts: every rank finds it alike (exit 2, said once), or rank 0 warns under the flag
+    cross_node = check_mp_within_nodes(grid, nodes, cfg.parallel.allow_cross_node_mp)
+    groups = build_groups(grid, env.rank, timeout_s=cfg.parallel.comm_timeout)
     if env.rank == 0:
-        print(mapping_table(grid, [h for h, _ in places], [d for _, d in places]))
-        print(grid_picture(grid), flush=True)
+        print(mapping_table(grid, nodes, [d for _, d in places]))
+        print(grid_picture(grid, nodes), flush=True)
+        if cross_node:
+            print(cross_node, flush=True)
+    check_communication(groups, nodes, device, cfg.parallel.comm_timeout)
 
     # 3. the engine and the loop
     if env.rank == 0:
         print(workload.describe())
         print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
     engine = build_engine(cfg, workload, groups, device)
+    if state is not None:  # a step that hangs is then named by its stage, action, peer and collective
+        state.hang = hang_report.HangReport(
+            hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
+                                  tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
     Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state).train(start_from)
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0
+
+
+def check_communication(groups: GridGroups, nodes: NodeMap, device: torch.device, timeout_s: float) -> None:
+    """One small collective on every group this rank belongs to, before the first step (runtime/comm_check.py): a
+    group that does not answer is named; rank 0 prints how long each axis took."""
+    timings = comm_check.check_groups(groups.named_groups(), nodes.describe_ranks, device, timeout_s)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, timings)
+    if groups.rank == 0 and any(every):
+        print(comm_check.summary(every, nodes.describe_ranks), flush=True)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -149,11 +171,21 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Every failure becomes one line on stderr and a non-zero exit (the console script's and `python -m
     hybrid_engine`'s exit code); HYBRID_ENGINE_DEBUG=1 raises with the traceback instead. Exit codes: 0 done,
     2 bad input, 1 training stopped (NaN loss) or a failure (a lost peer: the line names it), 130 Ctrl-C,
-    143 SIGTERM. An error every rank finds alike is printed once; a rank's own error by that rank."""
+    143 SIGTERM. An error every rank finds alike is printed once; a rank's own error by that rank. A task of a
+    bare `srun` step first takes its rank and rendezvous from SLURM's variables (runtime/slurm.py)."""
+    try:
+        gpus = torch.cuda.device_count() if slurm.is_srun_task(os.environ) else 0
+        srun = slurm.adopt_srun_environment(visible_gpus=gpus)
+    except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            faults.say(f"hybrid_engine: error: {exc}")
+        return 2
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if srun and rank == 0:
+        print(srun, flush=True)
     heartbeat = faults.Heartbeat(rank, world)
     state = RunState()
-    reporter = faults.SigtermReporter(rank, heartbeat)
+    reporter = faults.SigtermReporter(rank, heartbeat, where=state.where)
     interrupts = InterruptReporter(rank, reporter, heartbeat, state).install()  # before any thread starts
     reporter.install()
 
@@ -205,10 +237,18 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
         first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
         what = f"{type(exc).__name__}: {first.split('. ')[0]}"
+        if isinstance(exc, comm_check.CommCheckError):  # its message is the whole line
+            what = str(exc)
         claim(1)
         heartbeat.note_exit()
         lost = heartbeat.describe_loss()  # a lost peer is the usual cause: watch the heartbeats a moment to name it
-        faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{what}")
+        where = state.where()  # inside a step: the stage, action, peer and collective it waited on
+        stalled = f"{where[0]}; " if where else ""
+        faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{stalled}{what}")
+        if where and world > 1 and hang_report.is_timeout(first):  # rank 0 lines up every rank's wait
+            summary = hang_report.check_in(rank, world, where[1], heartbeat.departed(), min(10.0, heartbeat.timeout_s))
+            if summary:
+                faults.say(summary)
         reporter.reported()
         if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
             heartbeat.linger()

@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TextIO
 
+from hybrid_engine.metrics.tensorboard import TensorBoardWriter
+
 
 class Progress:
     """Rank 0's reports of a run; on every other rank each method does nothing.
@@ -17,7 +19,8 @@ class Progress:
     every `log_every`-th step prints a line (`step    3  loss 0.123456  ...`), which logs and tests read."""
 
     def __init__(self, rank: int, *, steps: int, batch_size: int, log_every: int = 1, quiet: bool = False,
-                 metrics: str | None = None, append: bool = False, stream: TextIO | None = None):
+                 metrics: str | None = None, append: bool = False, stream: TextIO | None = None,
+                 tensorboard: str | None = None):
         self.enabled = rank == 0
         self.stream = stream or sys.stdout
         self.steps, self.batch_size, self.log_every, self.quiet = steps, batch_size, log_every, quiet
@@ -30,6 +33,8 @@ class Progress:
                 self.metrics = open(metrics, "a" if append else "w")
             except OSError as exc:
                 self.failed = (f"--metrics {metrics}", exc.errno or errno.EIO)
+        # --tensorboard DIR: the same records as scalars (hybrid_engine/metrics/tensorboard.py)
+        self.tensorboard = TensorBoardWriter(tensorboard) if tensorboard and self.enabled else None
         self._status = False  # a status line is on screen, unterminated
         self._started = time.monotonic()
         self._done = 0
@@ -73,6 +78,8 @@ class Progress:
     def _write_metrics(self, record: dict) -> None:
         """One JSON line, flushed; a failed write (a full disk) is kept in `failed` for the trainer to report on
         every rank, and nothing more is written."""
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         if self.metrics is None:
             return
         try:
@@ -96,6 +103,9 @@ class Progress:
             self._status = False
         if self.metrics:
             self._close_metrics()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_out: int,

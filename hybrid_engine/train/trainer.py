@@ -49,6 +49,12 @@ class RunState:
     save: str | None = None
     """The run's --save directory, whose `latest` is the truth when a report is made (rank 0 publishes; another
     rank stopped meanwhile may not have heard of it yet)."""
+    hang: object | None = None
+    """What the pipeline executor waits on (runtime/hang_report.HangReport), once the engine exists."""
+
+    def where(self) -> tuple[str, str] | None:
+        """(long, short) description of the wait the running step is in, or None outside a step."""
+        return self.hang.where() if self.hang is not None else None
 
     def describe(self) -> str:
         where = "before the first step" if self.step is None else f"at step {self.step}"
@@ -122,7 +128,8 @@ class Trainer:
         cfg, engine, steps = self.cfg, self.engine, self.cfg.training.steps
         progress = Progress(self.rank, steps=steps, batch_size=cfg.data.batch_size,
                             log_every=cfg.training.log_every, quiet=cfg.reporting.quiet,
-                            metrics=cfg.reporting.metrics, append=start_from is not None)
+                            metrics=cfg.reporting.metrics, append=start_from is not None,
+                            tensorboard=cfg.reporting.tensorboard)
         self.state.save = cfg.checkpoint.save
         ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults)
         first_step = ckpts.start(start_from)
@@ -212,6 +219,8 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         if self.faults.kills(step, self.rank):
             faults.kill_self()
+        if self.faults.freezes(step, self.rank):
+            faults.freeze_self()
         # Inputs on the first stage, targets on the last (drawn block by block: no full-size inputs kept for
         # them), straight in the dtype the engine takes (half weights take half data), so no full-size fp32 copy
         # ever exists. Data, not the engine, would otherwise set the largest batch (experiments/bench/max_batch.py).

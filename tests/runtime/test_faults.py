@@ -336,7 +336,9 @@ def test_sigterm_to_one_rank_is_named_by_the_rank_and_by_the_survivor():
     finally:
         _kill_all(p.pid for p in procs)
     (code0, err0), (code1, err1) = results
-    assert code1 == 143 and _rank_lines(err1, 1) == ["hybrid_engine: rank 1: stopped: received SIGTERM"], err1
+    lines1 = _rank_lines(err1, 1)  # it may go on to say where its step was waiting (runtime/hang_report.py)
+    assert code1 == 143 and len(lines1) == 1, err1
+    assert re.fullmatch(r"hybrid_engine: rank 1: stopped: received SIGTERM( while (stalled at|in) stage 1, action .*)?", lines1[0])
     assert code0 == 1, err0
     lines = _rank_lines(err0, 0)
     assert len(lines) == 1 and lines[0].startswith("hybrid_engine: rank 0: rank 1 stopped by SIGTERM; "), err0

@@ -1,0 +1,76 @@
+"""SLURM's compressed host lists, expanded without `scontrol` (a login node or a container may have none).
+
+    expand("gpu[01-03,07],cpu5")      -> ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]
+    expand("rack[1-2]-n[1,3]")        -> ["rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"]
+
+The syntax is `scontrol show hostnames`': names separated by commas outside brackets; a bracket holds numbers and
+ranges separated by commas, a range's width (its leading zeros) kept; several brackets in one name multiply out,
+the leftmost slowest.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+class HostlistError(ValueError):
+    """A host list this parser cannot read; the message names the list and what is wrong."""
+
+
+def _split_top(text: str) -> list[str]:
+    """`text` cut at the commas that are outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise HostlistError(f"host list {text!r}: nested '['")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise HostlistError(f"host list {text!r}: ']' without '['")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise HostlistError(f"host list {text!r}: '[' without ']'")
+    parts.append(text[start:])
+    return parts
+
+
+def _numbers(spec: str, whole: str) -> list[str]:
+    """'01-03,07' -> ['01', '02', '03', '07']: a range keeps the width of its first bound."""
+    out = []
+    for item in spec.split(","):
+        low, sep, high = item.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise HostlistError(f"host list {whole!r}: [{spec}] is not numbers and ranges (e.g. [01-03,07])")
+        if not sep:
+            out.append(low)
+            continue
+        if int(high) < int(low):
+            raise HostlistError(f"host list {whole!r}: the range {item} runs backwards")
+        out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return out
+
+
+def expand(hostlist: str) -> list[str]:
+    """Every host name of a SLURM host list, in order; HostlistError for a list that is malformed or empty."""
+    hosts = []
+    for name in _split_top(hostlist.strip()):
+        if not name:
+            raise HostlistError(f"host list {hostlist!r}: an empty name")
+        literals = _BRACKET.split(name)[::2]  # text between brackets
+        choices = [_numbers(spec, hostlist) for spec in _BRACKET.findall(name)]
+        if any("[" in lit or "]" in lit for lit in literals):
+            raise HostlistError(f"host list {hostlist!r}: unbalanced brackets in {name!r}")
+        for picked in itertools.product(*choices):
+            hosts.append("".join(lit + num for lit, num in zip(literals, (*picked, ""))))
+    return hosts
+
+
+def first_host(hostlist: str) -> str:
+    """The first host of a SLURM host list (where rank 0 runs, the rendezvous endpoint)."""
+    return expand(hostlist)[0]
