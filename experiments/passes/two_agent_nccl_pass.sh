@@ -9,12 +9,12 @@
 # recorded). Logs and ${OUT:-/tmp/he_out}/two_agent_nccl.json (losses, differences, verdict) land in the archive
 # ${OUT:-/tmp/he_out}/two_agent_nccl_pass.tgz. Run from the repository root:
 #
-#   bash experiments/two_agent_nccl_pass.sh
+#   bash experiments/passes/two_agent_nccl_pass.sh
 #
 # SMOKE=1: the same job with a tiny model on CPU (gloo), to check the script itself without GPUs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source experiments/pass_lib.sh
+cd "$(dirname "$0")/../.."
+source experiments/passes/pass_lib.sh
 if [ "${SMOKE:-0}" = 1 ]; then OUT=${OUT:-/tmp/he_out}; RES=/tmp/two_agent_nccl; mkdir -p "$OUT" "$RES"
 else pass_setup two_agent_nccl; fi
 STEPS=20
