@@ -101,7 +101,8 @@ class Progress:
 def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_out: int,
                  peaks: list[float]) -> str:
     """The closing line: the median over the timed steps, naming how many of this run's steps were left out."""
-    head = (f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
+    ranks = f"{grid.world_size} rank{'' if grid.world_size == 1 else 's'}"
+    head = (f"summary: {ranks} ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
             f"schedule {schedule}, ")
     if not times:
         return head + f"no timed steps (all {left_out} of this run's steps were warm-up)"
@@ -109,3 +110,11 @@ def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_
     warm = f"after {left_out} warm-up step{'' if left_out == 1 else 's'}" if left_out else "no warm-up steps left out"
     return (head + f"median step {median * 1e3:.2f} ms {warm}, {batch_size / median:.1f} samples/s, "
             f"peak memory per rank (GiB) {peaks}")
+
+
+def flops_text(tflops_per_rank: float, device_type: str) -> str:
+    """The summary's model FLOP rate: TFLOP/s per GPU on CUDA; on a CPU, where a rank is no GPU and a small model
+    runs at a few GFLOP/s, GFLOP/s per rank."""
+    if device_type == "cuda":
+        return f"{tflops_per_rank:.3g} model TFLOP/s per GPU"
+    return f"{tflops_per_rank * 1e3:.3g} model GFLOP/s per rank"
