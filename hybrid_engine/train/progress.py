@@ -31,6 +31,10 @@ class Progress:
             except OSError as exc:
                 self.failed = (f"--metrics {metrics}", exc.errno or errno.EIO)
         self._status = False  # a status line is on screen, unterminated
+        # The last step's line in the metrics file (its offset and record) and the lines written after it: a record
+        # about that step that has no step of its own (the trace of it) joins its line (see record).
+        self._last_step: tuple[int, dict] | None = None
+        self._after_last_step: list[dict] = []
         self._started = time.monotonic()
         self._done = 0
 
@@ -39,6 +43,8 @@ class Progress:
         if not self.enabled:
             return
         self._done += 1
+        if self.metrics is not None:
+            self._last_step, self._after_last_step = (self.metrics.tell(), record), []
         self._write_metrics(record)
         if self.quiet:
             return
@@ -67,8 +73,25 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
     def record(self, extra: dict) -> None:
-        """A metrics line that is not a step (the trace's summary)."""
-        self._write_metrics(extra)
+        """A metrics record that is not a step's own. With a "step" (a validation loss) it is a line of its own,
+        after that step's; without one it is about the last step (the trace of it) and joins that step's line, so
+        that every line is about one step and the file's last line is still the last step's."""
+        if "step" in extra or self._last_step is None or self.metrics is None:
+            self._after_last_step.append(extra)
+            self._write_metrics(extra)
+            return
+        offset, step = self._last_step
+        merged = {**step, **extra}
+        self._last_step = (offset, merged)
+        try:
+            self.metrics.seek(offset)
+            self.metrics.truncate()
+        except OSError as exc:
+            self.failed = (f"--metrics {self.metrics_path}", exc.errno or errno.EIO)
+            self._close_metrics()
+            return
+        for line in (merged, *self._after_last_step):
+            self._write_metrics(line)
 
     def _write_metrics(self, record: dict) -> None:
         """One JSON line, flushed; a failed write (a full disk) is kept in `failed` for the trainer to report on
