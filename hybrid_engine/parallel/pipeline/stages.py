@@ -51,10 +51,10 @@ class StagePlan:
         if self.native:
             what = "Linear(+ReLU) chain" if self.mp == 1 else f"tensor-parallel Linear(+ReLU) chain, mp {self.mp}"
             chunks = ("" if self.mp == 1 or stage_cfg.tp_chunks <= 1 else f", {stage_cfg.tp_chunks} row chunks")
-            return f"stage {self.stage}: native {what}, {self.layers} Linear layers{chunks}" + (
+            return f"stage {self.stage}: native {what}, {self.layers} Linear layer{'' if self.layers == 1 else 's'}{chunks}" + (
                 ", recomputed" if stage_cfg.full_recompute else "")
         extras = [e for e, on in (("recomputed", stage_cfg.full_recompute), ("torch.compile", stage_cfg.compile)) if on]
-        return (f"stage {self.stage}: autograd, {self.modules} modules ({self.why})"
+        return (f"stage {self.stage}: autograd, {self.modules} module{'' if self.modules == 1 else 's'} ({self.why})"
                 + (f", {', '.join(extras)}" if extras else ""))
 
 
