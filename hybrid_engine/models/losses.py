@@ -33,7 +33,7 @@ class MSE:
 class VocabParallelCrossEntropy:
     """Mean next-token cross-entropy over all tokens of a micro-batch: output = this MP rank's logits shard
     [b, s, V'/mp] (V' = vocab_size padded to a multiple of mp), target = int64 token ids [b, s]
-    (tp_transformer.vocab_parallel_cross_entropy: the logits are never gathered, max and sum of exp are reduced
+    (parallel/tensor/vocab_cross_entropy.py: the logits are never gathered, max and sum of exp are reduced
     over MP, padding columns never count). The logits go in as they are (bf16 stays bf16): the loss computes in
     fp32 itself, so no full fp32 copy of the logits is made before it. Needs the engine's MP group: see `bind`."""
 
