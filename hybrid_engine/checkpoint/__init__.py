@@ -1,8 +1,8 @@
 """Checkpoints: a directory per step with one shard per rank, a manifest of full tensor names and shapes, a SHA-256
 per shard, and `latest`, published only after the next step's loss passed the divergence guard.
 
-    save.py          write and publish (two collective steps), prune
-    load.py          read on any grid: checksums, shapes, agreed by every rank
+    saving.py        write and publish (two collective steps), prune
+    loading.py       read on any grid: checksums, shapes, agreed by every rank
     files.py         the layout, the manifest, reading a checkpoint's files
     digest.py        checksums computed while writing, checked before reading
     agree.py         every rank takes the same decision

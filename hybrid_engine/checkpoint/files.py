@@ -1,6 +1,6 @@
 """Checkpoint files: the names the engine writes, safe reads, the manifest and its schema, finding a checkpoint
 (`latest`, open_checkpoint) and checking it fits this run (check_compatible). No torch, no collectives: every
-rank reads the same files and reaches the same answer on its own. See checkpoint/save.py for the layout of a save
+rank reads the same files and reaches the same answer on its own. See checkpoint/saving.py for the layout of a save
 directory.
 
 Nothing outside. Only names the engine writes are followed (`latest` holds step_NNNNNN; manifest shards are

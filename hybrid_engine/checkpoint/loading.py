@@ -1,6 +1,6 @@
 """Loading a checkpoint into an engine on whatever grid it runs: every shard's checksum checked before it is
 read, every tensor's shape and dtype checked against the manifest, and the outcome agreed by every rank (see
-checkpoint/save.py for the layout and the rules)."""
+checkpoint/saving.py for the layout and the rules)."""
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_name builds each
+DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3, "adamw": 1e-3}  # without --lr, for an optimizer that is not the model's own
 MAX_RANKS = 2**16
 MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import DEVICES, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import DEFAULT_LR, DEVICES, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
@@ -113,10 +113,18 @@ class DataConfig:
 class OptimizerConfig:
     """The optimizer, by name (hybrid_engine/optim/optimizers.py; Engine users pass any factory instead)."""
 
-    name: str = field(default="sgd", metadata=flag("--optimizer", choices=OPTIMIZERS))
-    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
-    lr: float = 1e-2
-    """Learning rate."""
+    name: str | None = field(default=None, metadata=flag("--optimizer", choices=OPTIMIZERS))
+    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01); none:
+    the model's own, sgd for the MLP and adamw for the GPT."""
+    lr: float | None = None
+    """Learning rate; none: the model's own for its optimizer (the MLP's sgd 10, the GPT's adamw 3e-3), else 0.01
+    for sgd and 0.001 for adam(w)."""
+
+    def for_model(self, options: type) -> "OptimizerConfig":
+        """This config with what it leaves unset filled from the model's options class (its OPTIMIZER)."""
+        name, lr = options.OPTIMIZER
+        chosen = self.name or name
+        return OptimizerConfig(chosen, self.lr if self.lr is not None else lr if chosen == name else DEFAULT_LR[chosen])
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,7 @@ class RunConfig:
                 built[name] = _model_config(values, models, source)
                 continue
             built[name] = _build(cls, name, values, source)
+        built["optimizer"] = built["optimizer"].for_model(models[built["model"].name])
         return RunConfig(**built)
 
     def validate(self, world_size: int, device_type: str,

@@ -151,7 +151,7 @@ class Engine(EngineState):
     def _announce(self) -> None:
         """The choices made for the user, once, by rank 0: every stage's program, the loss, the update."""
         lines = [plan.describe(self.stage_cfg) for plan in self.plans]
-        lines.append(f"loss: {losses.describe(self.loss)}")
+        lines.append(f"loss: {losses.describe(self.loss, self.plans[-1].native)}")
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())

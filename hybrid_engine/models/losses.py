@@ -33,7 +33,7 @@ class MSE:
 class VocabParallelCrossEntropy:
     """Mean next-token cross-entropy over all tokens of a micro-batch: output = this MP rank's logits shard
     [b, s, V'/mp] (V' = vocab_size padded to a multiple of mp), target = int64 token ids [b, s]
-    (tp_transformer.vocab_parallel_cross_entropy: the logits are never gathered, max and sum of exp are reduced
+    (parallel/tensor/vocab_cross_entropy.py: the logits are never gathered, max and sum of exp are reduced
     over MP, padding columns never count). The logits go in as they are (bf16 stays bf16): the loss computes in
     fp32 itself, so no full fp32 copy of the logits is made before it. Needs the engine's MP group: see `bind`."""
 
@@ -87,9 +87,13 @@ def as_micro_loss(loss: LossSpec) -> LossFn:
     return micro_loss
 
 
-def describe(loss: LossSpec) -> str:
+def describe(loss: LossSpec, native_last_stage: bool = False) -> str:
+    """The loss line rank 0 prints; whether the last stage runs natively decides where the built-in MSE's
+    gradient comes from (csrc/executor/step_loss.h)."""
     if is_builtin(loss):
-        return f"built-in {type(loss).__name__} (C++, fused with a native last stage)"
+        where = ("its gradient computed with the loss, no graph kept" if native_last_stage else
+                 "a graph root for the autograd last stage")
+        return f"built-in {type(loss).__name__} (C++, {where})"
     if isinstance(loss, VocabParallelCrossEntropy):
         return (f"vocab-parallel cross-entropy over {loss.vocab_size} tokens (fp32 inside, logits never gathered, "
                 "through autograd)")

@@ -48,9 +48,12 @@ from .peer_processes import end_if_frozen, identity
 
 
 def say(line: str) -> None:
-    """One line on stderr in one write(2): ranks sharing a pipe (torchrun) never interleave inside a line."""
+    """One line on stderr in one write(2): ranks sharing a pipe (torchrun) never interleave inside a line. On a
+    terminal the line starts at the beginning of the row, erasing it: rank 0's live status line
+    (train/progress.py) or the terminal's echoed ^C may hold the cursor mid-row, and any rank may speak first."""
     sys.stderr.flush()
-    os.write(2, (line.rstrip("\n") + "\n").encode(errors="replace"))
+    start = "\r\x1b[K" if os.isatty(2) else ""
+    os.write(2, (start + line.rstrip("\n") + "\n").encode(errors="replace"))
 
 
 def kill_self() -> None:

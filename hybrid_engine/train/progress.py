@@ -36,6 +36,10 @@ class Progress:
         # --tensorboard DIR: the same records as scalars (hybrid_engine/metrics/tensorboard.py)
         self.tensorboard = TensorBoardWriter(tensorboard) if tensorboard and self.enabled else None
         self._status = False  # a status line is on screen, unterminated
+        # The last step's line in the metrics file (its offset and record) and the lines written after it: a record
+        # about that step that has no step of its own (the trace of it) joins its line (see record).
+        self._last_step: tuple[int, dict] | None = None
+        self._after_last_step: list[dict] = []
         self._started = time.monotonic()
         self._done = 0
 
@@ -44,6 +48,8 @@ class Progress:
         if not self.enabled:
             return
         self._done += 1
+        if self.metrics is not None:
+            self._last_step, self._after_last_step = (self.metrics.tell(), record), []
         self._write_metrics(record)
         if self.quiet:
             return
@@ -72,8 +78,25 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
     def record(self, extra: dict) -> None:
-        """A metrics line that is not a step (the trace's summary)."""
-        self._write_metrics(extra)
+        """A metrics record that is not a step's own. With a "step" (a validation loss) it is a line of its own,
+        after that step's; without one it is about the last step (the trace of it) and joins that step's line, so
+        that every line is about one step and the file's last line is still the last step's."""
+        if "step" in extra or self._last_step is None or self.metrics is None:
+            self._after_last_step.append(extra)
+            self._write_metrics(extra)
+            return
+        offset, step = self._last_step
+        merged = {**step, **extra}
+        self._last_step = (offset, merged)
+        try:
+            self.metrics.seek(offset)
+            self.metrics.truncate()
+        except OSError as exc:
+            self.failed = (f"--metrics {self.metrics_path}", exc.errno or errno.EIO)
+            self._close_metrics()
+            return
+        for line in (merged, *self._after_last_step):
+            self._write_metrics(line)
 
     def _write_metrics(self, record: dict) -> None:
         """One JSON line, flushed; a failed write (a full disk) is kept in `failed` for the trainer to report on
@@ -111,7 +134,8 @@ class Progress:
 def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_out: int,
                  peaks: list[float]) -> str:
     """The closing line: the median over the timed steps, naming how many of this run's steps were left out."""
-    head = (f"summary: {grid.world_size} ranks ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
+    ranks = f"{grid.world_size} rank{'' if grid.world_size == 1 else 's'}"
+    head = (f"summary: {ranks} ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
             f"schedule {schedule}, ")
     if not times:
         return head + f"no timed steps (all {left_out} of this run's steps were warm-up)"
@@ -119,3 +143,11 @@ def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_
     warm = f"after {left_out} warm-up step{'' if left_out == 1 else 's'}" if left_out else "no warm-up steps left out"
     return (head + f"median step {median * 1e3:.2f} ms {warm}, {batch_size / median:.1f} samples/s, "
             f"peak memory per rank (GiB) {peaks}")
+
+
+def flops_text(tflops_per_rank: float, device_type: str) -> str:
+    """The summary's model FLOP rate: TFLOP/s per GPU on CUDA; on a CPU, where a rank is no GPU and a small model
+    runs at a few GFLOP/s, GFLOP/s per rank."""
+    if device_type == "cuda":
+        return f"{tflops_per_rank:.3g} model TFLOP/s per GPU"
+    return f"{tflops_per_rank * 1e3:.3g} model GFLOP/s per rank"

@@ -35,6 +35,7 @@ from hybrid_engine.config.input_files import read_regular_file
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large
 from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, generate
 from hybrid_engine.models.gpt.workload import gpt_config_of
+from hybrid_engine.models.mlp.workload import CHECKPOINT_NAME as MLP_CHECKPOINT_NAME
 
 MAX_SIZE = 2**16  # layers, hidden, heads, seq_len: the training flags' limit
 MAX_VOCAB = 2**32  # a token file's 4-byte ids
@@ -44,6 +45,11 @@ MAX_TOKENIZER_BYTES = 1 << 30
 def _gpt_config(ckpt) -> GPTConfig:
     """The GPT the manifest's model entry describes, checked to be one that can be built here at all."""
     model = ckpt.manifest["model"]
+    name = model.get("name") if isinstance(model, dict) else None
+    if name != "gpt":
+        what = "the MLP (--model mlp)" if name == MLP_CHECKPOINT_NAME else f"a model named {name!r}"
+        raise CheckpointError(f"checkpoint {ckpt.path} holds {what}, not a GPT: sample continues text with a "
+                              "checkpoint of --model gpt")
     try:
         cfg = gpt_config_of(model)
     except (KeyError, TypeError, ValueError) as exc:

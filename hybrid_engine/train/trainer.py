@@ -29,7 +29,7 @@ from hybrid_engine.parallel.grid import GridGroups
 from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
-from .progress import Progress, summary_line
+from .progress import Progress, flops_text, summary_line
 from hybrid_engine.checkpoint.runs import RunCheckpoints
 from hybrid_engine.metrics.trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
@@ -173,7 +173,7 @@ class Trainer:
                     mfu = f", MFU {t['mfu']:.1%} of the datasheet peak" if t["mfu"] is not None else ""
                     # A sample of the MLP is one row, not a sequence: its tokens/s would repeat samples/s.
                     tokens = f"{t['tokens_per_s']:.0f} tokens/s, " if self.workload.tokens_per_sample > 1 else ""
-                    line += f"; {tokens}{t['tflops_per_gpu']:.3g} model TFLOP/s per GPU{mfu}"
+                    line += f"; {tokens}{flops_text(t['tflops_per_gpu'], self.device.type)}{mfu}"
                 progress.say(line)
             if cfg.reporting.trace and steps > first_step:
                 self._write_trace(progress)

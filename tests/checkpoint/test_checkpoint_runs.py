@@ -137,7 +137,7 @@ def test_a_diverged_update_never_becomes_latest_and_resume_with_a_lower_lr_train
     # --lr 1e30: step 2's loss is finite, the update it makes is not; the checkpoint of that state (step 3) is
     # written, but never published: step 3's loss is NaN. A spike (--lr 100) stops the same way.
     root = tmp_path / "ckpt"
-    assert _one_rank("--steps", "2", "--save-every", "1", "--save", str(root)).returncode == 0
+    assert _one_rank("--steps", "2", "--save-every", "1", "--save", str(root), "--lr", "0.01").returncode == 0
     advice = (f"--resume with a lower --lr continues from {root / 'step_000002'}, the last checkpoint that trained "
               "on with a finite loss and no spike")
     run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "1e30")

@@ -253,8 +253,8 @@ def test_balanced_partition_minimises_the_largest_stage():
     assert balanced_partition([0.02, 1, 1, 1, 1, 2.0], 3) == [[0, 1, 2], [3, 4], [5]]
     with pytest.raises(ValueError, match="at least one per stage"):
         balanced_partition([1, 1], 3)
-    line = describe_layout(["embedding", "block 1", "block 2", "head"], [0.02, 1, 1, 1.1], [[0, 1], [2, 3]])
-    assert line.splitlines()[0].startswith("stage 0: embedding .. block 1 (2 layers")
+    line = describe_layout(["embedding", "block 0", "block 1", "head"], [0.02, 1, 1, 1.1], [[0, 1], [2, 3]])
+    assert line.splitlines()[0].startswith("stage 0: modules 0-1, embedding .. block 0 (cost 0.")
 
 
 def test_selective_recompute_of_the_attention_core_gives_the_same_gradients():

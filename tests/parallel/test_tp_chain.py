@@ -174,9 +174,9 @@ def test_plan_names_the_tensor_parallel_chain_and_its_chunks():
     plans = plan_stages(model, layout, 2, off, StageConfig(tp_chunks=2))
     assert [p.native for p in plans] == [True, True]
     assert plans[0].describe(StageConfig(tp_chunks=2)) == (
-        "stage 0: native tensor-parallel Linear(+ReLU) chain, mp 2, 2 layers, 2 row chunks")
+        "stage 0: native tensor-parallel Linear(+ReLU) chain, mp 2, 2 Linear layers, 2 row chunks")
     assert plans[1].describe(StageConfig(recompute=True, tp_chunks=1)) == (
-        "stage 1: native tensor-parallel Linear(+ReLU) chain, mp 2, 2 layers, recomputed")
+        "stage 1: native tensor-parallel Linear(+ReLU) chain, mp 2, 2 Linear layers, recomputed")
     assert not any(p.native for p in plan_stages(model, layout, 2, off, StageConfig("autograd")))
     custom = plan_stages(model, layout, 2, off, StageConfig(), tp_chains=False)
     assert [p.why for p in custom] == ["tensor-parallel layers of the model's own parallelize function"] * 2

@@ -5,7 +5,8 @@
     Head        hidden [b, s, h]         -> logits [b, s, V]   final LayerNorm + LM head (no bias)
 
 The loss (cross-entropy over next tokens, mean over tokens) is not a layer: the last stage applies
-`gpt_loss` (dense) or `tp_transformer.vocab_parallel_cross_entropy` (vocabulary split over MP) to the logits.
+`gpt_loss` (dense) or `vocab_parallel_cross_entropy` (parallel/tensor/vocab_cross_entropy.py: vocabulary
+split over MP) to the logits.
 
 Grid invariance: every layer draws all its weights in `reset_parameters()` from its own generator seeded by
 (seed, layer index), on its own device, so a layer's initial weights depend on the seed alone. Tensor-parallel

@@ -90,7 +90,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
-        layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
+        layer_names=["embedding"] + [f"block {i}" for i in range(cfg.layers)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
         checkpoint_data={"name": data.name, "tokens": len(data.tokens), "vocab_size": data.vocab_size,
                          "fingerprint": data.fingerprint, "tokenizer_sha256": data.tokenizer_sha256})

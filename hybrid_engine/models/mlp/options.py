@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from hybrid_engine.config.engine import ConfigError
 
@@ -12,6 +13,11 @@ MAX_DEPTH = 4096
 @dataclass(frozen=True)
 class MLPOptions:
     """The course MLP: depth x [Linear(dim, dim) + ReLU] against a fixed random teacher."""
+
+    # Without --optimizer / --lr. The MSE averages over the rows and the dim outputs, so a weight's gradient is
+    # small: at lr 0.01 the default run's loss only wanders (0.299 -> 0.294 in 10 steps); at 10 it falls to 0.236
+    # in 10 steps and to ~0.20 in 20, and stays stable from dim 4 to 1024, in fp32 and bf16.
+    OPTIMIZER: ClassVar[tuple[str, float]] = ("sgd", 10.0)
 
     dim: int = 1024
     """MLP: hidden size of every Linear layer."""

@@ -12,16 +12,19 @@ from .data import SyntheticRegression
 from .model import large_linear_model
 
 
+CHECKPOINT_NAME = "large_linear_model"  # the MLP's name in a checkpoint's manifest, which every checkpoint keeps
+
+
 def mlp_workload(dim: int, depth: int, seed: int, device: torch.device | str = "cpu") -> Workload:
     """The course MLP: depth x (Linear(dim, dim) + ReLU) against SyntheticRegression, built-in MSE, cut by layer
     count, split by parallelize_mlp."""
     model = large_linear_model(dim, depth, seed)
-    names = [f"{i}:{type(m).__name__}" for i, m in enumerate(model)]
+    names = [f"{kind} {block}" for block in range(depth) for kind in ("linear", "relu")]  # blocks from 0, as the GPT's
     costs = [1.0 if any(True for _ in m.parameters()) else 0.0 for m in model]
     return Workload(
         name="mlp", model=model, loss=losses.MSE(), parallelize=parallelize_mlp, layout_fn=None,
         data=SyntheticRegression(dim, seed, device), flops_per_sample=6.0 * dim * dim * depth, tokens_per_sample=1,
-        checkpoint_model={"name": "large_linear_model", "dim": dim, "depth": depth, "seed": seed},
+        checkpoint_model={"name": CHECKPOINT_NAME, "dim": dim, "depth": depth, "seed": seed},
         summary=f"model: MLP, {depth} x Linear({dim}, {dim}) + ReLU, synthetic regression (seed {seed})",
         layer_names=names, layer_costs=costs)
 

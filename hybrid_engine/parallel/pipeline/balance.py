@@ -70,12 +70,14 @@ def stage_costs(costs: Sequence[float], stages: list[list[int]]) -> list[float]:
 
 
 def describe_layout(names: Sequence[str], costs: Sequence[float], stages: list[list[int]]) -> str:
-    """One line per stage: its layers and its cost relative to the mean stage (what rank 0 prints)."""
+    """One line per stage: the model's modules it holds, by index (the indices Engine(layout=) takes and a
+    checkpoint's names start with) and by name, and its cost relative to the mean stage (what rank 0 prints)."""
     totals = stage_costs(costs, stages)
     mean = sum(totals) / len(totals) if totals else 1.0
     lines = []
     for s, (stage, total) in enumerate(zip(stages, totals)):
         first, last = names[stage[0]], names[stage[-1]]
-        span = first if len(stage) == 1 else f"{first} .. {last}"
-        lines.append(f"stage {s}: {span} ({len(stage)} layers, cost {total / mean:.2f}x mean)")
+        which = f"module {stage[0]}, {first}" if len(stage) == 1 else (
+            f"modules {stage[0]}-{stage[-1]}, {first} .. {last}")
+        lines.append(f"stage {s}: {which} (cost {total / mean:.2f}x the mean stage)")
     return "\n".join(lines)

@@ -40,18 +40,21 @@ DENSE, COLUMN, ROW, COLUMN_GATHER = range(4)
 class StagePlan:
     stage: int
     native: bool
-    layers: int  # modules with parameters
+    layers: int  # modules with parameters (a native chain's Linear layers)
     why: str  # for an autograd stage: why it is not native (empty for native)
     mp: int = 1  # the MP size a native chain is split over
+    modules: int = 0  # every module of the stage, as the cut line above it counts them (balance.describe_layout)
 
     def describe(self, stage_cfg: StageConfig) -> str:
+        """The program line rank 0 prints under the cut lines: a native chain counts its Linear layers (each
+        with the ReLU after it), an autograd stage the modules it calls."""
         if self.native:
             what = "Linear(+ReLU) chain" if self.mp == 1 else f"tensor-parallel Linear(+ReLU) chain, mp {self.mp}"
             chunks = ("" if self.mp == 1 or stage_cfg.tp_chunks <= 1 else f", {stage_cfg.tp_chunks} row chunks")
-            return f"stage {self.stage}: native {what}, {self.layers} layers{chunks}" + (
+            return f"stage {self.stage}: native {what}, {self.layers} Linear layer{'' if self.layers == 1 else 's'}{chunks}" + (
                 ", recomputed" if stage_cfg.full_recompute else "")
         extras = [e for e, on in (("recomputed", stage_cfg.full_recompute), ("torch.compile", stage_cfg.compile)) if on]
-        return (f"stage {self.stage}: autograd, {self.layers} layers ({self.why})"
+        return (f"stage {self.stage}: autograd, {self.modules} module{'' if self.modules == 1 else 's'} ({self.why})"
                 + (f", {', '.join(extras)}" if extras else ""))
 
 
@@ -95,7 +98,7 @@ def plan_stages(model: nn.Sequential, layout: list[list[int]], mp_size: int, pre
         if stage_cfg.impl == "native" and why:
             raise ConfigError(f"stage implementation native: stage {s} cannot run natively ({why}); use auto or "
                               "autograd")
-        plans.append(StagePlan(s, not why, layers, why, mp_size))
+        plans.append(StagePlan(s, not why, layers, why, mp_size, len(indices)))
     return plans
 
 

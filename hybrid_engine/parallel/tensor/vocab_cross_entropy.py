@@ -1,5 +1,5 @@
 """The vocab-parallel cross-entropy (Megatron-LM): the loss of logits split along the vocabulary over MP, computed
-without gathering them (hybrid_engine/models/gpt/parallelize.py's ParallelHead produces such logits; engine/losses.py's
+without gathering them (hybrid_engine/models/gpt/parallelize.py's ParallelHead produces such logits; models/losses.py's
 VocabParallelCrossEntropy is this loss as a value the engine takes).
 """
 from __future__ import annotations
