@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import DEVICES, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
@@ -108,12 +108,28 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The optimizer, by name (hybrid_engine/optim/optimizers.py; Engine users pass any factory instead)."""
+    """The optimizer, by name, and its learning-rate schedule (hybrid_engine/optim/optimizers.py,
+    hybrid_engine/train/lr_schedule.py; Engine users pass any factory instead)."""
 
     name: str = field(default="sgd", metadata=flag("--optimizer", choices=OPTIMIZERS))
-    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01)."""
+    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay, never on
+    norms, biases or embeddings)."""
     lr: float = 1e-2
-    """Learning rate."""
+    """Learning rate: the peak of the schedule (--lr-warmup, --lr-decay)."""
+    lr_warmup: int = field(default=0, metadata=flag(metavar="N"))
+    """Steps of linear warm-up: step t < N trains at lr (t + 1) / N."""
+    lr_decay: str = field(default="constant", metadata=flag(choices=LR_DECAYS))
+    """constant | cosine | linear: how the lr falls from --lr to --min-lr between the warm-up's end and
+    --lr-decay-steps (then it stays at --min-lr)."""
+    min_lr: float = 0.0
+    """The lr the decay ends at."""
+    lr_decay_steps: int | None = field(default=None, metadata=flag(metavar="N"))
+    """The step at which the decay reaches --min-lr (none: --steps)."""
+    weight_decay: float | None = None
+    """adamw: decoupled weight decay, on matrices only: never on norms, biases or embeddings (nor an LM head tied
+    to one); none: 0.01, torch's default."""
+    betas: str | None = field(default=None, metadata=flag(metavar="B1,B2"))
+    """adam, adamw: the moments' decay rates, e.g. 0.9,0.95; none: 0.9,0.999, torch's default."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +190,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """[data]: the global batch, streamed or not."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    """[optimizer]: name and learning rate."""
+    """[optimizer]: name, learning rate and its schedule, weight decay, betas."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """[training]: steps, warm-up, how often to log."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -49,6 +49,7 @@ class Workload:
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[object] = None  # the model's shape (GPTConfig, LlamaConfig; None for the MLP)
     checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
+    clip_grad: float = 0.0  # the gradient-norm clip a run gets when it names none (--clip-grad): 1.0 for transformers
 
     @property
     def flops_per_token(self) -> float:

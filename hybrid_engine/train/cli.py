@@ -32,6 +32,7 @@ from hybrid_engine.parallel.grid import build_groups, grid_picture, host_name, m
 from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
+from .lr_schedule import LRSchedule
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
-    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0)
+    lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
+    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0, lr_schedule=lr_schedule)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups

@@ -88,7 +88,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        checkpoint_data=checkpoint_data(data))
+        checkpoint_data=checkpoint_data(data), clip_grad=1.0)
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,

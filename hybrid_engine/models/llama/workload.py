@@ -75,7 +75,8 @@ def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, 
         flops_per_sample=llama_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
-        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data))
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data),
+        clip_grad=1.0)
 
 
 def config_of_options(m, seed: int, vocab_size: int) -> LlamaConfig:
