@@ -11,7 +11,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 echo "setup: installing the build and test tools"
-"$PY" -m pip install -q "scikit-build-core>=0.10" ninja numpy pytest pytest-xdist matplotlib tokenizers tensorboard
+"$PY" -m pip install -q "scikit-build-core>=0.10" ninja numpy pytest pytest-xdist matplotlib tokenizers tensorboard \
+    transformers safetensors
 if command -v ccache > /dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi

@@ -88,17 +88,19 @@ def layer_spec(tcfg, local_spec):
 
 
 def build_step(a: argparse.Namespace, cfg: GPTConfig, device: torch.device, *, pp: int, tp: int,
-               sequence_parallel: bool):
-    """(step(inputs, targets) -> loss on every rank, the record's fields) over tp x pp = all ranks."""
+               sequence_parallel: bool, build=None, cut=engine_cut, clip_grad: float = 0.0):
+    """(step(inputs, targets) -> loss on every rank, the record's fields) over tp x pp = all ranks. build, cut:
+    another model's Megatron builder (build_model's signature) and the engine's cut of it (megatron_llama.py)."""
+    build = build or build_model
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if tp * pp != dist.get_world_size():
         common.fail(f"megatron: tp {tp} x pp {pp} must use all {dist.get_world_size()} ranks")
     # pp = 2: the engine's cut; deeper pipelines: Megatron's own even split of the blocks
-    first_blocks = sum(1 for i in engine_cut(cfg, pp)[0] if 1 <= i <= cfg.layers) if pp == 2 else None
-    model, optimizer, tcfg = build_model(cfg, a.lr, device, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
-                                         first_stage_layers=first_blocks, clip_grad=0.0)
+    first_blocks = sum(1 for i in cut(cfg, pp)[0] if 1 <= i <= cfg.layers) if pp == 2 else None
+    model, optimizer, tcfg = build(cfg, a.lr, device, tp=tp, pp=pp, sequence_parallel=sequence_parallel,
+                                   first_stage_layers=first_blocks, clip_grad=clip_grad)
     last = parallel_state.is_pipeline_last_stage()
     forward_backward = get_forward_backward_func()
     micro, mbs = a.micro_batches, a.batch_size // a.micro_batches

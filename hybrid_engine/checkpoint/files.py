@@ -23,6 +23,7 @@ FORMAT = "hybrid_engine.checkpoint/1"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 LOCK = ".lock"
+NO_OPTIMIZER = "none"  # the manifest's optimizer of a weights-only checkpoint (checkpoint/offline.py): fits any
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")  # the names the engine writes, and no others
 _SHARD = re.compile(r"^rank_\d{5,}\.pt$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)_step_\d{6,}_[0-9a-f]{8}$")
@@ -295,7 +296,7 @@ def check_compatible(ckpt: Checkpoint, model: dict, shapes: dict[str, tuple[int,
         odd = sorted(set(saved_shapes) ^ set(shapes)) or [k for k in shapes if saved_shapes[k] != shapes[k]]
         raise CheckpointError(f"checkpoint {ckpt.path} does not fit this model: parameter {odd[0]} is "
                               f"{saved_shapes.get(odd[0])} there, {shapes.get(odd[0])} here")
-    if ckpt.manifest["optimizer"] != optimizer:
+    if ckpt.manifest["optimizer"] not in (optimizer, NO_OPTIMIZER):
         raise CheckpointError(f"checkpoint {ckpt.path} was saved with --optimizer {ckpt.manifest['optimizer']}; "
                               f"this run uses {optimizer}")
 

@@ -185,7 +185,11 @@ def write(engine, root: str, step: int, run_info: dict, crash_in_save: bool = Fa
     error = next((r["error"] for r in reports if r["error"]), None)
     if error is None and rank == 0:  # the same on every rank: all of them gathered the same reports
         try:
-            _write_manifest(tmp, step, engine, run_info, reports, world)
+            grid = engine.grid
+            layout = {"grid": {"dp": grid.dp_size, "pp": grid.pp_size, "mp": grid.mp_size, "order": grid.order,
+                               "world_size": world},
+                      "schedule": engine.schedule_name, "virtual_stages": engine.num_stages // engine.pp_size}
+            write_manifest(tmp, step, layout, run_info, reports)
         except Exception as exc:  # noqa: BLE001 - as above
             error = f"cannot write {os.path.join(tmp, MANIFEST)}: {_cause(exc)}"
     error = _from_rank0(error)
@@ -228,19 +232,17 @@ def save(engine, root: str, step: int, run_info: dict, keep: int = 3, crash_in_s
     return publish(write(engine, root, step, run_info, crash_in_save), keep)
 
 
-def _write_manifest(tmp, step, engine, run_info, reports, world) -> None:
-    grid = engine.grid
+def write_manifest(tmp: str, step: int, layout: dict, run_info: dict, reports: list[dict]) -> None:
+    """The manifest of a checkpoint whose shards are written (reports: each shard's file, bytes, sha256 and
+    {param: [shape, dtype]}); layout: the "grid", "schedule" and "virtual_stages" that wrote it."""
     params = {}
     for r in reports:
         for name, (shape, dtype) in r["params"].items():
             params[name] = {"shape": shape, "dtype": dtype, "file": r["file"]}
     manifest = {
-        "format": FORMAT, "step": step, "torch": torch.__version__,
-        "grid": {"dp": grid.dp_size, "pp": grid.pp_size, "mp": grid.mp_size, "order": grid.order,
-                 "world_size": world},
-        "schedule": engine.schedule_name, "virtual_stages": engine.num_stages // engine.pp_size,
+        "format": FORMAT, "step": step, "torch": torch.__version__, **layout,
         "model": run_info["model"], "optimizer": run_info["optimizer"],
-        **({"data": run_info["data"]} if "data" in run_info else {}),
+        **{key: run_info[key] for key in ("data", "lr_schedule") if key in run_info},
         "params": dict(sorted(params.items(), key=lambda kv: _param_order(kv[0]))),
         "files": {r["file"]: r["bytes"] for r in reports},
         "sha256": {r["file"]: r["sha256"] for r in reports},

@@ -9,8 +9,9 @@ import hybrid_engine._C as _C
 from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_name builds each
+OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
 DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3, "adamw": 1e-3}  # without --lr, for an optimizer that is not the model's own
+LR_DECAYS = ("constant", "cosine", "linear")  # hybrid_engine/train/lr_schedule.py
 MAX_RANKS = 2**16
 MAX_INT = 2**31 - 1  # what the C++ core's int arguments hold
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
@@ -53,6 +54,7 @@ def check_numbers(cfg) -> None:
     if cfg.optimizer.name not in OPTIMIZERS:
         raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer.name!r}")
     _in_range("--lr", cfg.optimizer.lr, 0.0, MAX_LR, f"a learning rate in [0, {MAX_LR:g}]")
+    check_optimizer(cfg.optimizer, cfg.training.steps)
     t = cfg.training
     _in_range("--steps", t.steps, 0, MAX_INT, "a number of steps >= 0 (0: set up and stop)")
     _in_range("--warmup", t.warmup, 0, MAX_INT, "a number of steps >= 0")
@@ -65,10 +67,43 @@ def check_numbers(cfg) -> None:
         _in_range("--loss-scale", pr.loss_scale, 1e-30, 3.0e38, "a positive loss scale")
     _in_range("--scale-window", pr.scale_window, 1, MAX_INT, "a number of clean steps >= 1")
     _in_range("--hysteresis", pr.hysteresis, 1, MAX_INT, "a number of overflows >= 1 (1: halve at the first)")
-    _in_range("--clip-grad", pr.clip_grad, 0.0, 3.0e38, "a gradient norm >= 0 (0: off)")
+    if pr.clip_grad is not None:
+        _in_range("--clip-grad", pr.clip_grad, 0.0, 3.0e38, "a gradient norm >= 0 (0: off)")
     c = cfg.checkpoint
     if c.save_every < 0 or c.keep < 1:
         raise ConfigError(f"--save-every must be >= 0 and --keep-checkpoints >= 1, got {c.save_every} and {c.keep}")
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """--betas B1,B2: two numbers in [0, 1)."""
+    try:
+        b1, b2 = (float(b) for b in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--betas takes two numbers B1,B2 (e.g. 0.9,0.95), got {text!r}") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ConfigError(f"--betas must be two numbers in [0, 1), got {text!r}")
+    return b1, b2
+
+
+def check_optimizer(o, steps: int) -> None:
+    """The optimizer's flags and its lr schedule's, each against the optimizer that takes it."""
+    if o.lr_decay not in LR_DECAYS:
+        raise ConfigError(f"--lr-decay must be one of {', '.join(LR_DECAYS)}, got {o.lr_decay!r}")
+    _in_range("--lr-warmup", o.lr_warmup, 0, MAX_INT, "a number of steps >= 0")
+    _in_range("--min-lr", o.min_lr, 0.0, o.lr, f"a learning rate in [0, --lr {o.lr:g}]")
+    if o.lr_decay_steps is not None:
+        _in_range("--lr-decay-steps", o.lr_decay_steps, 0, MAX_INT, "a step >= 0")
+    if o.lr_decay != "constant" and (o.lr_decay_steps if o.lr_decay_steps is not None else steps) <= o.lr_warmup:
+        raise ConfigError(f"--lr-decay {o.lr_decay} needs --lr-decay-steps (default --steps) past --lr-warmup "
+                          f"{o.lr_warmup}: there are no steps left to decay over")
+    if o.weight_decay is not None:
+        if o.name != "adamw":
+            raise ConfigError(f"--weight-decay applies to --optimizer adamw only (got {o.name})")
+        _in_range("--weight-decay", o.weight_decay, 0.0, 1e6, "a decay rate >= 0")
+    if o.betas is not None:
+        if o.name == "sgd":
+            raise ConfigError("--betas applies to --optimizer adam and adamw only (got sgd)")
+        parse_betas(o.betas)
 
 
 # ------------------------------------------------------------------------------------------------ grid and training

@@ -111,14 +111,20 @@ class PrecisionConfig:
     """fp16: clean steps before the dynamic scale doubles."""
     hysteresis: int = field(default=1, metadata=flag(metavar="N"))
     """fp16: overflows tolerated before the dynamic scale halves."""
-    clip_grad: float = field(default=0.0, metadata=flag(metavar="NORM"))
-    """Clip the global gradient norm to this (0: off); MP-replicated parameters count once."""
+    clip_grad: float | None = field(default=None, metadata=flag(metavar="NORM"))
+    """Clip the global gradient norm to this (0: off); MP-replicated parameters count once. none: 1.0 for the
+    transformers (gpt, llama), off for the MLP; an Engine given none clips nothing."""
 
     def validate(self) -> None:
         _choice(self.amp, AMP_MODES, "precision.amp (--amp)")
         _choice(self.implementation, AMP_IMPLS, "precision.implementation (--amp-impl)")
         if self.loss_scale is not None and self.amp != "fp16":
             raise ConfigError(f"--loss-scale applies to --amp fp16 only, got --amp {self.amp}")
+
+    @property
+    def max_grad_norm(self) -> float:
+        """The clipping norm (0: off; none, the model's default left unresolved, is off)."""
+        return self.clip_grad or 0.0
 
     @property
     def half_dtype(self) -> torch.dtype | None:

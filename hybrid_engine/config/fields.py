@@ -43,10 +43,14 @@ def flag(name: Optional[str] = None, *, choices: Optional[Sequence] = None, meta
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: its documentation, one paragraph} of a dataclass, read from the string literal under each field."""
+    """{field: its documentation, one paragraph} of a dataclass, read from the string literal under each field; an
+    inherited field's from the base class that declares it."""
+    docs = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
-    docs = {}
     for here, after in zip(body, body[1:]):
         if (isinstance(here, ast.AnnAssign) and isinstance(here.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import DEFAULT_LR, DEVICES, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 
@@ -111,20 +111,36 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The optimizer, by name (hybrid_engine/optim/optimizers.py; Engine users pass any factory instead)."""
+    """The optimizer, by name, and its learning-rate schedule (hybrid_engine/optim/optimizers.py,
+    hybrid_engine/train/lr_schedule.py; Engine users pass any factory instead)."""
 
     name: str | None = field(default=None, metadata=flag("--optimizer", choices=OPTIMIZERS))
-    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay 0.01); none:
-    the model's own, sgd for the MLP and adamw for the GPT."""
+    """sgd (plain: fused with the half-weight cast under --amp) | adam | adamw (decoupled weight decay, never on
+    norms, biases or embeddings); none: the model's own, sgd for the MLP and adamw for the GPT and the Llama."""
     lr: float | None = None
-    """Learning rate; none: the model's own for its optimizer (the MLP's sgd 10, the GPT's adamw 3e-3), else 0.01
-    for sgd and 0.001 for adam(w)."""
+    """Learning rate, the peak of the schedule (--lr-warmup, --lr-decay); none: the model's own for its optimizer
+    (the MLP's sgd 10, the GPT's and the Llama's adamw 3e-3), else 0.01 for sgd and 0.001 for adam(w)."""
+    lr_warmup: int = field(default=0, metadata=flag(metavar="N"))
+    """Steps of linear warm-up: step t < N trains at lr (t + 1) / N."""
+    lr_decay: str = field(default="constant", metadata=flag(choices=LR_DECAYS))
+    """constant | cosine | linear: how the lr falls from --lr to --min-lr between the warm-up's end and
+    --lr-decay-steps (then it stays at --min-lr)."""
+    min_lr: float = 0.0
+    """The lr the decay ends at."""
+    lr_decay_steps: int | None = field(default=None, metadata=flag(metavar="N"))
+    """The step at which the decay reaches --min-lr (none: --steps)."""
+    weight_decay: float | None = None
+    """adamw: decoupled weight decay, on matrices only: never on norms, biases or embeddings (nor an LM head tied
+    to one); none: 0.01, torch's default."""
+    betas: str | None = field(default=None, metadata=flag(metavar="B1,B2"))
+    """adam, adamw: the moments' decay rates, e.g. 0.9,0.95; none: 0.9,0.999, torch's default."""
 
     def for_model(self, options: type) -> "OptimizerConfig":
         """This config with what it leaves unset filled from the model's options class (its OPTIMIZER)."""
         name, lr = options.OPTIMIZER
         chosen = self.name or name
-        return OptimizerConfig(chosen, self.lr if self.lr is not None else lr if chosen == name else DEFAULT_LR[chosen])
+        return replace(self, name=chosen,
+                       lr=self.lr if self.lr is not None else lr if chosen == name else DEFAULT_LR[chosen])
 
 
 @dataclass(frozen=True)
@@ -188,7 +204,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """[data]: the global batch, streamed or not."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    """[optimizer]: name and learning rate."""
+    """[optimizer]: name, learning rate and its schedule, weight decay, betas."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """[training]: steps, warm-up, how often to log."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

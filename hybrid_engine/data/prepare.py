@@ -1,7 +1,9 @@
-"""`python -m hybrid_engine.data prepare IN OUT [--bpe N] [--force]` (and `info PATH`): text -> a token file.
+"""`python -m hybrid_engine.data prepare IN OUT [--bpe N | --tokenizer HF_DIR] [--force]` (and `info PATH`): text ->
+a token file.
 
     python -m hybrid_engine.data prepare book.txt runs/book.tok              # bytes, vocabulary 256
     python -m hybrid_engine.data prepare book.txt runs/book.tok --bpe 4096   # byte-level BPE; OUT.tokenizer.json
+    python -m hybrid_engine.data prepare book.txt runs/book.tok --tokenizer llama-dir   # a model's own tokenizer
 
 Nothing a user has is overwritten by mistake: OUT (and, with --bpe, its tokenizer) must not be IN, also through
 a link, and an existing OUT is replaced only with --force. OUT's folder is created, as --save's is. Every
@@ -93,11 +95,50 @@ def _train_bpe(text_path: str, vocab_size: int, out_json: str):
     return tokenizer
 
 
-def prepare(in_path: str, out_path: str, bpe: Optional[int] = None, force: bool = False) -> tuple[int, int]:
-    """Tokenize `in_path` into a token file at `out_path`: bytes (vocabulary 256), or an N-token BPE trained on
-    the input (saved beside it, see tokenizer_path, its SHA-256 in the token file's header). An existing output
-    is replaced only with `force`. Returns (token count, vocabulary size)."""
+def _load_tokenizer(path: str):
+    """A tokenizers file, or a Hugging Face model directory's tokenizer.json: (the tokenizer, the file's SHA-256)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError("--tokenizer needs the tokenizers package: pip install tokenizers") from None
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    try:
+        with open(file, "rb") as f:
+            raw = f.read()
+        return Tokenizer.from_str(raw.decode("utf-8")), hashlib.sha256(raw).hexdigest()
+    except OSError as exc:
+        raise DataError(f"--tokenizer {file} cannot be read ({exc.strerror})") from None
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exceptions
+        raise DataError(f"--tokenizer {file} cannot be read ({str(exc).splitlines()[0]})") from None
+
+
+def _encode(in_path: str, tokenizer) -> np.ndarray:
+    """The text's ids, without the special tokens a tokenizer adds per encoded piece (a BOS per line batch would
+    sprinkle the corpus); streamed: the text is never all in memory."""
+    chunks: list[np.ndarray] = []
+    with open(in_path, "r", encoding="utf-8", newline="") as f:
+        while lines := list(itertools.islice(f, 4096)):
+            ids = [i for enc in tokenizer.encode_batch(lines, add_special_tokens=False) for i in enc.ids]
+            chunks.append(np.asarray(ids, dtype=np.uint32))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint32)
+
+
+def prepare(in_path: str, out_path: str, bpe: Optional[int] = None, force: bool = False,
+            tokenizer: Optional[str] = None) -> tuple[int, int]:
+    """Tokenize `in_path` into a token file at `out_path`: bytes (vocabulary 256), an N-token BPE trained on the
+    input (saved beside it, see tokenizer_path, its SHA-256 in the token file's header), or an existing tokenizer
+    (a tokenizer.json, or a Hugging Face model directory holding one; its SHA-256 in the header). An existing
+    output is replaced only with `force`. Returns (token count, vocabulary size)."""
     check_data_file(in_path)
+    if bpe is not None and tokenizer is not None:
+        raise DataError("--bpe trains a tokenizer and --tokenizer names one: give one of them")
+    if tokenizer is not None:
+        _check_output(in_path, out_path, force, "output")
+        _check_utf8(in_path)
+        tok, digest = _load_tokenizer(tokenizer)
+        tokens, vocab = _encode(in_path, tok), tok.get_vocab_size()
+        write_token_file(out_path, tokens, vocab, tokenizer_sha256=digest)
+        return tokens.size, vocab
     if bpe is not None and not 257 <= bpe <= MAX_BPE_VOCAB:
         raise DataError(f"--bpe {bpe}: a byte-level BPE needs a vocabulary of at least 257 (256 bytes + merges)"
                         if bpe < 257 else f"--bpe {bpe} is too large (at most {MAX_BPE_VOCAB} tokens)")
@@ -109,13 +150,7 @@ def prepare(in_path: str, out_path: str, bpe: Optional[int] = None, force: bool 
     _check_output(in_path, tokenizer_path(out_path), force, "the tokenizer")
     _check_utf8(in_path)
     tokenizer = _train_bpe(in_path, bpe, tokenizer_path(out_path))
-    chunks: list[np.ndarray] = []
-    with open(in_path, "r", encoding="utf-8", newline="") as f:
-        while lines := list(itertools.islice(f, 4096)):  # streamed: the text is never all in memory
-            ids = [i for enc in tokenizer.encode_batch(lines) for i in enc.ids]
-            chunks.append(np.asarray(ids, dtype=np.uint32))
-    vocab = tokenizer.get_vocab_size()
-    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint32)
+    tokens, vocab = _encode(in_path, tokenizer), tokenizer.get_vocab_size()
     with open(tokenizer_path(out_path), "rb") as f:  # the tokenizer file's bytes, as sample reads them
         digest = hashlib.sha256(f.read()).hexdigest()
     write_token_file(out_path, tokens, vocab, tokenizer_sha256=digest)
@@ -131,13 +166,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prep.add_argument("output", help="the token file to write (its folder is created)")
     prep.add_argument("--bpe", type=int, default=None, metavar="N",
                       help="train an N-token byte-level BPE (needs: pip install tokenizers); default: bytes")
+    prep.add_argument("--tokenizer", default=None, metavar="HF_DIR",
+                      help="tokenize with this tokenizer.json, or a Hugging Face model directory's (needs tokenizers)")
     prep.add_argument("--force", action="store_true", help="replace an existing output (and its tokenizer)")
     info = sub.add_parser("info", help="describe a data file")
     info.add_argument("path")
     args = parser.parse_args(argv)
     try:
         if args.command == "prepare":
-            count, vocab = prepare(args.input, args.output, args.bpe, force=args.force)
+            count, vocab = prepare(args.input, args.output, args.bpe, force=args.force, tokenizer=args.tokenizer)
             extra = f", tokenizer {tokenizer_path(args.output)}" if args.bpe else ""
             print(f"wrote {args.output}: {count} tokens, vocabulary {vocab}{extra}")
         else:

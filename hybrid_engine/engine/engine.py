@@ -119,7 +119,7 @@ class Engine(EngineState):
         attach(self._stages, self.grads, self._comm_trace)
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
-                                      clip_group_for_shards(groups, precision.clip_grad), self.device, self._stages,
+                                      clip_group_for_shards(groups, precision.max_grad_norm), self.device, self._stages,
                                       data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted)
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
@@ -155,6 +155,9 @@ class Engine(EngineState):
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())
+        if self.precision.max_grad_norm > 0:
+            lines.append(f"gradient clipping: global norm {self.precision.max_grad_norm:g} (MP-replicated and tied "
+                         "parameters counted once)")
         if self.zero is not None:
             autograd = [p.stage for p in self.plans if not p.native]
             lines.append(param_gather.describe(self.zero.overlap, self.dp_size,
@@ -201,6 +204,11 @@ class Engine(EngineState):
     def zero_grad(self) -> None:
         for flat in self.grads.buckets:
             flat.zero_()
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps, in every param group (an lr schedule calls this before a step)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def add_post_backward_hook(self, hook: Callable[["Engine"], None]) -> None:
         """Call hook(engine) in every step once the gradients are summed over DP, before the optimizer's side of
@@ -286,16 +294,16 @@ class Engine(EngineState):
         if self._tied:
             self._tied.sum_grads()
         if self.zero is not None:
-            return self.zero.update(self.scaler, self.precision.clip_grad)
+            return self.zero.update(self.scaler, self.precision.max_grad_norm)
         buckets = list(self.grads.buckets)
-        if self.scaler is not None and self.update.fuses_unscale and self.precision.clip_grad <= 0:
+        if self.scaler is not None and self.update.fuses_unscale and self.precision.max_grad_norm <= 0:
             found_inf = self.scaler.find_nonfinite(buckets, self.groups.model_parallel, self.device)
             self.update.step(inv_scale=self.scaler.inv_scale, skip_if=found_inf)
             return found_inf, False, None
         skipped = False
         if self.scaler is not None:
             skipped = self.scaler.unscale_and_check(buckets, self.groups.model_parallel, self.device)
-        grad_norm = self._clip() if not skipped and self.precision.clip_grad > 0 else None
+        grad_norm = self._clip() if not skipped and self.precision.max_grad_norm > 0 else None
         if not skipped:
             self.update.step()
         return None, skipped, grad_norm
@@ -318,7 +326,7 @@ class Engine(EngineState):
         counted = [(p, o) for p, o in pairs if id(p) not in self._tied.not_counted]
         split = [o.grad for p, o in counted if is_mp_split(p)]
         replicated = [o.grad for p, o in counted if not is_mp_split(p)]
-        max_norm = self.precision.clip_grad
+        max_norm = self.precision.max_grad_norm
         if len(counted) == len(pairs):
             return clip_grad_norm(split, replicated, max_norm, self.groups.mp, self.groups.pp, self.device)
         # A tied copy left out of the norm must still be clipped with the others: measure, then scale all (the

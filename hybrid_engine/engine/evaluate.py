@@ -1,6 +1,8 @@
-"""Forward-only evaluation through an engine's stages: the validation loss without touching gradients or state.
+"""Forward-only evaluation through an engine's stages: the validation loss, or the logits, without touching
+gradients or state.
 
     val = evaluate(engine, inputs, targets, micro_batches)   # every rank calls it; same float everywhere
+    out = logits(engine, inputs)                             # the last stage's ranks get the full logits
 
 Not a schedule: micro-batch by micro-batch, stage by stage in order, each stage's owner runs its modules under
 no_grad and sends the output to the next stage's owner with a blocking send (the receiver knows the shape from a
@@ -25,22 +27,47 @@ def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, 
     (None elsewhere), this DP rank's rows (the same count on every DP rank), cut into `micro_batches` equal
     micro-batches. Collective over the world. Pass a whole evaluation slice at once: each call probes the
     stages' shapes once (one forward of zeros per stage)."""
-    pp_size, pp_rank = engine.pp_size, engine.pp_rank
-    for held, data, what in ((engine.holds_first_stage, inputs, "inputs"), (engine.holds_last_stage, targets,
-                                                                             "targets")):
-        if held and (data is None or data.shape[0] % micro_batches):
-            rows = None if data is None else data.shape[0]
-            raise ValueError(f"evaluate: {what} of {rows} rows do not cut into {micro_batches} equal micro-batches")
-    micro_in = list(inputs.chunk(micro_batches)) if engine.holds_first_stage else []
+    if engine.holds_last_stage and (targets is None or targets.shape[0] % micro_batches):
+        rows = None if targets is None else targets.shape[0]
+        raise ValueError(f"evaluate: targets of {rows} rows do not cut into {micro_batches} equal micro-batches")
     micro_tgt = list(targets.chunk(micro_batches)) if engine.holds_last_stage else []
+    loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
+    micro_losses = [loss_fn(y, t).float() for y, t in zip(_outputs(engine, inputs, micro_batches), micro_tgt)]
+    return engine._global_loss(micro_losses)
+
+
+@torch.no_grad()
+def logits(engine, inputs: torch.Tensor | None) -> torch.Tensor | None:
+    """The last stage's output for `inputs` (this DP rank's rows, on the first stage's ranks), one forward of the
+    whole slice: on the last stage's ranks the full logits [rows, seq, V], their vocabulary split over MP
+    gathered and its padding dropped (V: the loss's vocabulary); None on the other ranks. Collective over the
+    pipeline and the MP group."""
+    out = next(iter(_outputs(engine, inputs, 1)), None)
+    if out is None:
+        return None
+    vocab = getattr(engine.loss, "vocab_size", None)
+    if engine.grid.mp_size > 1 and vocab is not None:
+        parts = [torch.empty_like(out) for _ in range(engine.grid.mp_size)]
+        dist.all_gather(parts, out.contiguous(), group=engine.groups.mp)
+        out = torch.cat(parts, dim=-1)
+    return out[..., :vocab] if vocab is not None else out
+
+
+def _outputs(engine, inputs: torch.Tensor | None, micro_batches: int) -> list[torch.Tensor]:
+    """The last stage's output of each micro-batch (on its ranks; an empty list elsewhere): micro-batch by
+    micro-batch, stage by stage in order."""
+    pp_size, pp_rank = engine.pp_size, engine.pp_rank
+    if engine.holds_first_stage and (inputs is None or inputs.shape[0] % micro_batches):
+        rows = None if inputs is None else inputs.shape[0]
+        raise ValueError(f"evaluate: inputs of {rows} rows do not cut into {micro_batches} equal micro-batches")
+    micro_in = list(inputs.chunk(micro_batches)) if engine.holds_first_stage else []
     half = engine.precision.half_dtype if engine.precision.half_weights else None
     if half is not None:
         micro_in = [x.to(half) if x.is_floating_point() else x for x in micro_in]
     in_specs, _ = engine.stage_specs(micro_in[0] if micro_in else None)
-    loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
     autocast = (torch.autocast(engine.device.type, dtype=engine.precision.half_dtype)
                 if engine.precision.autocast else contextlib.nullcontext())
-    micro_losses = []
+    outputs = []
     with autocast:
         for micro in range(micro_batches):
             x = micro_in[micro] if micro_in else None
@@ -51,8 +78,8 @@ def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, 
                 if owner == pp_rank:
                     x = engine.stages[s](x)
             if engine.holds_last_stage:
-                micro_losses.append(loss_fn(x, micro_tgt[micro]).float())
-    return engine._global_loss(micro_losses)
+                outputs.append(x)
+    return outputs
 
 
 def _pass(x: torch.Tensor | None, spec: torch.Tensor, src: int, dst: int, engine) -> torch.Tensor | None:

@@ -28,11 +28,15 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:,.1f} GiB" if nbytes < 2**40 else f"{nbytes / 2**40:,.1f} TiB"
 
 
+def weight_bytes(params: int, vocab: int, hidden: int, pp: int = 1, mp: int = 1) -> int:
+    """A lower bound on one rank's fp32 weights: the whole model (`params`) split evenly over pp x mp ranks, and
+    at least the token embedding's share on the first stage (split over mp only)."""
+    return FP32_BYTES * max(params // (pp * mp), vocab * hidden // mp)
+
+
 def gpt_weight_bytes(cfg: GPTConfig, pp: int = 1, mp: int = 1) -> int:
-    """A lower bound on one rank's fp32 weights: the whole model split evenly over pp x mp ranks, and at least
-    the token embedding's share on the first stage (split over mp only)."""
-    whole = gpt_param_count(cfg)
-    return FP32_BYTES * max(whole // (pp * mp), cfg.vocab_size * cfg.hidden // mp)
+    """weight_bytes of a GPT."""
+    return weight_bytes(gpt_param_count(cfg), cfg.vocab_size, cfg.hidden, pp, mp)
 
 
 def refuse_if_too_large(what: str, nbytes: int, device_type: str = "cpu", where: str = "") -> str | None:

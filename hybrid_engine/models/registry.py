@@ -15,6 +15,8 @@ from typing import Callable
 
 from .gpt import workload as gpt
 from .gpt.options import GPTOptions
+from .llama import workload as llama
+from .llama.options import LlamaOptions
 from .mlp import workload as mlp
 from .mlp.options import MLPOptions
 from .workload import Workload
@@ -30,6 +32,7 @@ class ModelEntry:
 MODELS: dict[str, ModelEntry] = {
     "mlp": ModelEntry(MLPOptions, mlp.build, mlp.check),
     "gpt": ModelEntry(GPTOptions, gpt.build, gpt.check),
+    "llama": ModelEntry(LlamaOptions, llama.build, llama.check),
 }
 OPTIONS: dict[str, type] = {name: entry.options for name, entry in MODELS.items()}
 

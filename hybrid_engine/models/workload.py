@@ -34,21 +34,22 @@ class Workload:
     """One trainable workload. `model` is on the meta device; `data` has `draw(step, start, stop, ...)` and
     `batch(step, batch_size, start, stop, ...)` (and, for text, `val_batch` / `val_batches`)."""
 
-    name: str  # "mlp" | "gpt"
+    name: str  # "mlp" | "gpt" | "llama"
     model: nn.Sequential
     loss: losses.LossSpec
     parallelize: Callable[[nn.Sequential, object], nn.Sequential]
     layout_fn: Optional[Callable[[int], list[list[int]]]]  # num_stages -> module indices per stage; None: by count
     data: object
     flops_per_sample: float  # model FLOPs of one training sample (forward + backward)
-    tokens_per_sample: int  # 1 for the MLP, seq_len for the GPT
+    tokens_per_sample: int  # 1 for the MLP, seq_len for the token models
     checkpoint_model: dict  # run_info["model"] of hybrid_engine.checkpoint.saving.save: what a checkpoint must match
     summary: str
     layer_names: list[str]
     layer_costs: list[float]
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
-    cfg: Optional[object] = None  # the model's shape (the GPT's GPTConfig; None for the MLP)
+    cfg: Optional[object] = None  # the model's shape (GPTConfig, LlamaConfig; None for the MLP)
     checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
+    clip_grad: float = 0.0  # the gradient-norm clip a run gets when it names none (--clip-grad): 1.0 for transformers
 
     @property
     def flops_per_token(self) -> float:

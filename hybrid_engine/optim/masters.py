@@ -25,6 +25,8 @@ class MasterWeights:
         self.masters = [nn.Parameter(p.detach().float().clone()) for p in params]
         for master, param in zip(self.masters, params):
             copy_placement(param, master)
+            if hasattr(param, "no_weight_decay"):  # what AdamW decays is the model's call (optimizers.decays)
+                master.no_weight_decay = param.no_weight_decay
 
     @torch.no_grad()
     def copy_to_model(self) -> None:

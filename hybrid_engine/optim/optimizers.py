@@ -55,10 +55,33 @@ class Adam:
 
 @dataclass(frozen=True)
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay; fused on CUDA)."""
+    """torch.optim.AdamW (decoupled weight decay; fused on CUDA), as nanoGPT and Megatron configure it: the decay
+    applies to matrices only, never to norms, biases or embeddings (`decays`). With a weight decay the tensors
+    are handed over in two param groups (the second with weight_decay 0), so a distributed optimizer splits its
+    flat shards where the two kinds meet (`groups_by_decay`)."""
 
     weight_decay: float = 0.01
     torch_class = torch.optim.AdamW
+
+    @property
+    def groups_by_decay(self) -> bool:
+        return self.weight_decay > 0
+
+    def __call__(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        params = list(params)
+        decayed = [p for p in params if decays(p)]
+        kept = [p for p in params if not decays(p)]
+        groups = [g for g in ({"params": decayed}, {"params": kept, "weight_decay": 0.0}) if g["params"]]
+        return self.torch_class(groups, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                                fused=_fused(params))
+
+
+def decays(param: torch.Tensor) -> bool:
+    """Whether weight decay applies to a tensor the optimizer steps: its `no_weight_decay` tag where it has one (a
+    model's embeddings; an fp32 master or a ZeRO-1 shard segment carries its parameter's), else whether it is a
+    matrix (norms and biases are vectors)."""
+    tag = getattr(param, "no_weight_decay", None)
+    return not tag if tag is not None else param.dim() >= 2
 
 
 def _fused(params: list[torch.Tensor]) -> bool | None:
@@ -74,12 +97,17 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
                if torch.is_tensor(v))
 
 
-def from_name(name: str, lr: float) -> OptimizerFactory:
-    """The command line's conveniences: sgd | adam | adamw with a learning rate and torch's other defaults."""
+def from_name(name: str, lr: float, betas: tuple[float, float] | None = None,
+              weight_decay: float | None = None) -> OptimizerFactory:
+    """The command line's conveniences: sgd | adam | adamw with a learning rate, betas (adam, adamw) and a weight
+    decay (adamw), torch's defaults for what is None."""
     factories = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
     if name not in factories:
         raise ValueError(f"unknown optimizer '{name}' (expected one of {', '.join(NAMES)})")
-    return factories[name](lr=lr)
+    extra = {"betas": betas} if betas is not None and name != "sgd" else {}
+    if weight_decay is not None and name == "adamw":
+        extra["weight_decay"] = weight_decay
+    return factories[name](lr=lr, **extra)
 
 
 def describe(factory: OptimizerFactory) -> str:

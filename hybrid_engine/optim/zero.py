@@ -70,7 +70,12 @@ class ShardedOptimizer:
         self.masters = [nn.Parameter(ps.detach().float().clone() if half_weights else ps) for ps in self.param_shards]
         for master, grad in zip(self.masters, self.grad_shards):
             master.grad = grad
-        self.optimizer = factory(self.masters or [nn.Parameter(torch.zeros(1, device=device))])
+        # What the optimizer steps: each shard whole, or (an AdamW that decays matrices only) cut where decayed
+        # and undecayed parameters meet, each piece a view of the shard tagged for optimizers.decays.
+        by_decay = getattr(factory, "groups_by_decay", False)
+        self.pieces = [self._pieces(b) if by_decay else [(0, m.numel(), m)] for b, m in enumerate(self.masters)]
+        stepped = [t for pieces in self.pieces for _, _, t in pieces]
+        self.optimizer = factory(stepped or [nn.Parameter(torch.zeros(1, device=device))])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory must return a torch.optim.Optimizer, got "
                             f"{type(self.optimizer).__name__}")
@@ -101,6 +106,51 @@ class ShardedOptimizer:
                 if lo < hi and id(p) not in self._not_counted:
                     (split if is_mp_split(p) else replicated).append(self.layout.grads.buckets[b][lo:hi])
         return split, replicated
+
+    def _pieces(self, b: int) -> list[tuple[int, int, torch.Tensor]]:
+        """(start, end, tensor) of bucket b's shard, cut into runs of parameters that are decayed alike (padding
+        joins the run before it); one run is the shard itself."""
+        start, end = self.shards[b]
+        runs: list[list] = []
+        for p, offset in self.layout.members[b]:
+            lo, hi = max(start, offset) - start, min(end, offset + p.numel()) - start
+            if lo >= hi:
+                continue
+            if runs and runs[-1][2] == optim.decays(p):
+                runs[-1][1] = hi
+            else:
+                runs.append([lo, hi, optim.decays(p)])
+        master = self.masters[b]
+        if len(runs) <= 1:
+            if runs:
+                master.no_weight_decay = not runs[0][2]
+            return [(0, master.numel(), master)]
+        runs[0][0], runs[-1][1] = 0, master.numel()
+        for before, after in zip(runs, runs[1:]):
+            after[0] = before[1]
+        pieces = []
+        for lo, hi, decayed in runs:
+            piece = nn.Parameter(master.detach()[lo:hi])  # a view: the optimizer writes the shard itself
+            piece.grad = self.grad_shards[b][lo:hi]
+            piece.no_weight_decay = not decayed
+            pieces.append((lo, hi, piece))
+        return pieces
+
+    def _bucket_state(self, b: int) -> dict:
+        """The optimizer's state of bucket b's shard, its pieces' per-element tensors joined."""
+        states = [self.optimizer.state.get(t, {}) for _, _, t in self.pieces[b]]
+        if len(states) == 1 or not states[0]:
+            return states[0]
+        return {k: torch.cat([st[k] for st in states]) if torch.is_tensor(v) and v.dim() > 0 else v
+                for k, v in states[0].items()}
+
+    def _set_bucket_state(self, b: int, state: dict) -> None:
+        for lo, hi, t in self.pieces[b]:
+            if state:
+                self.optimizer.state[t] = {k: (v[lo:hi].clone() if torch.is_tensor(v) and v.dim() > 0
+                                               else (v.clone() if torch.is_tensor(v) else v)) for k, v in state.items()}
+            else:
+                self.optimizer.state.pop(t, None)
 
     def grad_shard_of(self, param: nn.Parameter) -> torch.Tensor:
         """This DP rank's shard of the gradient bucket that holds `param` alone (build_grad_buffer's `alone`)."""
@@ -177,7 +227,7 @@ class ShardedOptimizer:
         weights, optimizer = {}, {}
         for b, members in enumerate(self.layout.members):
             master = self._full(self.masters[b])
-            state = self.optimizer.state.get(self.masters[b], {}) if with_optimizer else {}
+            state = self._bucket_state(b) if with_optimizer else {}
             per_element = {k: self._full(v) for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0}
             for p, offset in members:
                 name = names[id(p)]
@@ -215,9 +265,5 @@ class ShardedOptimizer:
             start, end = self.shards[b]
             self.param_flats[b].copy_(master)
             self.masters[b].copy_(master[start:end])
-            state = {k: (v[start:end].clone() if torch.is_tensor(v) and v.dim() > 0
-                         else (v.clone() if torch.is_tensor(v) else v)) for k, v in keys.items()}
-            if state:
-                self.optimizer.state[self.masters[b]] = state
-            else:
-                self.optimizer.state.pop(self.masters[b], None)
+            self._set_bucket_state(b, {k: v[start:end] if torch.is_tensor(v) and v.dim() > 0 else v
+                                       for k, v in keys.items()})

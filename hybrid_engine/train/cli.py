@@ -33,6 +33,7 @@ from hybrid_engine.parallel.nodes import NodeMap, check_mp_within_nodes, host_na
 from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
+from .lr_schedule import LRSchedule
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 
@@ -110,8 +111,10 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     device = pick_device(cfg.parallel.device, env.local_rank)
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
+    lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
-    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0)
+    start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0,
+                                          lr_schedule=lr_schedule)
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups

@@ -1,21 +1,24 @@
-"""Continue a prompt with a GPT checkpoint written on any grid, in one process:
+"""Continue a prompt with a GPT or Llama checkpoint written on any grid (or imported), in one process:
 
     python -m hybrid_engine.sample --load CKPT --prompt "Once upon a time" [--tokens 200] [--temperature 0.8]
+    python -m hybrid_engine.sample --load CKPT --prompt-ids 1,2,3 --temperature 0      (token ids in and out)
 
 CKPT is a checkpoint directory (DIR/step_N) or a --save directory (its latest). The checkpoint stores every
 parameter whole (gathered over MP, unpadded vocabulary) under the dense model's names ("<module index>.<name>"),
 each in the shard the manifest names, and the model's shape in the manifest's "model" entry (the driver writes
 `models.gpt.workload.gpt_checkpoint_model(cfg)`: name "gpt", vocab_size, layers, hidden, heads, seq_len, tie_embeddings,
-seed). So the dense GPT is rebuilt here and loaded directly, whatever dp x pp x mp wrote it.
+seed; a Llama's is models.llama.workload.llama_checkpoint_model). So the dense model is rebuilt here and loaded
+directly, whatever dp x pp x mp wrote it.
 
-Before anything is built, the model entry must describe a GPT whose weights fit this machine's memory and whose
+Before anything is built, the model entry must describe a model whose weights fit this machine's memory and whose
 every parameter has the shape the manifest records (a crafted or damaged manifest is one line, not a build until
 memory runs out or a load_state_dict traceback); every shard's checksum is checked before it is read.
 
 Text: a vocabulary of 256 is bytes (UTF-8 in, bytes out, undecodable bytes shown as U+FFFD); any other vocabulary
 needs `--tokenizer FILE` (the tokenizer.json that `python -m hybrid_engine.data prepare --bpe` keeps beside the
-token file; needs the tokenizers package). When the checkpoint records the SHA-256 of the tokenizer its token
-file was made with, --tokenizer must be that file: another one of the same size decodes the ids into other text.
+token file, or a Hugging Face model directory holding one; needs the tokenizers package). When the checkpoint
+records the SHA-256 of the tokenizer its token file was made with, --tokenizer must be that file: another one of
+the same size decodes the ids into other text. `--prompt-ids` needs no tokenizer: ids in, ids out.
 """
 from __future__ import annotations
 
@@ -32,61 +35,76 @@ import torch.nn as nn
 from hybrid_engine.checkpoint import CheckpointError, open_checkpoint, read_shard
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.input_files import read_regular_file
-from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, generate
+from hybrid_engine.models.decoder import generate
+from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
 from hybrid_engine.models.gpt.workload import gpt_config_of
 from hybrid_engine.models.mlp.workload import CHECKPOINT_NAME as MLP_CHECKPOINT_NAME
+from hybrid_engine.models.llama.flops import llama_param_count
+from hybrid_engine.models.llama.model import build_llama
+from hybrid_engine.models.llama.workload import llama_config_of
+from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large, weight_bytes
 
 MAX_SIZE = 2**16  # layers, hidden, heads, seq_len: the training flags' limit
 MAX_VOCAB = 2**32  # a token file's 4-byte ids
 MAX_TOKENIZER_BYTES = 1 << 30
 
 
-def _gpt_config(ckpt) -> GPTConfig:
-    """The GPT the manifest's model entry describes, checked to be one that can be built here at all."""
+MODELS = {"gpt": ("GPT", gpt_config_of, build_gpt, lambda c: gpt_weight_bytes(c)),
+          "llama": ("Llama", llama_config_of, build_llama,
+                    lambda c: weight_bytes(llama_param_count(c), c.vocab_size, c.hidden))}
+
+
+def _model_config(ckpt):
+    """The model the manifest's model entry describes (a GPTConfig or LlamaConfig), checked to be one that can be
+    built here at all."""
     model = ckpt.manifest["model"]
     name = model.get("name") if isinstance(model, dict) else None
-    if name != "gpt":
+    if name not in MODELS:
         what = "the MLP (--model mlp)" if name == MLP_CHECKPOINT_NAME else f"a model named {name!r}"
-        raise CheckpointError(f"checkpoint {ckpt.path} holds {what}, not a GPT: sample continues text with a "
-                              "checkpoint of --model gpt")
+        raise CheckpointError(f"checkpoint {ckpt.path} holds {what}, not a GPT or a Llama: sample continues text "
+                              "with a checkpoint of --model gpt or --model llama")
+    what, config_of, _, nbytes = MODELS[name]
     try:
-        cfg = gpt_config_of(model)
+        cfg = config_of(model)
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {ckpt.path} does not hold a GPT ({exc})") from None
+        raise CheckpointError(f"checkpoint {ckpt.path} does not hold a {what} ({exc})") from None
     for name, limit in (("layers", MAX_SIZE), ("hidden", MAX_SIZE), ("heads", MAX_SIZE), ("seq_len", MAX_SIZE),
                         ("vocab_size", MAX_VOCAB)):
         if getattr(cfg, name) > limit:
-            raise CheckpointError(f"checkpoint {ckpt.path} describes a GPT of {name} {getattr(cfg, name)}, more than "
-                                  f"{limit}: damaged, or not written by hybrid_engine")
-    too_large = refuse_if_too_large(f"the GPT of checkpoint {ckpt.path} ({cfg.layers} layers, hidden {cfg.hidden}, "
-                                    f"vocabulary {cfg.vocab_size})", gpt_weight_bytes(cfg))
+            raise CheckpointError(f"checkpoint {ckpt.path} describes a {what} of {name} {getattr(cfg, name)}, more "
+                                  f"than {limit}: damaged, or not written by hybrid_engine")
+    too_large = refuse_if_too_large(f"the {what} of checkpoint {ckpt.path} ({cfg.layers} layers, hidden {cfg.hidden}, "
+                                    f"vocabulary {cfg.vocab_size})", nbytes(cfg))
     if too_large:
         raise CheckpointError(f"{too_large}: damaged, or too large to sample from here")
     return cfg
 
 
-def _check_shapes(ckpt, cfg: GPTConfig) -> None:
-    """Every parameter of the GPT `cfg` must be in the manifest with the shape it has there (a model entry that
+def _build(cfg, device="cpu"):
+    return build_gpt(cfg, device) if isinstance(cfg, GPTConfig) else build_llama(cfg, device)
+
+
+def _check_shapes(ckpt, cfg) -> None:
+    """Every parameter of the model `cfg` must be in the manifest with the shape it has there (a model entry that
     disagrees with the weights: a crafted vocabulary or seq_len)."""
-    expected = {k: list(v.shape) for k, v in build_gpt(cfg, "meta").state_dict().items()}
+    expected = {k: list(v.shape) for k, v in _build(cfg, "meta").state_dict().items()}
     recorded = {k: v["shape"] for k, v in ckpt.manifest["params"].items()}
     for name, shape in expected.items():
         if recorded.get(name) != shape:
             there = f"is {recorded[name]} there" if name in recorded else "is missing there"
-            raise CheckpointError(f"checkpoint {ckpt.path} does not fit its GPT config: parameter {name} {there}, "
+            raise CheckpointError(f"checkpoint {ckpt.path} does not fit its model config: parameter {name} {there}, "
                                   f"{shape} for the model entry's vocab_size {cfg.vocab_size}, hidden {cfg.hidden}, "
                                   f"seq_len {cfg.seq_len}: damaged, or not written by hybrid_engine")
     extra = sorted(set(recorded) - set(expected))
     if extra:
-        raise CheckpointError(f"checkpoint {ckpt.path} does not fit its GPT config: it holds {extra[0]}, which "
-                              "that GPT has not: damaged, or not written by hybrid_engine")
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit its model config: it holds {extra[0]}, which "
+                              "that model has not: damaged, or not written by hybrid_engine")
 
 
-def load_checked(path: str) -> tuple[nn.Sequential, GPTConfig, dict]:
-    """(the dense GPT of a checkpoint written on any grid, on the CPU, in eval mode; its config; the manifest)."""
+def load_checked(path: str) -> tuple[nn.Sequential, object, dict]:
+    """(the dense model of a checkpoint written on any grid, on the CPU, in eval mode; its config; the manifest)."""
     ckpt = open_checkpoint(path)
-    cfg = _gpt_config(ckpt)
+    cfg = _model_config(ckpt)
     _check_shapes(ckpt, cfg)
     if ckpt.checksums is None:
         print(f"note: {ckpt.path} records no checksums (written before hybrid_engine recorded them): its shards "
@@ -102,7 +120,7 @@ def load_checked(path: str) -> tuple[nn.Sequential, GPTConfig, dict]:
             raise CheckpointError(f"checkpoint {ckpt.path}: shard {file} does not hold {name} of shape "
                                   f"{entry['shape']}: damaged, or not written by hybrid_engine")
         weights[name] = weight
-    model = build_gpt(cfg)
+    model = _build(cfg)
     model.load_state_dict(weights, strict=True)  # names and shapes were checked above
     return model.eval(), cfg, ckpt.manifest
 
@@ -117,7 +135,7 @@ class Codec:
     """Text <-> token ids: bytes for a vocabulary of 256, else a tokenizers file (given as its bytes)."""
 
     def __init__(self, vocab_size: int, tokenizer: Optional[str] = None, tokenizer_json: bytes | None = None,
-                 expected_sha256: str | None = None):
+                 expected_sha256: str | None = None, padded_vocab: bool = False):
         self.tokenizer = None
         if tokenizer is not None:
             try:
@@ -129,8 +147,10 @@ class Codec:
             except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ValueError(f"--tokenizer {tokenizer} cannot be read ({first})") from None
-            # A tokenizer of another vocabulary decodes the model's ids into other text, or drops them, silently.
-            if self.tokenizer.get_vocab_size() != vocab_size:
+            # A tokenizer of another vocabulary decodes the model's ids into other text, or drops them, silently
+            # (a model whose vocabulary is its own, not its data's, may be padded past its tokenizer's).
+            size = self.tokenizer.get_vocab_size()
+            if size > vocab_size or (size < vocab_size and not padded_vocab):
                 raise ValueError(f"--tokenizer {tokenizer} has a vocabulary of {self.tokenizer.get_vocab_size()}, "
                                  f"the checkpoint's model {vocab_size}: not the tokenizer of its token file")
             # ... and so does one of the same size with other merges.
@@ -151,28 +171,41 @@ class Codec:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybrid_engine.sample",
-                                     description="Continue a prompt with a GPT checkpoint (any grid).")
+                                     description="Continue a prompt with a GPT or Llama checkpoint (any grid).")
     parser.add_argument("--load", required=True, metavar="CKPT", help="DIR/step_N, or a --save DIR (its latest)")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the text to continue")
+    source.add_argument("--prompt-ids", metavar="IDS",
+                        help="token ids to continue, comma-separated (e.g. 1,2,3): ids in, ids out, no tokenizer")
     parser.add_argument("--tokens", type=int, default=200, help="how many tokens to add (default 200)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer.json for a vocabulary other than bytes")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json (or a Hugging Face model directory holding "
+                        "one) for a vocabulary other than bytes")
     args = parser.parse_args(argv)
     try:
         if args.tokens < 0 or not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--tokens must be >= 0 and --temperature a finite number >= 0, got {args.tokens} and "
                              f"{args.temperature}")
-        tokenizer_json = (read_regular_file(args.tokenizer, MAX_TOKENIZER_BYTES, f"--tokenizer {args.tokenizer}",
+        tokenizer = args.tokenizer
+        if tokenizer is not None and os.path.isdir(tokenizer):  # a Hugging Face model directory
+            tokenizer = os.path.join(tokenizer, "tokenizer.json")
+        tokenizer_json = (read_regular_file(tokenizer, MAX_TOKENIZER_BYTES, f"--tokenizer {tokenizer}",
                                             "{said} cannot be read ({why})")
-                          if args.tokenizer is not None else None)  # a FIFO is refused here, never waited on
+                          if tokenizer is not None and args.prompt is not None else None)  # a FIFO is refused
         model, cfg, manifest = load_checked(args.load)
-        recorded = manifest.get("data", {}).get("tokenizer_sha256") if isinstance(manifest.get("data"), dict) else None
-        codec = Codec(cfg.vocab_size, args.tokenizer, tokenizer_json, recorded)
-        if args.tokenizer is not None and recorded is None:
-            print(f"note: {args.load} records no tokenizer checksum (its token file predates them): --tokenizer "
-                  f"{args.tokenizer} is trusted to be its token file's", file=sys.stderr)
-        prompt = codec.encode(args.prompt)
+        data = manifest.get("data") if isinstance(manifest.get("data"), dict) else None
+        recorded = data.get("tokenizer_sha256") if data else None
+        if args.prompt_ids is not None:
+            codec, prompt = None, _ids(args.prompt_ids)
+        else:
+            codec = Codec(cfg.vocab_size, tokenizer, tokenizer_json, recorded,
+                          padded_vocab=manifest["model"].get("name") == "llama")
+            if tokenizer is not None and recorded is None:
+                why = ("its token file predates them" if data else "it was trained on no token file: an import")
+                print(f"note: {args.load} records no tokenizer checksum ({why}): --tokenizer {tokenizer} is trusted "
+                      "to be its tokenizer", file=sys.stderr)
+            prompt = codec.encode(args.prompt)
         if not prompt:
             raise ValueError("--prompt is empty")
         if max(prompt) >= cfg.vocab_size:
@@ -182,8 +215,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(codec.decode(out[0].tolist()), flush=True)
+    ids = out[0].tolist()
+    print(",".join(map(str, ids)) if codec is None else codec.decode(ids), flush=True)
     return 0
+
+
+def _ids(text: str) -> list[int]:
+    """--prompt-ids: comma-separated non-negative token ids."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--prompt-ids takes comma-separated token ids (e.g. 1,2,3), got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise ValueError(f"--prompt-ids holds a negative id: {text!r}")
+    return ids
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the same step. Rank 0 reports (hybrid_engine/train/progress.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import statistics
@@ -22,6 +23,7 @@ from hybrid_engine import checkpoint
 from hybrid_engine import optim
 from hybrid_engine.runtime import faults
 from hybrid_engine.metrics import flops
+from hybrid_engine.config.checks import parse_betas
 from hybrid_engine.config.run import RunConfig
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.runtime.fault_plan import FaultPlan
@@ -29,6 +31,7 @@ from hybrid_engine.parallel.grid import GridGroups
 from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
+from .lr_schedule import LRSchedule
 from .progress import Progress, flops_text, summary_line
 from hybrid_engine.checkpoint.runs import RunCheckpoints
 from hybrid_engine.metrics.trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
@@ -63,9 +66,14 @@ class RunState:
 
 
 def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
-    """The one place a run's configuration becomes an Engine (each rank builds only its own stages)."""
-    return Engine(workload.model, workload.loss, groups, optimizer=optim.from_name(cfg.optimizer.name, cfg.optimizer.lr), schedule=cfg.schedule,
-                  stages=cfg.stages, precision=cfg.precision, data_parallel=cfg.data_parallel, device=device,
+    """The one place a run's configuration becomes an Engine (each rank builds only its own stages); a --clip-grad
+    left unsaid is the model's default (the engine announces it)."""
+    o, precision = cfg.optimizer, cfg.precision
+    if precision.clip_grad is None:
+        precision = dataclasses.replace(precision, clip_grad=workload.clip_grad)
+    factory = optim.from_name(o.name, o.lr, parse_betas(o.betas) if o.betas else None, o.weight_decay)
+    return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
+                  stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
@@ -131,14 +139,20 @@ class Trainer:
                             metrics=cfg.reporting.metrics, append=start_from is not None,
                             tensorboard=cfg.reporting.tensorboard)
         self.state.save = cfg.checkpoint.save
-        ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults)
+        schedule = LRSchedule.of(cfg.optimizer, steps)
+        ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults,
+                               lr_schedule=schedule.as_dict())
         first_step = ckpts.start(start_from)
+        if schedule.warmup or schedule.decay != "constant":
+            progress.say(f"lr schedule: {schedule.describe()}")
         guard = DivergenceGuard(cfg.training.spike_factor)
         times: list[float] = []
         peaks: list[float] = []
         try:
             for step in range(first_step, steps):
                 self.state.step = step
+                lr = schedule.at(step)
+                engine.set_lr(lr)
                 result = self._step(step)
                 self._judge(step, result.loss, guard, ckpts)
                 ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
@@ -156,7 +170,7 @@ class Trainer:
                                "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _, _ in memory],
                                "optimizer_state_bytes": [int(o) for _, _, o, _ in memory],
                                "loss_scale": result.loss_scale, "skipped": result.skipped,
-                               "grad_norm": result.grad_norm})
+                               "grad_norm": result.grad_norm, "lr": lr})
                 self._maybe_validate(step + 1, progress)
                 ckpts.maybe_write(step + 1)
             if ckpts.written is not None:  # the last checkpoint: its state's loss on the next step's batch

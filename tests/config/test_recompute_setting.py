@@ -35,7 +35,7 @@ def test_the_engine_config_takes_a_bool_and_knows_whole_stage_recompute():
 
 def test_selective_is_the_gpts_and_the_gpt_workload_gets_it():
     cfg = parse_config(["--recompute", "selective"])
-    with pytest.raises(ConfigError, match="--recompute selective applies to --model gpt only"):
+    with pytest.raises(ConfigError, match="--recompute selective applies to --model gpt and llama only"):
         cfg.validate(1, "cpu", registry.check_model)
     workload = registry.build_workload(parse_config(["--model", "gpt", "--selective-recompute"]))
     assert workload.parallelize.selective_recompute and not workload.full_recompute

@@ -184,5 +184,5 @@ def test_sample_names_an_mlp_checkpoint_as_the_mlp(tmp_path, capsys):
                            {"model": mlp.checkpoint_model, "optimizer": "sgd"})
     assert sample.main(["--load", path, "--prompt", "x"]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: checkpoint {path} holds the MLP (--model mlp), not a GPT: sample continues text with a " \
-                  "checkpoint of --model gpt\n"
+    assert err == f"error: checkpoint {path} holds the MLP (--model mlp), not a GPT or a Llama: sample continues " \
+                  "text with a checkpoint of --model gpt or --model llama\n"

@@ -39,8 +39,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from hybrid_engine.models.decoder import (INIT_STD, TIED_EMBEDDINGS, Dense, draw_full, exclude_from_weight_decay,
+                                          generate, maybe_recompute)
+from hybrid_engine.models.decoder import next_token_loss as gpt_loss
 from hybrid_engine.models.mlp.model import _generator, stream_seed
 
 __all__ = [
@@ -61,9 +63,7 @@ __all__ = [
 ]
 
 _STREAM_GPT = 4  # after the MLP's streams (layer 1, batch 2, teacher 3) in models/mlp.py
-INIT_STD = 0.02
 LN_EPS = 1e-5
-TIED_EMBEDDINGS = "word_embeddings"
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,11 @@ class GPTConfig:
         """Modules of the nn.Sequential: embedding, blocks, head."""
         return self.layers + 2
 
+    @property
+    def context(self) -> int:
+        """The longest sequence the model takes (its position table)."""
+        return self.seq_len
+
 
 def layer_seed(cfg: GPTConfig, index: int) -> int:
     """Seed of the generator that initialises module `index` of the Sequential (0 embedding, 1..L blocks, L+1 head)."""
@@ -102,22 +107,6 @@ def layer_seed(cfg: GPTConfig, index: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- sub-modules
-
-
-class Dense(nn.Module):
-    """y = x W^T + b with no initialisation of its own (the enclosing layer draws W and b)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class LayerNorm(nn.Module):
@@ -145,13 +134,6 @@ def causal_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)  # each [b, heads, s, d]
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return y.transpose(1, 2).reshape(b, s, heads * d)
-
-
-def _draw_full(shape: tuple[int, ...], std: float, gen: torch.Generator, device, dtype) -> torch.Tensor:
-    """A full N(0, std) tensor drawn in fp32 (so the values do not depend on the parameter dtype), then cast."""
-    out = torch.empty(shape, device=device, dtype=torch.float32)
-    out.normal_(0.0, std, generator=gen)
-    return out.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------- layers
@@ -192,13 +174,15 @@ class Embedding(nn.Module):
     def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
         """The layer's full initial tensors, drawn from its generator in a fixed order."""
         gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
-        word = _draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)
-        position = _draw_full((self.cfg.seq_len, self.cfg.hidden), INIT_STD, gen, device, dtype)
+        word = draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)
+        position = draw_full((self.cfg.seq_len, self.cfg.hidden), INIT_STD, gen, device, dtype)
         return {"word": word, "position": position}
 
     def reset_parameters(self) -> None:
         if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
             self.word.tied = TIED_EMBEDDINGS
+        exclude_from_weight_decay(self.word)
+        exclude_from_weight_decay(self.position)
         if self.word.device.type == "meta":
             return
         full = self.full_weights(self.word.device, self.word.dtype)
@@ -241,10 +225,10 @@ class Block(nn.Module):
         out_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
         gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
         return {
-            "attn_qkv.weight": _draw_full((3 * h, h), std, gen, device, dtype),
-            "attn_proj.weight": _draw_full((h, h), out_std, gen, device, dtype),
-            "mlp_fc1.weight": _draw_full((4 * h, h), std, gen, device, dtype),
-            "mlp_fc2.weight": _draw_full((h, 4 * h), out_std, gen, device, dtype),
+            "attn_qkv.weight": draw_full((3 * h, h), std, gen, device, dtype),
+            "attn_proj.weight": draw_full((h, h), out_std, gen, device, dtype),
+            "mlp_fc1.weight": draw_full((4 * h, h), std, gen, device, dtype),
+            "mlp_fc2.weight": draw_full((h, 4 * h), out_std, gen, device, dtype),
         }
 
     def reset_parameters(self) -> None:
@@ -269,9 +253,7 @@ class Block(nn.Module):
     recompute_attention_core = False
 
     def attention_core(self, qkv: torch.Tensor) -> torch.Tensor:
-        if self.recompute_attention_core and torch.is_grad_enabled() and qkv.requires_grad:
-            return checkpoint(causal_attention, qkv, self.heads_local, use_reentrant=False)
-        return causal_attention(qkv, self.heads_local)
+        return maybe_recompute(self.recompute_attention_core, causal_attention, qkv, self.heads_local)
 
     # The two halves are separate methods so a tensor-parallel or sequence-parallel subclass can replace them.
     def attention(self, x: torch.Tensor) -> torch.Tensor:
@@ -304,11 +286,12 @@ class Head(nn.Module):
             gen = _generator(torch.device(device), layer_seed(self.cfg, Embedding.index))
         else:
             gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
-        return {"lm_head.weight": _draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)}
+        return {"lm_head.weight": draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)}
 
     def reset_parameters(self) -> None:
         if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
             self.lm_head.weight.tied = TIED_EMBEDDINGS
+            exclude_from_weight_decay(self.lm_head.weight)  # it is the embedding
         weight = self.ln_f.weight
         if weight.device.type == "meta":
             return
@@ -330,32 +313,6 @@ def build_gpt(cfg: GPTConfig, device: torch.device | str = "cpu", dtype: torch.d
     layers += [Block(cfg, i, device=device, dtype=dtype) for i in range(1, cfg.layers + 1)]
     layers.append(Head(cfg, device=device, dtype=dtype))
     return nn.Sequential(*layers)
-
-
-@torch.no_grad()
-def generate(model: nn.Sequential, prompt: torch.Tensor, new_tokens: int, temperature: float = 1.0,
-             seed: int = 0) -> torch.Tensor:
-    """Continue `prompt` (int64 [b, t]) by `new_tokens` tokens with a dense GPT (the whole Sequential in one
-    process): sample from softmax(logits / temperature) with a generator seeded by `seed`, or take the argmax
-    when temperature is 0. The context is cropped to the last seq_len tokens. Returns [b, t + new_tokens]."""
-    seq_len = model[0].cfg.seq_len
-    device = prompt.device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = prompt
-    for _ in range(new_tokens):
-        logits = model(out[:, -seq_len:])[:, -1].float()
-        if temperature == 0:
-            nxt = logits.argmax(dim=-1, keepdim=True)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
-        out = torch.cat([out, nxt], dim=1)
-    return out
-
-
-def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over all tokens, computed in fp32: logits [b, s, V], targets [b, s] int64."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def layer_costs(cfg: GPTConfig) -> list[float]:

@@ -39,10 +39,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import hybrid_engine._C as _C
+from hybrid_engine.models.decoder import exclude_from_weight_decay
 from .model import TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm, layer_norm, residual_stream
-from hybrid_engine.parallel.tensor.sequence_parallel import (_check_divisible, _sp_param, gather_along_sequence,
+from hybrid_engine.parallel.tensor.sequence_parallel import (_sp_param, gather_along_sequence,
                                 reduce_scatter_along_sequence, scatter_along_sequence)
 from hybrid_engine.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, _mark, _rank_and_size
+from hybrid_engine.parallel.tensor.vocab_parallel import (mark_vocab_split, pad_rows, padded_vocab_size,
+                                                          vocab_parallel_lookup)
 from hybrid_engine.parallel.tensor.vocab_cross_entropy import vocab_parallel_cross_entropy  # noqa: F401  (re-exported: __all__)
 
 __all__ = [
@@ -79,26 +82,9 @@ def boundary_shape(cfg: GPTConfig, rows: int, mp_size: int, sequence_parallel: b
     return (rows, seq, cfg.hidden)
 
 
-def padded_vocab_size(vocab_size: int, mp_size: int) -> int:
-    """The vocabulary rounded up to a multiple of mp (the extra rows are padding that never reaches the loss)."""
-    return -(-vocab_size // mp_size) * mp_size
-
-
-def _pad_rows(full: torch.Tensor, rows: int) -> torch.Tensor:
-    if full.shape[0] == rows:
-        return full
-    return torch.cat([full, full.new_zeros(rows - full.shape[0], *full.shape[1:])])
-
-
 def _mark_replicated(module: nn.Module) -> None:
     for p in module.parameters():
         _mark(p, False)
-
-
-def _mark_vocab_split(param: nn.Parameter, mp_size: int, vocab_size: int) -> None:
-    _mark(param, mp_size > 1, dim=0)
-    if mp_size > 1:
-        param.mp_full_size = vocab_size
 
 
 # ------------------------------------------------------------------------------------------------ layers
@@ -128,12 +114,14 @@ class ParallelEmbedding(nn.Module):
 
     def _place(self) -> None:
         """Placement flags. Re-applied on reset: `to_empty` (materialize) makes new Parameters without them."""
-        _mark_vocab_split(self.word, self.mp_size, self.cfg.vocab_size)
+        mark_vocab_split(self.word, self.mp_size, self.cfg.vocab_size)
         _mark(self.position, False)
         if self.sequence_parallel:
             self.position.sequence_parallel = True
         if self.cfg.tie_embeddings:
             self.word.tied = TIED_EMBEDDINGS
+        exclude_from_weight_decay(self.word)
+        exclude_from_weight_decay(self.position)
 
     def reset_parameters(self) -> None:
         self._place()
@@ -143,7 +131,7 @@ class ParallelEmbedding(nn.Module):
 
     @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        word = _pad_rows(full["word"], self.vocab_padded)
+        word = pad_rows(full["word"], self.vocab_padded)
         self.word.copy_(word[self.vocab_start : self.vocab_start + self.rows])
         self.position.copy_(full["position"])
 
@@ -161,20 +149,12 @@ class ParallelEmbedding(nn.Module):
             raise ValueError(f"GPT Embedding: tokens must be [batch, seq <= {self.cfg.seq_len}], got "
                              f"{tuple(tokens.shape)}")
         fp32 = self.fp32_residual
-        if self.mp_size == 1:
-            return residual_stream(F.embedding(tokens, self.word), fp32) + residual_stream(self.position[:s], fp32)
-        local = tokens - self.vocab_start
-        outside = (local < 0) | (local >= self.rows)
-        rows = F.embedding(local.masked_fill(outside, 0), self.word)
-        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        rows = vocab_parallel_lookup(tokens, self.word, self.vocab_start, self.mp_group, self.mp_size,
+                                     self.sequence_parallel)
         if not self.sequence_parallel:
-            # the sum over MP is exact in half precision (one rank holds each token's row, the others add zeros)
-            return (residual_stream(_C.reduce_from_mp_region(rows, self.mp_group), fp32)
-                    + residual_stream(self.position[:s], fp32))
-        _check_divisible(s, self.mp_size)
+            return residual_stream(rows, fp32) + residual_stream(self.position[:s], fp32)
         chunk = s // self.mp_size
         position = _sp_param(self.position, self.mp_group)[self.mp_rank * chunk : (self.mp_rank + 1) * chunk]
-        rows = reduce_scatter_along_sequence(rows, self.mp_group)
         return residual_stream(rows, fp32) + residual_stream(position, fp32)
 
     def extra_repr(self) -> str:
@@ -313,9 +293,10 @@ class ParallelHead(Head):
         if self.sequence_parallel:
             for p in self.ln_f.parameters():
                 p.sequence_parallel = True
-        _mark_vocab_split(self.lm_head.weight, self.mp_size, self.cfg.vocab_size)
+        mark_vocab_split(self.lm_head.weight, self.mp_size, self.cfg.vocab_size)
         if self.cfg.tie_embeddings:
             self.lm_head.weight.tied = TIED_EMBEDDINGS
+            exclude_from_weight_decay(self.lm_head.weight)
 
     def reset_parameters(self) -> None:
         self._place()
@@ -323,7 +304,7 @@ class ParallelHead(Head):
 
     @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        weight = _pad_rows(full["lm_head.weight"], self.vocab_padded)
+        weight = pad_rows(full["lm_head.weight"], self.vocab_padded)
         self.lm_head.weight.copy_(weight.chunk(self.mp_size, dim=0)[self.mp_rank])
         self.ln_f.reset_to_identity()
 

@@ -9,9 +9,11 @@ import torch
 import torch.nn as nn
 
 from hybrid_engine.config.engine import ConfigError
-from hybrid_engine.data import DataError, TokenDataset, load_tokens, open_dataset
+from hybrid_engine.data import TokenDataset
 from hybrid_engine.models import losses
-from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large
+from hybrid_engine.models.memory_estimate import gpt_weight_bytes
+from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
+                                                 refuse_if_weights_too_large)
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -69,13 +71,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
     exchange fp32 activations."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if not isinstance(data, TokenDataset):
-        try:
-            data = open_dataset(data, cfg.seq_len, cfg.seed)
-        except DataError as exc:
-            raise ConfigError(str(exc)) from None
-    elif data.seq_len != cfg.seq_len:
-        raise ConfigError(f"the dataset's seq_len {data.seq_len} differs from the GPT's {cfg.seq_len}")
+    data = open_token_data(data, cfg.seq_len, cfg.seed)
     cfg = dataclasses.replace(cfg, vocab_size=data.vocab_size)
     costs = layer_costs(cfg)
     params = gpt_param_count(cfg)
@@ -92,8 +88,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(cfg.layers)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        checkpoint_data={"name": data.name, "tokens": len(data.tokens), "vocab_size": data.vocab_size,
-                         "fingerprint": data.fingerprint, "tokenizer_sha256": data.tokenizer_sha256})
+        checkpoint_data=checkpoint_data(data), clip_grad=1.0)
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,
@@ -115,24 +110,12 @@ def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 
         raise ConfigError(f"--heads {cfg.heads} is not divisible by --mp {mp} (each MP rank takes whole heads)")
     if sequence_parallel and cfg.seq_len % mp:
         raise ConfigError(f"--sequence-parallel: --seq-len {cfg.seq_len} is not divisible by --mp {mp}")
-    if cfg.layers + 2 < pp * virtual_stages:
-        raise ConfigError(f"the GPT has {cfg.layers + 2} layers (embedding, {cfg.layers} blocks, head) but the "
-                          f"pipeline needs at least one per stage (pp x virtual stages = {pp * virtual_stages})")
-    vocab = 256  # the built-in corpus's
-    if data_path is not None:
-        try:
-            tokens, vocab = load_tokens(data_path)
-            TokenDataset(tokens, vocab, cfg.seq_len, 0, name=data_path)
-        except DataError as exc:
-            raise ConfigError(str(exc)) from None
+    check_stage_count("GPT", cfg.layers, pp * virtual_stages)
+    vocab = data_vocab(data_path, cfg.seq_len)
     shape = GPTConfig(vocab, cfg.layers, cfg.hidden, cfg.heads, cfg.seq_len, bool(cfg.tie_embeddings))
-    too_large = refuse_if_too_large(
-        f"the GPT ({cfg.layers} layers, hidden {cfg.hidden}, vocabulary {vocab}"
-        f"{' of --data ' + data_path if data_path else ''}) on pp x mp = {pp} x {mp}",
-        gpt_weight_bytes(shape, pp, mp), device_type, " per rank")
-    if too_large:
-        raise ConfigError(f"{too_large}: smaller flags, more --pp/--mp, or (a vocabulary this large) a damaged "
-                          "token file")
+    refuse_if_weights_too_large(f"the GPT ({cfg.layers} layers, hidden {cfg.hidden}, vocabulary {vocab}"
+                                f"{' of --data ' + data_path if data_path else ''}) on pp x mp = {pp} x {mp}",
+                                gpt_weight_bytes(shape, pp, mp), device_type)
 
 
 def build(cfg, device: torch.device | str = "cpu") -> Workload:

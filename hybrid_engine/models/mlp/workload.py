@@ -45,9 +45,9 @@ def check(cfg, grid, device_type: str) -> None:
     if m.dim % grid.mp_size != 0:
         raise ConfigError(f"--dim {m.dim} is not divisible by --mp {grid.mp_size}")
     if cfg.data.path is not None:
-        raise ConfigError("--data applies to --model gpt only (the MLP trains on synthetic regression)")
+        raise ConfigError("--data applies to --model gpt and llama only (the MLP trains on synthetic regression)")
     if cfg.stages.recompute == "selective":
-        raise ConfigError("--recompute selective applies to --model gpt only (it recomputes the attention core); "
+        raise ConfigError("--recompute selective applies to --model gpt and llama only (it recomputes the attention core); "
                           "the MLP recomputes whole stages: --recompute full")
     if cfg.training.eval_every:
-        raise ConfigError("--eval-every applies to --model gpt only (the MLP's data has no held-out part)")
+        raise ConfigError("--eval-every applies to --model gpt and llama only (the MLP's data has no held-out part)")

@@ -1,0 +1,121 @@
+"""The Llama as a workload: its model on the meta device, the vocab-parallel loss, its data, its cost-balanced cut
+and its tensor-parallel function, from the run's configuration; what a checkpoint records of it; and its rules."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.data import TokenDataset
+from hybrid_engine.models import losses
+from hybrid_engine.models.memory_estimate import weight_bytes
+from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
+                                                 refuse_if_weights_too_large)
+from hybrid_engine.models.workload import Workload
+from hybrid_engine.parallel.pipeline.balance import balanced_partition
+
+from .config import Llama3Scaling, LlamaConfig
+from .flops import llama_flops_per_token, llama_param_count
+from .model import build_llama, check_split, layer_costs
+from .parallelize import ParallelizeLlama
+
+RECOMPUTE = ("none", "full", "selective")
+SHAPE_KEYS = ("vocab_size", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "tie_embeddings",
+              "rope_theta", "norm_eps", "max_positions", "qkv_bias")
+
+
+def llama_checkpoint_model(cfg: LlamaConfig) -> dict:
+    """run_info["model"] of a Llama checkpoint: its whole shape (not the sequence length trained on, which no
+    parameter depends on), what `sample`, `hf export` and a run that loads it rebuild it from."""
+    scaling = cfg.rope_scaling.text() if cfg.rope_scaling else None
+    return {"name": "llama", **{k: getattr(cfg, k) for k in SHAPE_KEYS}, "rope_scaling": scaling, "seed": cfg.seed}
+
+
+def llama_config_of(model: dict, seq_len: int | None = None) -> LlamaConfig:
+    """Inverse of llama_checkpoint_model; seq_len (the RoPE tables' length) defaults to max_positions, at most 4096
+    (longer sequences compute theirs when they come)."""
+    if model.get("name") != "llama":
+        raise ValueError(f"not a Llama checkpoint: its model is {model.get('name')!r}")
+    ints = {k: int(model[k]) for k in ("vocab_size", "layers", "hidden", "heads", "kv_heads", "head_dim",
+                                       "ffn_hidden", "max_positions")}
+    scaling = model.get("rope_scaling")
+    return LlamaConfig(**{k: v for k, v in ints.items() if k != "max_positions"},
+                       seq_len=seq_len or min(ints["max_positions"], 4096), tie_embeddings=bool(model["tie_embeddings"]),
+                       rope_theta=float(model["rope_theta"]), norm_eps=float(model["norm_eps"]),
+                       rope_scaling=Llama3Scaling.parse(scaling) if scaling else None,
+                       max_positions=ints["max_positions"], qkv_bias=bool(model.get("qkv_bias", False)),
+                       seed=int(model.get("seed", 0)))
+
+
+def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
+                   recompute: str = "none", vocab_from_data: bool = True) -> Workload:
+    """A Llama of shape `cfg` on `data` (a text or token file path, a ready TokenDataset, or None for the built-in
+    Markov corpus of cfg.seed). vocab_from_data: the vocabulary is the data's (cfg.vocab_size replaced by it);
+    else cfg.vocab_size, which must hold the data's ids. recompute: none | full | selective (RoPE and the
+    attention core rerun in backward)."""
+    if recompute not in RECOMPUTE:
+        raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    data = open_token_data(data, cfg.seq_len, cfg.seed)
+    if vocab_from_data:
+        cfg = dataclasses.replace(cfg, vocab_size=data.vocab_size)
+    elif data.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"the data's vocabulary {data.vocab_size} is larger than the Llama's {cfg.vocab_size}")
+    costs = layer_costs(cfg)
+    summary = (f"model: Llama, {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads ({cfg.kv_heads} kv), "
+               f"head dim {cfg.head_dim}, ffn {cfg.ffn_hidden}, seq {cfg.seq_len}, vocab {cfg.vocab_size}, "
+               f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings, RoPE theta {cfg.rope_theta:g}"
+               f"{' llama3-scaled ' + cfg.rope_scaling.text() if cfg.rope_scaling else ''}, "
+               f"{llama_param_count(cfg) / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
+               f"{'on' if sequence_parallel else 'off'}; recompute {recompute}")
+    return Workload(
+        name="llama", model=build_llama(cfg, "meta"), loss=losses.VocabParallelCrossEntropy(cfg.vocab_size),
+        parallelize=ParallelizeLlama(sequence_parallel, recompute == "selective"),
+        layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
+        flops_per_sample=llama_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
+        checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
+        layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data),
+        clip_grad=1.0)
+
+
+def config_of_options(m, seed: int, vocab_size: int) -> LlamaConfig:
+    """The LlamaConfig of a run's options (m: LlamaOptions), on a vocabulary of `vocab_size`."""
+    return LlamaConfig(vocab_size, m.layers, m.hidden, m.heads, m.resolved_kv_heads(), m.resolved_ffn_hidden(),
+                       m.seq_len, m.tie_embeddings, m.rope_theta,
+                       Llama3Scaling.parse(m.rope_scaling) if m.rope_scaling else None, m.norm_eps, m.head_dim,
+                       m.max_positions, m.qkv_bias, seed)
+
+
+def build(cfg, device: torch.device | str = "cpu") -> Workload:
+    """The workload of a run (cfg: RunConfig whose [model] is the Llama)."""
+    m = cfg.model.options
+    shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
+    return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
+                          recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size)
+
+
+def check(cfg, grid, device_type: str) -> None:
+    """The Llama's rules on this grid and its data, before any collective; one ConfigError line each."""
+    m, mp, pp = cfg.model.options, grid.mp_size, grid.pp_size
+    for name in ("layers", "hidden", "heads", "seq_len"):
+        value = getattr(m, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    try:
+        shape = config_of_options(m, cfg.model.seed, 1)
+        check_split(shape, mp)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("Llama ", "--").replace("the model-parallel size", "--mp")) from None
+    if m.sequence_parallel and m.seq_len % mp:
+        raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
+    if m.seq_len > shape.max_positions:
+        raise ConfigError(f"--seq-len {m.seq_len} is longer than --max-positions {shape.max_positions}")
+    check_stage_count("Llama", m.layers, pp * cfg.schedule.virtual_stages)
+    vocab = data_vocab(cfg.data.path, m.seq_len)
+    if m.vocab_size and vocab > m.vocab_size:
+        raise ConfigError(f"--vocab-size {m.vocab_size} is smaller than the vocabulary of the data ({vocab})")
+    shape = dataclasses.replace(shape, vocab_size=m.vocab_size or vocab)
+    refuse_if_weights_too_large(f"the Llama ({m.layers} layers, hidden {m.hidden}, vocabulary {shape.vocab_size}) on "
+                                f"pp x mp = {pp} x {mp}", weight_bytes(llama_param_count(shape), shape.vocab_size,
+                                                                       m.hidden, pp, mp), device_type)
