@@ -67,8 +67,8 @@ def main() -> int:
         print(f"{name:<24} {r['gpus']:>4} {r['step_ms']!s:>9} {r['per_s']!s:>10} {r['tflops_per_gpu']!s:>8} "
               f"{mfu:>6} {peak!s:>9}")
     for goal, t in goals.items():
-        mark = "    " if t["met"] is None else ("MET " if t["met"] else "MISS")
-        print(f"{mark} {t['engine']} vs {t['peer']}: {t['value']} ({goal})")
+        mark = "INFO" if t["met"] is None else ("MET " if t["met"] else "MISS")
+        print(f"{mark} {goal}: {t['engine']} / {t['peer']} = {t['value']}")
     return 0
 
 

@@ -89,15 +89,16 @@ def _check_shapes(ckpt, cfg) -> None:
     disagrees with the weights: a crafted vocabulary or seq_len)."""
     expected = {k: list(v.shape) for k, v in _build(cfg, "meta").state_dict().items()}
     recorded = {k: v["shape"] for k, v in ckpt.manifest["params"].items()}
+    what = "GPT" if isinstance(cfg, GPTConfig) else "Llama"
     for name, shape in expected.items():
         if recorded.get(name) != shape:
             there = f"is {recorded[name]} there" if name in recorded else "is missing there"
-            raise CheckpointError(f"checkpoint {ckpt.path} does not fit its model config: parameter {name} {there}, "
+            raise CheckpointError(f"checkpoint {ckpt.path} does not fit its {what} config: parameter {name} {there}, "
                                   f"{shape} for the model entry's vocab_size {cfg.vocab_size}, hidden {cfg.hidden}, "
                                   f"seq_len {cfg.seq_len}: damaged, or not written by hybrid_engine")
     extra = sorted(set(recorded) - set(expected))
     if extra:
-        raise CheckpointError(f"checkpoint {ckpt.path} does not fit its model config: it holds {extra[0]}, which "
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit its {what} config: it holds {extra[0]}, which "
                               "that model has not: damaged, or not written by hybrid_engine")
 
 

@@ -41,7 +41,7 @@ def test_the_schedule_warms_up_then_decays_to_its_floor():
     assert LRSchedule.of(o, 100) == LRSchedule(3e-4, 10, "cosine", 3e-5, 100)
     o = parse_config(["--lr-decay-steps", "50", "--lr-decay", "linear"]).optimizer
     assert LRSchedule.of(o, 100).decay_steps == 50
-    assert LRSchedule.of(parse_config([]).optimizer, 100).as_dict() == {"lr": 0.01, "warmup": 0, "decay": "constant",
+    assert LRSchedule.of(parse_config([]).optimizer, 100).as_dict() == {"lr": 10.0, "warmup": 0, "decay": "constant",
                                                                        "min_lr": 0.0, "decay_steps": 0}
 
 
