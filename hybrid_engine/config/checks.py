@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import hybrid_engine._C as _C
-from .engine import ConfigError, ScheduleConfig
+from .engine import AUTO, ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
@@ -49,7 +49,7 @@ def check_numbers(cfg) -> None:
         raise ConfigError(f"--batch-size {cfg.data.batch_size} is too large (at most {MAX_INT})")
     for flag, value in (("--micro-batches", s.micro_batches), ("--virtual-stages", s.virtual_stages),
                         ("--lookahead", s.lookahead)):
-        if abs(value) > MAX_INT:  # the C++ core takes an int
+        if value is not None and abs(value) > MAX_INT:  # the C++ core takes an int
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_INT})")
     if cfg.optimizer.name not in OPTIMIZERS:
         raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer.name!r}")
@@ -130,26 +130,33 @@ def check_training(
     grid: _C.ProcessGrid,
     *,
     schedule: str,
-    virtual_stages: int,
+    virtual_stages: int | None,
     batch_size: int,
-    micro_batches: int,
+    micro_batches: int | None,
     amp: str = "off",
     device_type: str = "cpu",
-    lookahead: int = 0,
+    lookahead: int | None = 0,
+    merge_weight_grads: bool | None = False,
 ) -> None:
     """Everything about batch and schedule that can be wrong before training starts (each model checks its own
     shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.validate); the two
-    checked here first keep their flag-naming lines."""
-    if schedule == "interleaved" and virtual_stages < 2:
+    checked here first keep their flag-naming lines. A field left to the planner (auto: 'auto' or None) is not
+    checked here: the planner's plan is, through this same function."""
+    if schedule == "interleaved" and virtual_stages is not None and virtual_stages < 2:
         raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
-    if lookahead > 0 and schedule not in ("1f1b", "zb1"):
+    if lookahead and schedule not in ("1f1b", "zb1", AUTO):
         raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
-    ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead).validate(grid.pp_size)
-    if schedule != "interleaved" and virtual_stages != 1:
+    requested = ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads)
+    requested.check_merge()
+    if schedule != AUTO and micro_batches is not None:
+        # the C++ core's rules for what is given; a count the planner has still to choose asked at its least
+        ScheduleConfig(schedule, micro_batches, virtual_stages or (2 if schedule == "interleaved" else 1),
+                       lookahead or 0, bool(merge_weight_grads)).validate(grid.pp_size)
+    if schedule not in ("interleaved", AUTO) and virtual_stages not in (1, None):
         raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if batch_size % (grid.dp_size * micro_batches) != 0:
+    if micro_batches and batch_size % (grid.dp_size * micro_batches) != 0:  # < 1: the C++ core's to refuse
         raise ConfigError(
             f"--batch-size {batch_size} is not divisible by dp x micro-batches = {grid.dp_size} x {micro_batches} "
             f"= {grid.dp_size * micro_batches}"

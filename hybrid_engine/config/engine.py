@@ -33,30 +33,63 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> None:
         raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
 
 
+AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """How micro-batches flow through the pipeline (csrc/schedule)."""
+    """How micro-batches flow through the pipeline (csrc/schedule). A run leaves every field to the planner
+    (`ScheduleConfig.planned()`: auto, hybrid_engine/planner fills what no flag gives); an Engine takes concrete
+    values, and the class's own defaults are the reference plan, 1f1b with 4 micro-batches."""
 
-    name: str = field(default="1f1b", metadata=flag("--schedule", choices=SCHEDULES))
-    """naive | gpipe | 1f1b | interleaved | zb1 (zero-bubble: weight gradients deferred into the bubbles)."""
-    micro_batches: int = field(default=4, metadata=flag(metavar="M"))
-    """Micro-batches per DP rank per step; the step's loss is their mean."""
-    virtual_stages: int = field(default=1, metadata=flag(metavar="V"))
-    """Model chunks per pipeline rank (interleaved only)."""
-    lookahead: int = field(default=0, metadata=flag(metavar="K"))
+    name: str = field(default="1f1b", metadata=flag("--schedule", choices=(AUTO, *SCHEDULES)))
+    """auto (the planner picks the fastest plan that fits memory) | naive | gpipe | 1f1b | interleaved | zb1
+    (zero-bubble: weight gradients deferred into the bubbles)."""
+    micro_batches: int | None = field(default=4, metadata=flag(metavar="M", words={AUTO: None}))
+    """Micro-batches per DP rank per step (auto: the planner's); the step's loss is their mean."""
+    virtual_stages: int | None = field(default=1, metadata=flag(metavar="V", words={AUTO: None}))
+    """Model chunks per pipeline rank (interleaved only; auto: the planner's)."""
+    lookahead: int | None = field(default=0, metadata=flag(metavar="K", words={AUTO: None}))
     """1f1b/zb1: forwards every rank but the last runs beyond the 1F1B warm-up, hiding the gradient's round trip
-    at the cost of one more micro-batch of activations each."""
-    merge_weight_grads: bool = field(default=False, metadata=flag("--merge-wgrad"))
-    """zb1: compute a stage's weight gradients once over all micro-batches (one GEMM per layer)."""
+    at the cost of one more micro-batch of activations each (auto: the planner's)."""
+    merge_weight_grads: bool | None = field(default=False, metadata=flag("--merge-wgrad"))
+    """zb1: compute a stage's weight gradients once over all micro-batches (one GEMM per layer); unset: the
+    planner's."""
+
+    @staticmethod
+    def planned() -> "ScheduleConfig":
+        """Every field left to the planner: a run's default."""
+        return ScheduleConfig(AUTO, None, None, None, None)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank; 1 while the planner has not chosen (the fewest stages a plan has)."""
+        return self.virtual_stages or 1
+
+    @property
+    def unset(self) -> tuple[str, ...]:
+        """The fields left to the planner."""
+        return tuple(name for name, value in (("name", self.name), ("micro_batches", self.micro_batches),
+                                               ("virtual_stages", self.virtual_stages),
+                                               ("lookahead", self.lookahead),
+                                               ("merge_weight_grads", self.merge_weight_grads))
+                     if value is None or value == AUTO)
 
     def validate(self, pp: int) -> None:
         """The C++ core's rules for this request (one line each), and the flags that only some schedules use."""
+        self.check_merge()
+        if self.unset:
+            raise ConfigError(f"schedule: {', '.join(self.unset)} left to auto: the driver's planner fills them "
+                              "(an Engine takes a concrete schedule)")
         try:
             _C.schedule.check_schedule_request(self.name, pp, self.micro_batches, self.virtual_stages,
                                                self.lookahead)
         except ValueError as exc:
             raise ConfigError(f"schedule: {exc}") from None
-        if self.merge_weight_grads and self.name != "zb1":
+
+    def check_merge(self) -> None:
+        """--merge-wgrad only with zb1 (or a schedule left to the planner, which then picks zb1)."""
+        if self.merge_weight_grads and self.name not in ("zb1", AUTO):
             raise ConfigError(f"merging weight gradients applies to the zb1 schedule only (got {self.name}): it "
                               "merges the deferred W actions, which only zb1 has")
 

@@ -21,11 +21,15 @@ from typing import Any, Optional, Sequence
 
 
 def flag(name: Optional[str] = None, *, choices: Optional[Sequence] = None, metavar: Optional[str] = None,
-         const=None, aliases: Optional[dict] = None, bools: Optional[dict] = None) -> dict:
+         const=None, aliases: Optional[dict] = None, bools: Optional[dict] = None,
+         words: Optional[dict] = None) -> dict:
     """A field's metadata for its flag: its name (default: --field-name), its choices and its metavar; const: the
     value of the flag given alone (a choice field whose flag may come without one); aliases: other flags that
-    set one value each ({"--no-recompute": "none"}); bools: the value a TOML true or false stands for."""
+    set one value each ({"--no-recompute": "none"}); bools: the value a TOML true or false stands for; words: what
+    a word stands for in a field of another type, on the command line and in TOML ({"auto": None})."""
     out: dict[str, Any] = {}
+    if words:
+        out["words"] = dict(words)
     if const is not None:
         out["const"] = const
     if aliases:
@@ -80,7 +84,10 @@ def value_type(field: dataclasses.Field) -> type:
     return names[parts[0]]
 
 
-def default_text(value) -> str:
+def default_text(value, words: Optional[dict] = None) -> str:
+    for word, meaning in (words or {}).items():
+        if value is meaning or (value == meaning and type(value) is type(meaning)):
+            return word
     if isinstance(value, bool):
         return "on" if value else "off"
     return "none" if value is None else str(value)

@@ -74,18 +74,33 @@ def _add_field(group, table: str, f: dataclasses.Field, doc: str, default, choic
     caller where a registry holds them), its help from the field's documentation with its real default said
     once. The dest is `table.field`."""
     kind = value_type(f)
-    help_text = f"{doc} (default {default_text(default)})".replace("%", "%%")
+    words = f.metadata.get("words", {})
+    help_text = f"{doc} (default {default_text(default, words)})".replace("%", "%%")
     names = [flag_name(f)]
     if kind is bool:
         group.add_argument(*names, dest=f"{table}.{f.name}", action=argparse.BooleanOptionalAction, help=help_text)
         return
     choices = tuple(choices) if choices is not None else f.metadata.get("choices")
     alone = {"nargs": "?", "const": f.metadata["const"]} if "const" in f.metadata else {}
+    if words:
+        kind = _with_words(kind, words)
+    metavar = f.metadata.get("metavar", f.name.upper())
+    if words and not choices:
+        metavar = "|".join((*words, metavar))
     group.add_argument(*names, dest=f"{table}.{f.name}", type=kind, choices=choices, help=help_text,
-                       metavar=None if choices else f.metadata.get("metavar", f.name.upper()), **alone)
+                       metavar=None if choices else metavar, **alone)
     for alias, value in f.metadata.get("aliases", {}).items():
         group.add_argument(alias, dest=f"{table}.{f.name}", action="store_const", const=value,
                            help=f"the same as {names[0]} {value} (default {default_text(default)})")
+
+
+def _with_words(kind: type, words: dict):
+    """kind's parser that also takes the field's words (--micro-batches auto)."""
+    def parse(text: str):
+        return words[text] if text in words else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" line
+    return parse
 
 
 def build_parser(models: Mapping[str, type], prog: str | None = None) -> argparse.ArgumentParser:

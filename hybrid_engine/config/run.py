@@ -20,6 +20,7 @@ import hybrid_engine._C as _C
 from .checks import DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
+from .plan import PlanConfig
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class ParallelConfig:
     comm_timeout: float = field(default=60.0, metadata=flag(metavar="SECONDS"))
     """Seconds a collective may wait for a peer before this rank gives up."""
     memory_cap_gib: float | None = field(default=None, metadata=flag(metavar="GIB"))
-    """CUDA: let this process allocate at most this much GPU memory (a smaller card's limit)."""
+    """The memory a rank may use: the planner's cap (no plan predicted above it is chosen; none: the device's memory)
+    and, on CUDA, what this process may allocate (a smaller card's limit)."""
     allow_cross_node_mp: bool = False
     """Run even when an MP group spans hosts (its all-reduces then cross the network every layer); without it such
     a grid is refused before the first step."""
@@ -211,8 +213,10 @@ class RunConfig:
     """[checkpoint]: where and how often to save, what to resume or load."""
     reporting: ReportingConfig = field(default_factory=ReportingConfig)
     """[reporting]: metrics file, quiet, trace."""
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    """[schedule]: the engine's pipeline schedule (config/engine.py)."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig.planned)
+    """[schedule]: the engine's pipeline schedule (config/engine.py); what it leaves to auto, the planner fills."""
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """[plan]: the planner's card and whether to stop after planning (config/plan.py)."""
     stages: StageConfig = field(default_factory=StageConfig)
     """[stages]: how each stage computes (config/engine.py)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -238,7 +242,7 @@ class RunConfig:
             if cls is ModelConfig:
                 built[name] = _model_config(values, models, source)
                 continue
-            built[name] = _build(cls, name, values, source)
+            built[name] = _build(type(cls()), name, values, source, cls)
         built["optimizer"] = built["optimizer"].for_model(models[built["model"].name])
         return RunConfig(**built)
 
@@ -252,13 +256,13 @@ class RunConfig:
         p, s = self.parallel, self.schedule
         grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
         model_rules(self, grid, device_type)
+        # What the schedule leaves to auto is checked once the planner has filled it (the same checks, again).
         check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, batch_size=self.data.batch_size,
                        micro_batches=s.micro_batches, amp=self.precision.amp, device_type=device_type,
-                       lookahead=s.lookahead)
-        if s.lookahead > s.micro_batches:
+                       lookahead=s.lookahead, merge_weight_grads=s.merge_weight_grads)
+        if s.lookahead is not None and s.micro_batches is not None and s.lookahead > s.micro_batches:
             raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
                               "step: there are no forwards that far ahead")
-        s.validate(grid.pp_size)  # again, for the flags only some schedules use (--merge-wgrad)
         self.stages.validate()
         self.precision.validate()
         self.data_parallel.validate()
@@ -269,17 +273,19 @@ class RunConfig:
         return grid
 
 
-def _build(cls: type, table: str, values: dict, source: str):
-    """cls(**values), each key known and of its field's type, or one ConfigError naming the key."""
+def _build(cls: type, table: str, values: dict, source: str, default=None):
+    """cls(**values) (or default() with values laid over it), each key known and of its field's type, or one
+    ConfigError naming the key."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     odd = sorted(set(values) - set(fields))
     if odd:
         raise ConfigError(f"{source}: unknown key{'s' if len(odd) > 1 else ''} "
                           f"{', '.join(f'{table}.{k}' for k in odd)} (expected one of {', '.join(fields)})")
     values = {k: fields[k].metadata.get("bools", {}).get(v, v) if isinstance(v, bool) else v for k, v in values.items()}
+    values = {k: fields[k].metadata.get("words", {}).get(v, v) if isinstance(v, str) else v for k, v in values.items()}
     for key, value in values.items():
         _check_type(f"{source}: {table}.{key}", value, fields[key].type)
-    return cls(**values)
+    return dataclasses.replace(default(), **values) if default is not None else cls(**values)
 
 
 def _model_config(values: dict, models: Mapping[str, type], source: str) -> ModelConfig:
@@ -304,6 +310,8 @@ def _model_config(values: dict, models: Mapping[str, type], source: str) -> Mode
 def _check_type(where: str, value, annotation: str) -> None:
     kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
     base = annotation.replace(" | None", "")
+    if value is None and base != annotation:
+        return
     ok = kinds.get(base)
     if ok is None:  # not a simple field (e.g. a nested dataclass): let the constructor decide
         return

@@ -33,6 +33,8 @@ from hybrid_engine.parallel.nodes import NodeMap, check_mp_within_nodes, host_na
 from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
+from hybrid_engine.planner import plan_run
+from hybrid_engine.planner.grids import grid_table
 from .lr_schedule import LRSchedule
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
@@ -107,8 +109,20 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     # 1. the configuration, checked on every rank before any collective
     cfg = parse_config(argv, prog)
     env = LaunchEnv.from_environ()
-    grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)
+    if cfg.plan.only:  # the planner's ranked grids and plans for this world size and model; no training
+        world = env.world_size if env.launched else (cfg.parallel.dp or 1) * cfg.parallel.pp * cfg.parallel.mp
+        table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model)
+        if env.rank == 0:
+            print(table, flush=True)
+        return 0
+    grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)  # what the user gave
     device = pick_device(cfg.parallel.device, env.local_rank)
+    # What the schedule flags leave to auto, planned from what every rank reads alike: the same plan everywhere.
+    asked = cfg.schedule
+    cfg, plan = plan_run(cfg, grid, device.type, registry.check_model)
+    grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
+    if env.rank == 0 and asked.unset:
+        print(plan.line(), flush=True)
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
     lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
@@ -147,7 +161,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
         state.hang = hang_report.HangReport(
             hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
                                   tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
-    Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state).train(start_from)
+    Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
+            predicted=plan.chosen).train(start_from)
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0

@@ -33,6 +33,7 @@ from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .lr_schedule import LRSchedule
 from .progress import Progress, flops_text, summary_line
+from hybrid_engine.planner.run_plan import compare_text
 from hybrid_engine.checkpoint.runs import RunCheckpoints
 from hybrid_engine.metrics.trace import comm_spans_of, gather_pipeline_rows, spans_of, write_trace
 
@@ -123,11 +124,13 @@ class Trainer:
     """Runs the configured steps on one rank of the grid; every rank constructs one and calls `train`."""
 
     def __init__(self, cfg: RunConfig, engine: Engine, workload: Workload, grid, groups: GridGroups,
-                 device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None):
+                 device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None,
+                 predicted=None):
         self.cfg, self.engine, self.workload, self.grid, self.groups = cfg, engine, workload, grid, groups
         self.device = device
         self.rank = dist.get_rank()
         self.faults = faults_plan
+        self.predicted = predicted  # the planner's Prediction of this run's plan: the summary sets it beside the run
         self.state = state if state is not None else RunState()
         self.per_dp = cfg.data.batch_size // grid.dp_size
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
@@ -188,6 +191,13 @@ class Trainer:
                     # A sample of the MLP is one row, not a sequence: its tokens/s would repeat samples/s.
                     tokens = f"{t['tokens_per_s']:.0f} tokens/s, " if self.workload.tokens_per_sample > 1 else ""
                     line += f"; {tokens}{flops_text(t['tflops_per_gpu'], self.device.type)}{mfu}"
+                    if self.predicted is not None:
+                        measured, peak = statistics.median(times), max(peaks)
+                        line += "; " + compare_text(measured, self.predicted.step_s, peak, self.predicted.peak / 2**30)
+                        progress.record({"summary": {
+                            "step_time_s": round(measured, 6), "predicted_step_time_s": round(self.predicted.step_s, 6),
+                            "peak_mem_gib": peak, "predicted_peak_mem_gib": round(self.predicted.peak / 2**30, 3),
+                            "plan": self.predicted.plan.flags()}})
                 progress.say(line)
             if cfg.reporting.trace and steps > first_step:
                 self._write_trace(progress)

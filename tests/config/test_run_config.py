@@ -47,7 +47,9 @@ quiet = true
 def test_toml_file_fills_every_table(tmp_path):
     cfg = parse_config(["--config", write(tmp_path, RUN)])
     assert (cfg.parallel.pp, cfg.parallel.comm_timeout, cfg.model.dim, cfg.model.depth) == (2, 15.0, 64, 4)
-    assert cfg.schedule == ScheduleConfig(name="zb1", micro_batches=8, merge_weight_grads=True)
+    # what the file leaves out of [schedule] is the planner's (auto: None)
+    assert cfg.schedule == ScheduleConfig(name="zb1", micro_batches=8, virtual_stages=None, lookahead=None,
+                                          merge_weight_grads=True)
     assert cfg.stages == StageConfig(impl="autograd")
     assert cfg.training.steps == 7 and cfg.reporting.quiet
     assert cfg.data == RunConfig().data  # a table left out keeps its defaults
@@ -102,11 +104,11 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
 
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
-    (("--merge-wgrad",), "applies to the zb1 schedule only (got 1f1b)"),
+    (("--schedule", "1f1b", "--merge-wgrad"), "applies to the zb1 schedule only (got 1f1b)"),
     (("--dim", "2147483648"), "--dim 2147483648 is too large"),
     (("--depth", "4294967296"), "--depth 4294967296 is too large"),
     (("--lookahead", "2147483648"), "--lookahead 2147483648 is too large"),
-    (("--lookahead", "5"), "--lookahead 5 is more than the 4 micro-batches of a step"),
+    (("--lookahead", "5", "--micro-batches", "4"), "--lookahead 5 is more than the 4 micro-batches of a step"),
     (("--lr", "-1"), "--lr must be a learning rate in [0, 3e+38], got -1.0"),
     (("--lr", "1e308"), "--lr must be a learning rate"),
     (("--lr", "nan"), "--lr must be a finite number"),
@@ -132,7 +134,7 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
     (("--pp", "0"), "--pp must be >= 1, got 0"),
     (("--dp", "-1099511627776"), "--dp must be >= 1"),
     (("--micro-batches", "-1099511627776"), "--micro-batches -1099511627776 is too large"),
-    (("--micro-batches", "0"), "micro-batches must be >= 1 (got 0)"),
+    (("--schedule", "1f1b", "--micro-batches", "0"), "micro-batches must be >= 1 (got 0)"),
     (("--order", "mp-dp"), "grid order 'mp-dp' must name dp, pp and mp once each"),
     (("--resume",), "--resume and --save-every need --save DIR"),
     (("--fp32-residual",), "--fp32-residual applies to --model gpt only"),

@@ -129,7 +129,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
 def check(cfg, grid, device_type: str) -> None:
     """The GPT's rules on this grid and its data, before any collective (check_gpt), and its precision's."""
     m = cfg.model.options
-    check_gpt(m, grid, m.sequence_parallel, cfg.schedule.virtual_stages, cfg.data.path, device_type)
+    check_gpt(m, grid, m.sequence_parallel, cfg.schedule.chunks, cfg.data.path, device_type)
     if m.fp32_residual and not cfg.precision.half_weights:
         why = ("--amp off keeps everything in fp32" if cfg.precision.amp == "off" else
                "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")

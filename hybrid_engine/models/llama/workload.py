@@ -111,7 +111,7 @@ def check(cfg, grid, device_type: str) -> None:
         raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
     if m.seq_len > shape.max_positions:
         raise ConfigError(f"--seq-len {m.seq_len} is longer than --max-positions {shape.max_positions}")
-    check_stage_count("Llama", m.layers, pp * cfg.schedule.virtual_stages)
+    check_stage_count("Llama", m.layers, pp * cfg.schedule.chunks)
     vocab = data_vocab(cfg.data.path, m.seq_len)
     if m.vocab_size and vocab > m.vocab_size:
         raise ConfigError(f"--vocab-size {m.vocab_size} is smaller than the vocabulary of the data ({vocab})")

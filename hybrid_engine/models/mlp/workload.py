@@ -38,9 +38,9 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
 def check(cfg, grid, device_type: str) -> None:
     """The MLP's rules on this grid, before any collective: every stage holds a layer, MP splits every width."""
     m, s = cfg.model.options, cfg.schedule
-    stages = grid.pp_size * s.virtual_stages
+    stages = grid.pp_size * s.chunks
     if m.depth < stages:
-        raise ConfigError(f"--depth {m.depth} is less than pp x virtual stages = {grid.pp_size} x {s.virtual_stages} "
+        raise ConfigError(f"--depth {m.depth} is less than pp x virtual stages = {grid.pp_size} x {s.chunks} "
                           f"= {stages}: every stage needs at least one layer")
     if m.dim % grid.mp_size != 0:
         raise ConfigError(f"--dim {m.dim} is not divisible by --mp {grid.mp_size}")

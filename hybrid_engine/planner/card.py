@@ -1,0 +1,129 @@
+"""What the planner knows of a device: a few rates and sizes, from a small table of datasheet-ish numbers (H100,
+H200 SXM), a CPU estimate, or a quick measurement on the device itself (`calibrate`).
+
+The numbers are what the engine's own kernels reach, not the datasheet peaks: experiments/results/2026-11-26-
+2xH200.json measured an N=8192 fp16 GEMM at 457 TFLOP/s with M=128 rows and 764 with M=1024, a 4.2 TB/s HBM copy
+and 394 GB/s between two GPUs; the GEMM's rate is modelled as gemm_flops * M / (M + gemm_rows_half).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Card:
+    """One rank's device, as the cost and memory models see it."""
+
+    name: str
+    gemm_flops: float
+    """Half-precision GEMM FLOP/s at many rows (fp32 GEMMs: fp32_flops)."""
+    gemm_rows_half: float
+    """A GEMM's rows (M) at which it runs at half of gemm_flops: small micro-batches run slower per FLOP."""
+    fp32_flops: float
+    hbm_bytes_s: float
+    """Device memory bandwidth: what bounds the gradient accumulation, the update and the elementwise work."""
+    p2p_bytes_s: float
+    """One pipeline send between two ranks of a node."""
+    allreduce_bytes_s: float
+    """Bus bandwidth of an all-reduce within a node (time = 2 (n - 1) / n bytes / this)."""
+    latency_s: float
+    """The fixed cost of one message or collective."""
+    action_overhead_s: float
+    """The fixed cost of one layer's F, B, I or W (kernel launches, the executor's bookkeeping)."""
+    memory_bytes: float
+    """Memory a rank may use."""
+    search: bool = True
+    """False: the planner keeps the reference plan (1f1b, 4 micro-batches) instead of ranking plans by time."""
+
+    def with_memory(self, nbytes: float) -> "Card":
+        return dataclasses.replace(self, memory_bytes=nbytes)
+
+    def gemm_s(self, flops: float, rows: float, weight_bytes: float, half: bool) -> float:
+        """One GEMM of `rows` rows against weights of `weight_bytes`: bounded by its FLOPs at the rate its rows
+        allow, or by reading its weights."""
+        peak = self.gemm_flops if half else self.fp32_flops
+        rate = peak * rows / (rows + self.gemm_rows_half)
+        return max(flops / rate, weight_bytes / self.hbm_bytes_s)
+
+
+CARDS: dict[str, Card] = {
+    "h100": Card("H100", gemm_flops=700e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
+                 p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
+                 memory_bytes=79.1 * GIB),
+    "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,
+                 p2p_bytes_s=394e9, allreduce_bytes_s=360e9, latency_s=15e-6, action_overhead_s=6e-6,
+                 memory_bytes=139.8 * GIB),
+    # A few cores through gloo: no GEMM rate worth ranking plans by (it depends on the threads and the machine's
+    # other load), so the CPU keeps the reference plan and its predictions are rough.
+    "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,
+                allreduce_bytes_s=1e9, latency_s=50e-6, action_overhead_s=30e-6, memory_bytes=16 * GIB,
+                search=False),
+}
+CARD_CHOICES = ("auto", *CARDS)
+
+
+def card_named(name: str, device_name: str = "", total_memory: float | None = None) -> Card:
+    """The table's card `name` ('auto': the one `device_name` names, e.g. 'NVIDIA H200'; an unknown GPU gets the
+    H100's rates). total_memory: the device's own memory, which replaces the table's."""
+    if name == "auto":
+        name = next((key for key in ("h200", "h100") if key in device_name.lower()), "h100")
+        if not device_name:
+            name = "cpu"
+    card = CARDS[name]
+    if device_name and name != "cpu" and CARDS[name].name not in device_name:
+        card = dataclasses.replace(card, name=f"{device_name} (as an {card.name})")
+    return card.with_memory(total_memory) if total_memory else card
+
+
+def this_device(name: str, device_type: str) -> Card:
+    """The card of this process's device: the same on every rank of a grid of like devices (nothing measured)."""
+    if device_type == "cuda" and name in ("auto", "h100", "h200"):
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return card_named(name, props.name, props.total_memory)
+    if name == "auto" or name == "cpu":
+        from hybrid_engine.models.memory_estimate import memory_bytes
+
+        return CARDS["cpu"].with_memory(memory_bytes("cpu") / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    return CARDS[name]
+
+
+def calibrate(base: Card, device: str = "cuda", size: int = 4096, repeats: int = 10) -> Card:
+    """`base` with its GEMM and memory rates measured on this device (a few hundred milliseconds): a half GEMM of
+    size x size x size and of 128 rows, and a copy. Per rank, so only the plan command uses it: ranks that measure
+    differ, and a plan must be the same on every rank."""
+    import torch
+
+    dtype = torch.float16 if device == "cuda" else torch.float32
+
+    def timed(fn) -> float:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / repeats
+
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    few = torch.randn(128, size, device=device, dtype=dtype)
+    big = timed(lambda: a @ a)
+    small = timed(lambda: few @ a)
+    rate = 2 * size**3 / big
+    rate_128 = 2 * 128 * size**2 / small
+    rows_half = max(1.0, 128 * (rate / max(rate_128, 1.0) - 1))
+    src = torch.empty(64 << 20, device=device, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    copy = timed(lambda: dst.copy_(src))
+    half = device == "cuda"
+    return dataclasses.replace(base, name=f"{base.name} (calibrated)", gemm_flops=rate if half else base.gemm_flops,
+                               fp32_flops=rate if not half else base.fp32_flops, gemm_rows_half=rows_half,
+                               hbm_bytes_s=2 * src.numel() / copy)

@@ -1,0 +1,108 @@
+"""The choice: every candidate plan predicted (step time from step_time.py, peak memory from memory.py), those over
+the memory cap set aside, the fastest kept (on a card whose rates the planner does not trust, the CPU, the plan
+nearest the reference instead), and one line that says it beside the runner-up."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .candidates import Plan, Request, candidates
+from .card import GIB, Card
+from .memory import peak_bytes
+from .model_shape import ModelShape
+from .setting import Setting
+from .step_time import StepTime, step_time
+
+
+NEAR = 0.01
+
+
+class NoPlanFits(ValueError):
+    """No legal plan fits the memory (or none is legal); the message is the one line a user sees."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A plan with what the planner predicts of it."""
+
+    plan: Plan
+    time: StepTime
+    peaks: tuple[float, ...]
+
+    @property
+    def step_s(self) -> float:
+        return self.time.step_s
+
+    @property
+    def peak(self) -> float:
+        return max(self.peaks)
+
+    def brief(self) -> str:
+        return f"{self.plan.describe()}: {self.step_s * 1e3:.3g} ms, {self.peak / GIB:.1f} GiB"
+
+
+def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> Prediction:
+    t = step_time(shape, card, s, plan)
+    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, list(t.sim.peak_activations))))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen plan, the runner-up, and every plan weighed (fastest first), with the cap they were held to."""
+
+    chosen: Prediction
+    runner_up: Prediction | None
+    ranked: tuple[Prediction, ...]
+    over_cap: tuple[Prediction, ...]
+    cap: float
+    card: Card
+    by_time: bool
+
+    def line(self, filled: bool = True) -> str:
+        """The line rank 0 prints: the choice, its prediction, the runner-up."""
+        c = self.chosen
+        how = "" if self.by_time else f" (the {self.card.name} keeps the plan nearest 1f1b x 4 micro-batches)"
+        text = (f"plan: {c.plan.describe()}: predicted {c.step_s * 1e3:.3g} ms/step, {c.peak / GIB:.1f} GiB peak"
+                f"{how}")
+        flags = f" (as flags: {c.plan.flags()})"
+        if not filled:
+            text = text.replace("plan: ", "plan (as given): ", 1)
+        if self.runner_up is not None:
+            r = self.runner_up
+            text += f" (runner-up {r.plan.describe()}: {r.step_s * 1e3:.3g} ms, {r.peak / GIB:.1f} GiB)"
+        return text + flags
+
+
+def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: Callable[[Plan], bool],
+           cap_bytes: float | None = None) -> Choice:
+    """The fastest legal plan within the cap (default: the card's memory) that keeps what `request` fixes; raises
+    NoPlanFits with one line when none is legal or none fits."""
+    cap = cap_bytes if cap_bytes is not None else card.memory_bytes
+    weighed = [predict(shape, card, s, plan) for plan in candidates(request, s.per_dp, legal)]
+    if not weighed:
+        why = getattr(legal, "first_error", None)
+        raise NoPlanFits(f"no legal plan for batch {s.batch_size} on dp x pp x mp = {s.dp} x {s.pp} x {s.mp} with "
+                         f"the schedule flags given{': ' + why if why else ''}")
+    fit = [p for p in weighed if p.peak <= cap]
+    over = tuple(sorted((p for p in weighed if p.peak > cap), key=lambda p: p.peak))
+    if not fit:
+        least = over[0]
+        raise NoPlanFits(f"no plan fits {cap / GIB:.1f} GiB per rank: the smallest, {least.plan.describe()}, needs "
+                         f"{least.peak / GIB:.1f} GiB (raise --memory-cap-gib, add ranks, or use --recompute full)")
+    if card.search:
+        # Within NEAR of the fastest, the plan nearest the reference wins: a prediction's last percent does not pay
+        # for a less tried plan or for memory (merged W keeps every micro-batch's inputs).
+        ranked = sorted(fit, key=lambda p: (p.step_s, p.plan.reference_distance()))
+        near = [p for p in ranked if p.step_s <= ranked[0].step_s * (1 + NEAR)]
+        first = min(near, key=lambda p: p.plan.reference_distance())
+        ranked = [first] + [p for p in ranked if p is not first]
+    else:
+        ranked = sorted(fit, key=lambda p: p.plan.reference_distance())
+    return Choice(ranked[0], runner_up(ranked), tuple(ranked), over, cap, card, card.search)
+
+
+def runner_up(ranked: list[Prediction]) -> Prediction | None:
+    """The best plan of another kind (schedule, merged W) than the chosen one; else the second best."""
+    kind = (ranked[0].plan.schedule, ranked[0].plan.merge_wgrad)
+    other = [p for p in ranked[1:] if (p.plan.schedule, p.plan.merge_wgrad) != kind]
+    return other[0] if other else (ranked[1] if len(ranked) > 1 else None)

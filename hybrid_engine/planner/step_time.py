@@ -1,0 +1,136 @@
+"""The time of one step of a plan: every stage's F, B, I and W from the card's rates, the pipeline from the C++
+simulator (csrc/schedule/simulate.h), and what runs around it (the DP gradient collectives that the backward does
+not hide, the update).
+
+Calibrated against experiments/results/2026-11-27-4xH200-grids-mlp.json (config L on one H200: 1f1b with one
+micro-batch 14.2 ms, zb1 + merged W with 4 and 8 micro-batches 15.3 and 19.4 ms): a weight gradient accumulated per
+micro-batch reads and writes the fp32 gradient (8 bytes a parameter, 4 for the first micro-batch), which is why
+merging the weight gradients into one GEMM pays for the MLP's large layers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybrid_engine.parallel.pipeline.schedule import Costs, SimResult, make_schedule, simulate
+
+from .candidates import Plan
+from .card import Card
+from .model_shape import ModelShape
+from .setting import Setting
+
+ATTENTION_EFFICIENCY = 0.5  # the attention core runs at about half the GEMM rate
+UPDATE_BYTES = {"sgd": 14.0, "adam": 30.0, "adamw": 30.0}  # per parameter: masters, gradient, state, half weights
+UPDATE_BYTES_FP32 = {"sgd": 12.0, "adam": 28.0, "adamw": 28.0}
+DP_BUCKET_BYTES = 256 * 2**20
+# Autograd stages (the decoders), fitted to the GPT of experiments/results/2026-11-27-4xH200-grids-gpt.json (one
+# GPU 424 ms, pp4 167 ms, interleaved 150 ms, dp4 225 ms, tp4 306 ms): slower GEMMs and elementwise work than the
+# native chain, a fixed cost per layer and action, MP all-reduces far from the bus rate, and a weight gradient
+# accumulated inside its GEMM, so merging the W actions saves no time (and keeps every micro-batch's inputs).
+AUTOGRAD_SLOWDOWN = 1.25
+AUTOGRAD_ACTION_S = 250e-6
+AUTOGRAD_MP_SLOWDOWN = 4.0
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A plan's predicted step, and where its time goes."""
+
+    step_s: float
+    pipeline_s: float
+    bubble: float
+    dp_exposed_s: float
+    mp_allreduces: int
+    mp_exposed_s: float
+    update_s: float
+    sim: SimResult
+
+
+def _allreduce_s(card: Card, nbytes: float, n: int, share: float = 2.0) -> float:
+    return 0.0 if n <= 1 else card.latency_s + share * (n - 1) / n * nbytes / card.allreduce_bytes_s
+
+
+def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[list[Costs], list[float], float,
+                                                                                   int]:
+    """Per stage (pp x v of them): the costs of one micro-batch's F, B, I, W; its merged weight gradient (all
+    micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step."""
+    m, mp, e = plan.micro_batches, s.mp, s.elem
+    slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
+    tokens = s.per_dp / m * shape.tokens_per_sample
+    costs, merged, mp_s, mp_count = [], [], 0.0, 0
+    for layers in shape.cut(s.pp * plan.virtual_stages):
+        f = i = w = wm = 0.0
+        for index in layers:
+            layer = shape.layers[index]
+            flops = 2.0 * layer.matmul_params / mp * tokens
+            gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
+            attention = (layer.attention_flops / mp * tokens /
+                         (ATTENTION_EFFICIENCY * (card.gemm_flops if s.half else card.fp32_flops)))
+            elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
+            overhead = card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
+            f += slow * (gemm + attention + elementwise) + overhead
+            i += slow * (gemm + 2 * attention + elementwise) + overhead
+            if layer.matmul_params:
+                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half)
+                if shape.native:
+                    accumulate = layer.matmul_params / mp * (8.0 * (m - 1) + 4.0) / m / card.hbm_bytes_s
+                    w += w_gemm + accumulate + overhead
+                    wm += card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 * layer.matmul_params / mp / \
+                        card.hbm_bytes_s + overhead
+                else:
+                    w += slow * w_gemm + overhead
+                    wm += m * (slow * w_gemm + overhead)
+            if mp > 1 and layer.mp_allreduces:
+                one = _allreduce_s(card, tokens * shape.hidden * e, mp) * (1.0 if shape.native else
+                                                                            AUTOGRAD_MP_SLOWDOWN)
+                f += layer.mp_allreduces * one  # the forward waits for its all-reduce
+                i += layer.mp_allreduces * one / (2 if shape.native else 1)  # native: hidden under the W GEMMs
+                mp_s += 1.5 * layer.mp_allreduces * one * m
+                mp_count += round(2 * layer.mp_allreduces * m)
+        if s.full_recompute:
+            i += f
+        if plan.merge_wgrad:
+            costs.append(Costs(F=f, B=i, I=i, W=0.0))
+            merged.append(wm)
+        else:
+            costs.append(Costs(F=f, B=i + w, I=i, W=w))
+            merged.append(0.0)
+    return costs, merged, mp_s, mp_count
+
+
+def rank_params(shape: ModelShape, s: Setting, virtual_stages: int) -> list[float]:
+    """Parameters held by each pipeline rank (its share of MP)."""
+    out = [0.0] * s.pp
+    for stage, layers in enumerate(shape.cut(s.pp * virtual_stages)):
+        out[stage % s.pp] += sum(shape.layers[i].params for i in layers) / s.mp
+    return out
+
+
+def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime:
+    """The predicted time of one step of `plan` on `card` (the slowest rank's)."""
+    costs, merged, mp_s, mp_count = stage_costs(shape, card, s, plan)
+    tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
+    latency = card.latency_s + tokens * shape.hidden * s.elem / card.p2p_bytes_s if s.pp > 1 else 0.0
+    schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
+    sim = simulate(schedule, Costs(latency=latency), stage_costs=costs)
+    stages = s.pp * plan.virtual_stages
+    per_rank_merged = [sum(merged[st] for st in range(r, stages, s.pp)) for r in range(s.pp)]
+    params = rank_params(shape, s, plan.virtual_stages)
+    worst = 0.0
+    dp_worst = update_worst = 0.0
+    for r in range(s.pp):
+        last_backward = sum(costs[st].B for st in range(r, stages, s.pp)) + per_rank_merged[r]
+        dp_s, dp_exposed = 0.0, 0.0
+        if s.dp > 1:
+            nbytes = params[r] * s.grad_wire_bytes
+            dp_s = _allreduce_s(card, nbytes, s.dp, 1.0 if s.zero else 2.0)
+            last_bucket = dp_s * min(1.0, DP_BUCKET_BYTES / max(nbytes, 1.0))
+            dp_exposed = max(dp_s - last_backward, last_bucket)
+        per_param = (UPDATE_BYTES if s.half else UPDATE_BYTES_FP32).get(s.optimizer, 30.0)
+        update = params[r] * (per_param / (s.dp if s.zero else 1) + (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
+        if plan.micro_batches > 1 and not plan.merge_wgrad:
+            update += 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed before the step
+        total = sim.makespan + per_rank_merged[r] + dp_exposed + update
+        if total > worst:
+            worst, dp_worst, update_worst = total, dp_exposed, update
+    return StepTime(worst, sim.makespan + max(per_rank_merged), sim.bubble, dp_worst, mp_count, mp_s, update_worst,
+                    sim)
