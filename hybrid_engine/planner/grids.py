@@ -39,7 +39,6 @@ def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int]) -> s
 def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Callable) -> list[tuple]:
     """[(grid, Prediction or None, note)], fastest first; a grid with no legal plan or none that fits last, its
     note saying why."""
-    from hybrid_engine.config.checks import resolve_grid
 
     shape = shape_of(cfg)
     rows = []
