@@ -4,7 +4,8 @@
     python report/build.py [--results experiments/results] [--out report/report.pdf]
 
 Page order: title, 1 grid mapping, 2 pipeline overlap, then per card: 3 performance, 4 memory, 5 targets,
-6 bottlenecks; 7 the GPT; appendix: files used and the exact command of every run. See report/README.md.
+6 bottlenecks; 7 the GPT; 8 every 4-GPU grid; 9 the Llama; appendix: files used and the exact command of every
+run. See report/README.md.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ sys.path.insert(0, str(REPO))
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from report import figures, gpt, grids, tables, text  # noqa: E402
+from report import figures, gpt, grids, llama, tables, text  # noqa: E402
 from report.data import NOT_MEASURED, Bench, Results, grid_of, grid_text, load, mode_text, ok, status  # noqa: E402
 from report.gpt_data import GptResults, load_gpt  # noqa: E402
 from report.grids import GridResults, load_grids  # noqa: E402
+from report.llama import LlamaResults, load_llama  # noqa: E402
 from report.render import Report  # noqa: E402
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb1")
@@ -50,7 +52,7 @@ def title_page(rep: Report, res: Results) -> None:
                                                              "--out report/report.pdf"),
                ("h", "Contents"),
                ("b", "1 Grid mapping   2 Pipeline overlap   3 Performance   4 Memory   5 Targets   6 Bottlenecks   "
-                     "7 GPT   Appendix: files used, every run's command")]
+                     "7 GPT   8 4-GPU grids   9 Llama   Appendix: files used, every run's command")]
     rep.text("hybrid_engine: technical report", blocks)
 
 
@@ -143,7 +145,7 @@ def memory_pages(rep: Report, res: Results, b: Bench) -> None:
         rep.figure(figures.convergence_figure(conv), f"4. Convergence ({b.card})")
 
 
-def appendix(rep: Report, res: Results, g: GptResults, four: GridResults) -> None:
+def appendix(rep: Report, res: Results, g: GptResults, four: GridResults, lla: LlamaResults) -> None:
     rep.tables([tables.files_table(res)])
     blocks = []
     if g.used:
@@ -151,6 +153,8 @@ def appendix(rep: Report, res: Results, g: GptResults, four: GridResults) -> Non
     if four.files:
         blocks += [("h", "The 4-GPU grids (section 8): every run's command"), *grids.commands(four, res.root),
                    ("gap", "")]
+    if lla.used:
+        blocks += [("h", "The Llama (section 9): every run's command"), *llama.commands(lla, res.root), ("gap", "")]
     for b in res.benches:
         blocks += [("h", f"{tables.rel(b.path, res.root)}: the exact command of every run (cmd field)")]
         blocks += [("m", line) for line in tables.commands(b)]
@@ -165,9 +169,10 @@ def build(results: Path, out: Path) -> Report:
     res = load(results)
     g = load_gpt(results)  # the GPT's files replace report/data.py's "not a bench results file" verdict on them
     four = load_grids(results)  # and so do the 4-GPU grids' files
-    res.files_used += g.used + four.used
-    res.files_ignored = ([(p, why) for p, why in res.files_ignored if p not in g.claimed | four.claimed]
-                         + g.ignored + four.ignored)
+    lla = load_llama(results)  # and the Llama's
+    res.files_used += g.used + four.used + lla.used
+    res.files_ignored = ([(p, why) for p, why in res.files_ignored if p not in g.claimed | four.claimed | lla.claimed]
+                         + g.ignored + four.ignored + lla.ignored)
     out.parent.mkdir(parents=True, exist_ok=True)
     rep = Report(str(out))
     title_page(rep, res)
@@ -183,7 +188,8 @@ def build(results: Path, out: Path) -> Report:
                                                                  res.convergence.get(b.card), res.root))
     gpt.gpt_pages(rep, g, res.root)
     grids.grid_pages(rep, four, res.root)
-    appendix(rep, res, g, four)
+    llama.llama_pages(rep, lla, res.root)
+    appendix(rep, res, g, four, lla)
     rep.close()
     return rep
 
