@@ -59,18 +59,25 @@ class Choice:
     by_time: bool
 
     def line(self, filled: bool = True) -> str:
-        """The line rank 0 prints: the choice, its prediction, the runner-up."""
+        """The line rank 0 prints: the choice, its prediction, the runner-up (a card the cost model does not time,
+        the CPU, gets the reference plan and no prediction)."""
         c = self.chosen
-        how = "" if self.by_time else f" (the {self.card.name} keeps the plan nearest 1f1b x 4 micro-batches)"
-        text = (f"plan: {c.plan.describe()}: predicted {c.step_s * 1e3:.3g} ms/step, {c.peak / GIB:.1f} GiB peak"
-                f"{how}")
+        head = "plan: " if filled else "plan (as given): "
         flags = f" (as flags: {c.plan.flags()})"
-        if not filled:
-            text = text.replace("plan: ", "plan (as given): ", 1)
+        if not self.by_time:
+            return (f"{head}{c.plan.describe()} (the {self.card.name} keeps the plan nearest 1f1b x 4 micro-batches: "
+                    "the cost model times GPUs; python -m hybrid_engine.plan --plan-card h100 ranks the plans for "
+                    f"one){flags}")
+        text = f"{head}{c.plan.describe()}: predicted {c.step_s * 1e3:.3g} ms/step, {gib(c.peak)} GiB peak"
         if self.runner_up is not None:
             r = self.runner_up
-            text += f" (runner-up {r.plan.describe()}: {r.step_s * 1e3:.3g} ms, {r.peak / GIB:.1f} GiB)"
+            text += f" (runner-up {r.plan.describe()}: {r.step_s * 1e3:.3g} ms, {gib(r.peak)} GiB)"
         return text + flags
+
+
+def gib(nbytes: float) -> str:
+    """A memory size in GiB to three significant digits (0.0412, 1.87, 61.4)."""
+    return f"{nbytes / GIB:.3g}"
 
 
 def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: Callable[[Plan], bool],

@@ -73,4 +73,4 @@ def compare_text(measured_s: float, predicted_s: float, measured_gib: float, pre
     """'step 10.3 ms (predicted 9.8, +5%), peak 21.9 GiB (predicted 21.3)': the run against its plan."""
     off = (measured_s / predicted_s - 1) * 100 if predicted_s > 0 else 0.0
     return (f"step {measured_s * 1e3:.3g} ms (predicted {predicted_s * 1e3:.3g}, {off:+.0f}%), "
-            f"peak {measured_gib:.1f} GiB (predicted {predicted_gib:.1f})")
+            f"peak {measured_gib:.3g} GiB (predicted {predicted_gib:.3g})")

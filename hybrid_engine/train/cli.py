@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
             hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
                                   tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
     Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
-            predicted=plan.chosen).train(start_from)
+            predicted=plan.chosen if plan.by_time else None).train(start_from)
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0
