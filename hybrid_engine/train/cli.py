@@ -121,8 +121,6 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     asked = cfg.schedule
     cfg, plan = plan_run(cfg, grid, device.type, registry.check_model)
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
-    if env.rank == 0 and asked.unset:
-        print(plan.line(), flush=True)
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
     lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
@@ -154,6 +152,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
 
     # 3. the engine and the loop
     if env.rank == 0:
+        if asked.unset:  # said with the other start-up lines, after the checks that may still refuse the run
+            print(plan.line())
         print(workload.describe())
         print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
     engine = build_engine(cfg, workload, groups, device)

@@ -86,7 +86,7 @@ def test_the_readme_api_snippet_runs_as_written_on_one_and_two_ranks(tmp_path):
 def _shrunk(command: str, runs: str) -> str:
     """The README's command on a few steps and tokens, writing under `runs` instead of the repository's runs/."""
     for pattern, value in ((r"--steps \d+", "--steps 4"), (r"--eval-every \d+", "--eval-every 2"),
-                           (r"--tokens \d+", "--tokens 20")):
+                           (r"--tokens \d+", "--tokens 20"), (r"--lr-warmup \d+", "--lr-warmup 1")):
         if re.search(r"hybrid_engine\.(launch|sample)", command) and pattern.split()[0] in command:
             command = re.sub(pattern, value, command)
     return re.sub(r"(?<![\w/.-])runs(?=/|\s|$)", runs, command)

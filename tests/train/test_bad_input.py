@@ -68,7 +68,7 @@ def test_unknown_schedule():
 
 
 def test_interleaved_with_one_virtual_stage():
-    fails_on_every_rank(("--pp", "2", "--schedule", "interleaved"),
+    fails_on_every_rank(("--pp", "2", "--schedule", "interleaved", "--virtual-stages", "1"),
                         "the interleaved schedule needs --virtual-stages >= 2")
 
 
