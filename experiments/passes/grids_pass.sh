@@ -21,20 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 PHASE=${PHASE:-mlp}
-DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540}))
-RESERVE=25
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/grids_$PHASE; mkdir -p "$OUT" "$RES"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ -n "${DEVICE_SO:-}" ]] && ls $DEVICE_SO > /dev/null 2>&1; then
-  cp $DEVICE_SO hybrid_engine/ && echo "using the prebuilt $(basename $DEVICE_SO)"
-else
-  start=$SECONDS
-  CMAKE_BUILD_PARALLEL_LEVEL=48 python3 -m pip install -q --no-build-isolation --no-deps -e . \
-      -Ccmake.define.HYBRID_UNITY_BUILD=OFF > "$RES/build.log" 2>&1 || { tail -40 "$RES/build.log"; exit 1; }
-  echo "built in $((SECONDS - start)) s"
-  so=$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')
-  mkdir -p /tmp/he_so && cp "$so" /tmp/he_so/ && cp "$so" "$OUT/"  # the next call on this machine reuses it
-fi
+pass_start grids_$PHASE
 
 engine() {  # name gpus driver-args...: one GPU runs on GPU 0
   local name=$1 n=$2; shift 2

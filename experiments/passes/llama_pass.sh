@@ -24,18 +24,7 @@ cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 PHASE=${PHASE:-1gpu}
 [[ $PHASE == 1gpu || $PHASE == 4gpu ]] || { echo "PHASE must be 1gpu or 4gpu, got $PHASE"; exit 2; }
-DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540}))
-RESERVE=25
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/llama_$PHASE; mkdir -p "$OUT" "$RES"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ -n "${DEVICE_SO:-}" ]] && ls $DEVICE_SO > /dev/null 2>&1; then
-  cp $DEVICE_SO hybrid_engine/ && echo "using the prebuilt $(basename $DEVICE_SO)"
-else
-  start=$SECONDS
-  CMAKE_BUILD_PARALLEL_LEVEL=48 python3 -m pip install -q --no-build-isolation --no-deps -e . \
-      -Ccmake.define.HYBRID_UNITY_BUILD=OFF > "$RES/build.log" 2>&1 || { tail -40 "$RES/build.log"; exit 1; }
-  echo "built in $((SECONDS - start)) s"
-fi
+pass_start llama_$PHASE
 if ls .whl/megatron_core-*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/mcore .whl/megatron_core-*.whl > "$RES/mcore.log" 2>&1
 fi

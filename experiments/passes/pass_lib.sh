@@ -1,6 +1,6 @@
 # Sourced by the device pass scripts (tune_pass.sh, ab_pass.sh, dp_pass.sh, profile_pass.sh, gpt_pp_tp_pass.sh,
-# grids_pass.sh): the NCCL settings every GPU run keeps, the build, and the helpers that log one run under $RES and
-# print its one-line result.
+# grids_pass.sh, llama_pass.sh, plan_pass.sh, ...): the NCCL settings every GPU run keeps, the build, and the
+# helpers that log one run under $RES and print its one-line result.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4
 
 pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_out}
@@ -8,6 +8,27 @@ pass_setup() {  # name: logs go to /tmp/<name>, the archive to ${OUT:-/tmp/he_ou
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
     || { tail -40 "$RES/build.log"; exit 1; }
+}
+
+pass_start() {  # name: a budgeted pass (PASS_BUDGET_S, default 540 s; budget_run keeps to it), its logs under
+  # /tmp/<name>, the card said, and the extension: DEVICE_SO (a prebuilt _C of the same tree, e.g. an earlier call's
+  # left in /tmp/he_so on a warm machine or carried from its $OUT) copied in place, else built and kept for the next
+  # call on this machine
+  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540}))
+  RESERVE=25
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/$1; mkdir -p "$OUT" "$RES"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  if [[ -n "${DEVICE_SO:-}" ]] && ls $DEVICE_SO > /dev/null 2>&1; then
+    cp $DEVICE_SO hybrid_engine/ && echo "using the prebuilt $(basename $DEVICE_SO)"
+  else
+    local start=$SECONDS
+    CMAKE_BUILD_PARALLEL_LEVEL=48 python3 -m pip install -q --no-build-isolation --no-deps -e . \
+        -Ccmake.define.HYBRID_UNITY_BUILD=OFF > "$RES/build.log" 2>&1 || { tail -40 "$RES/build.log"; exit 1; }
+    echo "built in $((SECONDS - start)) s"
+    local so
+    so=$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')
+    mkdir -p /tmp/he_so && cp "$so" /tmp/he_so/ && cp "$so" "$OUT/"
+  fi
 }
 
 budget_run() {  # name limit_s command...: logged under $RES (.cmd, .log, .rc), killed at its limit or at the pass's
