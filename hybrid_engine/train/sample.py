@@ -80,8 +80,13 @@ def _model_config(ckpt):
     return cfg
 
 
+def _entry(cfg) -> tuple:
+    """cfg's row of MODELS: (its name in messages, config_of, build, weight bytes)."""
+    return MODELS["gpt" if isinstance(cfg, GPTConfig) else "llama"]
+
+
 def _build(cfg, device="cpu"):
-    return build_gpt(cfg, device) if isinstance(cfg, GPTConfig) else build_llama(cfg, device)
+    return _entry(cfg)[2](cfg, device)
 
 
 def _check_shapes(ckpt, cfg) -> None:
@@ -89,7 +94,7 @@ def _check_shapes(ckpt, cfg) -> None:
     disagrees with the weights: a crafted vocabulary or seq_len)."""
     expected = {k: list(v.shape) for k, v in _build(cfg, "meta").state_dict().items()}
     recorded = {k: v["shape"] for k, v in ckpt.manifest["params"].items()}
-    what = "GPT" if isinstance(cfg, GPTConfig) else "Llama"
+    what = _entry(cfg)[0]
     for name, shape in expected.items():
         if recorded.get(name) != shape:
             there = f"is {recorded[name]} there" if name in recorded else "is missing there"
