@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The engine before and after a change of its shape, side by side in one job on one 4-GPU machine: the tree of an
+# earlier commit (carried as .ab/old.tar: `mkdir -p .ab && git archive -o .ab/old.tar <commit> -- . ':!report'
+# ':!experiments/results'`) beside the current tree, on the Llama and the GPT of the Llama and grids passes:
+#
+#   PHASE=llama  hidden 2048, 16 layers, 32/8 heads, ffn 5632, seq 2048, 16 sequences in 8 micro-batches, bf16
+#   PHASE=gpt    hidden 2560, 12 layers, 20 heads, seq 1024, 32 sequences in 8 micro-batches, bf16
+#
+# each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
+# new alternating, the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
+# beside its eager run (the Llama phase). Every run's median step goes to $OUT/engine_ab_<phase>.json with new/old.
+#
+#   PHASE=llama bash experiments/passes/engine_ab.sh      # device kind nvidia-h100-x4, carry .ab
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source experiments/passes/pass_lib.sh
+PHASE=${PHASE:-llama}
+[[ $PHASE == llama || $PHASE == gpt ]] || { echo "PHASE must be llama or gpt, got $PHASE"; exit 2; }
+export CMAKE_BUILD_PARALLEL_LEVEL=48
+OUT=${OUT:-/tmp/he_out}; RES=/tmp/engine_ab_$PHASE; mkdir -p "$OUT" "$RES" /tmp/old
+DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-560})); RESERVE=20
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
+[[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
+build() {  # dir name: an in-place build of that tree's extension (kept on a warm machine), nothing left installed
+  ls "$1"/hybrid_engine/_C*.so > /dev/null 2>&1 && return
+  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.HYBRID_UNITY_BUILD=OFF \
+     > "$RES/build-$2.log" 2>&1 && cp "$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')" hybrid_engine/ \
+     ; python3 -m pip uninstall -y -q hybrid_engine) || { tail -30 "$RES/build-$2.log"; exit 1; }
+}
+start=$SECONDS; build /tmp/old old; build "$PWD" new; echo "built in $((SECONDS - start)) s"
+python3 - <<'PY'
+import numpy as np, os
+from hybrid_engine.data import write_token_file
+if not os.path.exists("/tmp/ab_tokens.bin"):
+    write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+PY
+RUN="--data /tmp/ab_tokens.bin --micro-batches 8 --steps 8 --warmup 3 --seed 0 --lr 3e-4 --amp bf16 --schedule 1f1b"
+if [[ $PHASE == llama ]]; then
+  M="--model llama --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632 --seq-len 2048"
+  M="$M --batch-size 16 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 $RUN"
+else
+  M="--model gpt --hidden 2560 --layers 12 --heads 20 --seq-len 1024 --batch-size 32 --optimizer adamw $RUN"
+fi
+
+run() {  # version name gpus first-gpu driver-args...: one run of a tree, from its own folder
+  local version=$1 name=$2 n=$3 first=$4; shift 4
+  local dir=$PWD; [[ $version == old ]] && dir=/tmp/old
+  local left=$((DEADLINE - SECONDS - RESERVE))
+  (( left < 30 )) && { echo "$version-$name SKIPPED"; return; }
+  local devices; devices=$(seq -s, "$first" $((first + n - 1)))
+  (cd "$dir" && CUDA_VISIBLE_DEVICES=$devices timeout -k 5 $(( left < 200 ? left : 200 )) torchrun \
+     --nproc_per_node="$n" --master_port=$((29500 + first)) hybrid_engine.py --quiet \
+     --metrics "$RES/$version-$name.jsonl" "$@" > "$RES/$version-$name.log" 2>&1) \
+    || { echo "$version-$name FAILED"; grep -E -m2 'rror|out of memory' "$RES/$version-$name.log"; }
+}
+pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1)
+  local name=$1 n=$2; shift 2
+  if (( n == 1 )); then
+    run old "$name" 1 0 "$@" & run new "$name" 1 1 "$@"; wait
+  else
+    run old "$name" "$n" 0 "$@"; run new "$name" "$n" 0 "$@"
+  fi
+  echo "$name: old $(grep -o 'median step [0-9.]* ms' "$RES/old-$name.log") | new $(grep -o 'median step [0-9.]* ms' "$RES/new-$name.log")"
+}
+pair 1gpu 1 $M
+pair pp2tp2 4 $M --pp 2 --mp 2
+pair tp4 4 $M --mp 4
+pair pp4 4 $M --pp 4
+if [[ $PHASE == llama ]]; then
+  run new 1gpu_eager 1 0 $M & run new 1gpu_compile 1 1 $M --compile; wait
+  echo "compile: eager $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_eager.log") | compiled $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_compile.log")"
+fi
+
+python3 - "$RES" "$PHASE" <<'PY' | tee "$OUT/engine_ab_$PHASE.json"
+import glob, json, os, re, sys
+res, phase = sys.argv[1:]
+steps = {}
+for path in glob.glob(f"{res}/*.log"):
+    found = re.search(r"median step ([0-9.]+) ms", open(path).read())
+    if found:
+        steps[os.path.basename(path)[:-4]] = float(found.group(1))
+rows = {}
+for grid in ("1gpu", "pp2tp2", "tp4", "pp4"):
+    old, new = steps.get(f"old-{grid}"), steps.get(f"new-{grid}")
+    rows[grid] = {"old_ms": old, "new_ms": new, "old_over_new": round(old / new, 4) if old and new else None}
+if phase == "llama":
+    eager, compiled = steps.get("new-1gpu_eager"), steps.get("new-1gpu_compile")
+    rows["compile_1gpu"] = {"eager_ms": eager, "compile_ms": compiled,
+                            "eager_over_compile": round(eager / compiled, 4) if eager and compiled else None}
+print(json.dumps({"gpu": open(f"{res}/gpu.txt").read().strip(), "phase": phase,
+                  "median_step_ms": rows, "speed_new_over_old": "old_over_new > 1: the new tree is faster"},
+                 indent=1))
+PY
+tar -czf "$OUT/engine_ab_${PHASE}_logs.tgz" -C "$RES" .
