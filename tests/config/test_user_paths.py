@@ -149,3 +149,17 @@ def test_data_prepare_never_writes_into_the_tokenizer_it_reads(tmp_path, capsys)
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"error: output {out} is inside --tokenizer {hf}" in err, err
     assert (hf / "tokenizer.json").read_text() == "{}" and not (hf / "book.tok").exists()
+
+
+def test_the_driver_refuses_a_metrics_file_that_is_its_config_before_writing(tmp_path):
+    import subprocess
+    import sys
+
+    toml = tmp_path / "run.toml"
+    toml.write_text("[training]\nsteps = 1\n")
+    done = subprocess.run([sys.executable, "-m", "hybrid_engine", "--config", str(toml), "--metrics", str(toml)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr == (f"hybrid_engine: error: --metrics {toml} is --config {toml}: writing it would destroy what "
+                           "is read (give another name)\n")
+    assert toml.read_text() == "[training]\nsteps = 1\n"
