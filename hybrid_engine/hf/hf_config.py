@@ -145,7 +145,7 @@ def llama_config_from_hf(config: dict, where: str = "config.json") -> tuple[Llam
         if key in config and config[key] not in values:
             raise HFError(f"{where}: {key} {config[key]!r} is not supported (only {values[0]!r})")
     for key in ("attention_bias", "tie_word_embeddings", "use_sliding_window"):
-        if not isinstance(config.get(key, False), bool):
+        if config.get(key) is not None and not isinstance(config[key], bool):
             raise HFError(f"{where}: {key} {_said(config[key])} is not true or false")
     if config.get("attention_bias", False):
         raise HFError(f"{where}: attention_bias true is not supported for {archs[0]} (biases on q, k, v and o)")
@@ -173,7 +173,7 @@ def llama_config_from_hf(config: dict, where: str = "config.json") -> tuple[Llam
         cfg = LlamaConfig(
             vocab_size=sizes["vocab_size"], layers=sizes["num_hidden_layers"], hidden=sizes["hidden_size"],
             heads=sizes["num_attention_heads"], kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
-            seq_len=max(1, min(max_positions, 4096)), tie_embeddings=config.get("tie_word_embeddings", False),
+            seq_len=max(1, min(max_positions, 4096)), tie_embeddings=config.get("tie_word_embeddings") is True,
             rope_theta=theta, rope_scaling=scaling, norm_eps=_number(config, "rms_norm_eps", where, 1e-6),
             head_dim=head_dim, max_positions=max_positions, qkv_bias=family == "qwen2")
     except (TypeError, ValueError, ZeroDivisionError) as exc:
