@@ -6,8 +6,9 @@ a token file.
     python -m hybrid_engine.data prepare book.txt runs/book.tok --tokenizer llama-dir   # a model's own tokenizer
 
 Nothing a user has is overwritten by mistake: OUT (and, with --bpe, its tokenizer) must not be IN or --tokenizer,
-nor lie inside a --tokenizer folder, also through a link (config/paths_apart.py), and an existing OUT is replaced only with --force. OUT's folder is created, as --save's is. Every
-failure is one line and exit 2, and no temporary file is left behind.
+nor lie inside a --tokenizer folder, also through a link (config/paths_apart.py), and an existing OUT is replaced
+only with --force. OUT's folder is created, as --save's is. Every failure is one line and exit 2, and no temporary
+file is left behind.
 """
 from __future__ import annotations
 
