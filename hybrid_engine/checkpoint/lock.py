@@ -3,12 +3,14 @@ exit (the kernel drops it however the process ends); a second run's rank 0 fails
 that run stops before training (agree_on_directory_holds)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
 import socket
 import stat
+from typing import Iterator
 
 from .agree import _all_gather
 from .files import LOCK, CheckpointError
@@ -48,12 +50,14 @@ def _holder_of(fd: int) -> str:
     return f" ({m.group(0)})" if m else ""
 
 
-def hold_directory(path: str, rank: int | None = None, world_size: int | None = None) -> DirectoryHold:
+def hold_directory(path: str, rank: int | None = None, world_size: int | None = None,
+                   said: str | None = None) -> DirectoryHold:
     """Claim --save directory `path` for this run, before the first collective: rank 0 takes an exclusive flock
     on path/.lock (without waiting) and writes 'pid N on HOST' into it; the other ranks take nothing. rank and
     world_size default to torchrun's RANK and WORLD_SIZE. On one rank a directory in use raises CheckpointError
     at once; on several, the error waits for agree_on_directory_holds (after the process group exists), which
-    raises it on every rank."""
+    raises it on every rank. said: how the user named the directory (default --save PATH)."""
+    said = said or f"--save {path}"
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     fd, error = None, None
@@ -68,7 +72,7 @@ def hold_directory(path: str, rank: int | None = None, world_size: int | None = 
                 os.close(fd)
             fd = None
             why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-            error = f"cannot hold --save {path}: the lock file {lock} cannot be opened ({why})"
+            error = f"cannot hold {said}: the lock file {lock} cannot be opened ({why})"
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,10 +81,10 @@ def hold_directory(path: str, rank: int | None = None, world_size: int | None = 
                 os.close(fd)
                 fd = None
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    error = (f"--save {path} is in use by another run{holder}: two runs must not share a "
+                    error = (f"{said} is in use by another run{holder}: two runs must not share a "
                              "checkpoint directory (wait for it to end, or choose another directory)")
                 else:
-                    error = f"cannot hold --save {path}: flock on {lock} failed ({exc.strerror})"
+                    error = f"cannot hold {said}: flock on {lock} failed ({exc.strerror})"
             else:
                 try:  # who holds it, for the error of a second run; the flock alone is the claim
                     os.ftruncate(fd, 0)
@@ -93,6 +97,36 @@ def hold_directory(path: str, rank: int | None = None, world_size: int | None = 
     if fd is not None or error:  # a lock to keep, or an outcome to agree on
         _HOLDS.append(hold)
     return hold
+
+
+def in_use(path: str) -> bool:
+    """Whether a run (or an import) holds directory `path` now: its lock file is flock'ed by a live process."""
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # closing drops the shared lock taken above, if it was taken
+    return False
+
+
+@contextlib.contextmanager
+def holding_directory(path: str, said: str) -> Iterator[None]:
+    """A writer of one process (hf import) holds checkpoint directory `path` as a run's rank 0 does, for as long
+    as it writes: neither writes into a directory the other is using. The directory is created."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{said}: cannot create the directory ({exc.strerror})") from None
+    hold = hold_directory(path, 0, 1, said)
+    try:
+        yield
+    finally:
+        hold.release()
 
 
 def agree_on_directory_holds() -> None:

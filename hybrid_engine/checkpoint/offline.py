@@ -18,6 +18,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from hybrid_engine.config import ConfigError
+
 from .files import FORMAT, NO_OPTIMIZER, Checkpoint, CheckpointError, latest_path, shard_name, step_dir_name
 from .loading import read_shard
 from .saving import Written, _cause, _write_shard, discard, publish, write_manifest
@@ -49,7 +51,7 @@ def write_checkpoint(root: str, model: dict, shards: Iterable[dict[str, torch.Te
         layout = {"grid": {"dp": 1, "pp": n, "mp": 1, "order": "mp-dp-pp", "world_size": n}, "schedule": "none",
                   "virtual_stages": 1}
         write_manifest(tmp, step, layout, {"model": model, "optimizer": NO_OPTIMIZER}, reports)
-    except CheckpointError:
+    except ConfigError:  # a refusal of its own, or of the shards' source (a tensor it cannot take): said as it is
         discard(written)
         raise
     except Exception as exc:  # noqa: BLE001 - a full disk (OSError, or torch's RuntimeError around one)

@@ -8,6 +8,7 @@ meaning, its metadata the flag's name where that differs from the field's.
     flags.py         the command line, generated from the dataclasses; the TOML file read and laid under the flags
     input_files.py   reading a file a user names: a regular file only, never through a wait
     output_paths.py  every file a run writes, checked before the first collective
+    paths_apart.py   the rule every command asks: nothing it writes is, or lies inside, something it reads
 
 Imports from the package: hybrid_engine._C (the C++ core's schedule rules) and, for each model's own options and
 rules, hybrid_engine.models' option classes. Nothing above it (engine, train) is imported here.

@@ -165,6 +165,14 @@ def read_toml(path: str) -> dict:
         raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
 
 
+def config_file(argv: list[str]) -> str | None:
+    """The --config TOML these flags name (None: none), as parse_config reads it: what a run reads besides its
+    data and checkpoints, which its outputs must not overwrite."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--config", default=None)
+    return p.parse_known_args(argv)[0].config
+
+
 def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str | None = None) -> RunConfig:
     """Flags over the --config file over the dataclasses' defaults. models: each model's options class by name
     (models/registry.py OPTIONS)."""

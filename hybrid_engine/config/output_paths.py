@@ -3,6 +3,8 @@ and a path that could not be written, would block, or would land among the check
 
 - `--save DIR` is the checkpoints' own: a metrics file or a trace inside it would be appended to a checkpoint's
   manifest, pruned with it, or overwritten by `latest`, so nothing else may be written under it.
+- No output is an input of the run (--data, --config, --load), by any name, nor inside one (paths_apart.py);
+  --save may hold the checkpoint --load names (a run continuing its own).
 - An existing output that is a FIFO (opening it for writing waits for a reader that may never come), a socket,
   a block device or a directory is refused; a regular file is replaced or appended to, and a character device
   (/dev/null) is written to, with any write error naming the file (ReportingError).
@@ -13,6 +15,7 @@ import importlib.util
 import os
 import stat
 
+from .paths_apart import Output, clash
 from .run import ConfigError, RunConfig
 
 
@@ -58,9 +61,23 @@ def _file_output(flag: str, value: str, path: str, save: str | None) -> None:
     _writable_dir(f"{flag} {value}", os.path.dirname(path))
 
 
-def check_output_paths(cfg: RunConfig) -> None:
-    """Every file the run will write (rank 0 writes them; every rank checks, so every rank stops alike)."""
+def _apart_from_inputs(cfg: RunConfig, config_file: str | None) -> None:
     r, c = cfg.reporting, cfg.checkpoint
+    inputs = [(f"--data {cfg.data.path}", cfg.data.path), (f"--config {config_file}", config_file)]
+    reports = [Output(f"--metrics {r.metrics}", r.metrics), Output(f"--tensorboard {r.tensorboard}", r.tensorboard)]
+    reports += [Output(f"--trace {r.trace}" + ("" if s == ".json" else f" ({r.trace}{s})"), r.trace and r.trace + s)
+                for s in (".json", ".png", ".simulated.png")]
+    problem = clash([Output(f"--save {c.save}", c.save)], inputs) or clash(
+        reports, inputs + [(f"--load {c.load}", c.load)])
+    if problem:
+        raise ConfigError(problem)
+
+
+def check_output_paths(cfg: RunConfig, config_file: str | None = None) -> None:
+    """Every file the run will write (rank 0 writes them; every rank checks, so every rank stops alike), checked
+    against every file it reads (config_file: the --config TOML, when one was given)."""
+    r, c = cfg.reporting, cfg.checkpoint
+    _apart_from_inputs(cfg, config_file)
     if c.save:
         if os.path.exists(c.save) and not os.path.isdir(c.save):
             raise ConfigError(f"--save {c.save}: cannot create the directory (it is a file)")

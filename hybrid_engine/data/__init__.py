@@ -1,6 +1,6 @@
 """Training data for the token models: token files and their header (token_files.py), the datasets that draw a
 step's sequences from (seed, step) alone (datasets.py), and `python -m hybrid_engine.data prepare` (prepare.py).
-Imports: config (ConfigError) only."""
+Imports: config (ConfigError, paths_apart) only."""
 
 from .datasets import MarkovChain, TokenDataset, markov_corpus, open_dataset
 from .prepare import main, prepare

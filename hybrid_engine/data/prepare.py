@@ -5,9 +5,10 @@ a token file.
     python -m hybrid_engine.data prepare book.txt runs/book.tok --bpe 4096   # byte-level BPE; OUT.tokenizer.json
     python -m hybrid_engine.data prepare book.txt runs/book.tok --tokenizer llama-dir   # a model's own tokenizer
 
-Nothing a user has is overwritten by mistake: OUT (and, with --bpe, its tokenizer) must not be IN, also through
-a link, and an existing OUT is replaced only with --force. OUT's folder is created, as --save's is. Every
-failure is one line and exit 2, and no temporary file is left behind.
+Nothing a user has is overwritten by mistake: OUT (and, with --bpe, its tokenizer) must not be IN or --tokenizer,
+nor lie inside a --tokenizer folder, also through a link (config/paths_apart.py), and an existing OUT is replaced
+only with --force. OUT's folder is created, as --save's is. Every failure is one line and exit 2, and no temporary
+file is left behind.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from hybrid_engine.config.paths_apart import Output, clash
+
 from .token_files import (DataError, check_data_file, load_tokens, read_header, tokenizer_path,
                           write_token_file)
 
@@ -28,18 +31,13 @@ MAX_BPE_VOCAB = 1 << 20  # token ids are stored as uint32; tokenizers' trainer a
 _CHUNK = 1 << 20
 
 
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _check_output(in_path: str, out: str, force: bool, what: str) -> None:
-    """`out` may be written: not the input (also through a link), not a directory, replaced only with --force;
+def _check_output(in_path: str, out: str, force: bool, what: str, tokenizer: str | None = None) -> None:
+    """`out` may be written: not an input (also through a link), not a directory, replaced only with --force;
     its folder is created."""
-    if _same_file(in_path, out):
-        raise DataError(f"{what} {out} is the input {in_path}: prepare writes a new file (give another name)")
+    problem = clash([Output(f"{what} {out}", out)], [(f"the input {in_path}", in_path),
+                                                     (f"--tokenizer {tokenizer}", tokenizer)])
+    if problem:
+        raise DataError(problem)
     if os.path.isdir(out):
         raise DataError(f"{what} {out} is a directory: give a file name")
     if os.path.lexists(out) and not force:
@@ -133,7 +131,7 @@ def prepare(in_path: str, out_path: str, bpe: Optional[int] = None, force: bool 
     if bpe is not None and tokenizer is not None:
         raise DataError("--bpe trains a tokenizer and --tokenizer names one: give one of them")
     if tokenizer is not None:
-        _check_output(in_path, out_path, force, "output")
+        _check_output(in_path, out_path, force, "output", tokenizer)
         _check_utf8(in_path)
         tok, digest = _load_tokenizer(tokenizer)
         tokens, vocab = _encode(in_path, tok), tok.get_vocab_size()

@@ -4,6 +4,7 @@ and Qwen2 where their configs say no more than a Llama with a window or q/k/v bi
     hf_config.py          config.json <-> LlamaConfig; the first key or value the engine cannot honour, named
     weights.py            HF tensor names and layouts <-> the engine's, one layer at a time
     safetensors_files.py  reading model.safetensors (or its sharded index) tensor by tensor; writing shards
+    output_folder.py      where they write: never an input or a run's directory; an export's folder swapped in whole
     convert.py            import_model / export_model, streaming through checkpoint/offline.py
     __main__.py           the command
 

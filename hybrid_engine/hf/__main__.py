@@ -4,6 +4,7 @@ stderr and exit 2."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Optional, Sequence
 
@@ -37,8 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"wrote {path}; train it on any grid with: --config {args.ckpt}/{MODEL_TOML} --load {args.ckpt} "
                   "--data TOKENS")
         else:
-            if not args.max_shard_gib > 0:
-                raise ConfigError(f"--max-shard-gib must be positive, got {args.max_shard_gib}")
+            if not (args.max_shard_gib > 0 and math.isfinite(args.max_shard_gib)):
+                raise ConfigError(f"--max-shard-gib must be a positive number of GiB, got {args.max_shard_gib}")
             files = export_model(args.ckpt, args.hf_dir, args.dtype, args.like, int(args.max_shard_gib * 2**30),
                                  args.force)
             print(f"wrote {args.hf_dir}: {', '.join(files)}")

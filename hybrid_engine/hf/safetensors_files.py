@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Iterable
 
 import torch
+
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.config.input_files import kind_of, read_regular_file
 
 from .hf_config import HFError
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 METADATA = {"format": "pt"}  # what transformers writes, and checks when it loads
+MAX_INDEX_BYTES = 64 << 20  # a weight map of some million tensors
 
 
 def _safetensors():
@@ -26,35 +31,47 @@ def _safetensors():
     return safe_open, safetensors.torch
 
 
+def _check_regular(path: str) -> None:
+    """Only a regular file (a link to one, as the Hub's cache makes, is followed) is handed to safetensors: opening
+    a FIFO would wait for a writer that may never come."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise HFError(f"{path} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise HFError(f"{path} is {kind_of(mode)}, not a safetensors file")
+
+
 class HFWeights:
     """The tensors of a Hugging Face model directory, by name; a context manager that closes its files."""
 
     def __init__(self, hf_dir: str):
         safe_open, _ = _safetensors()
         index = os.path.join(hf_dir, INDEX)
-        if os.path.isfile(index):
+        if os.path.lexists(index):
+            raw = read_regular_file(index, MAX_INDEX_BYTES, index)
             try:
-                with open(index, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
+                weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
                 files = sorted(set(weight_map.values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise HFError(f"{index} cannot be read as a safetensors index ({exc})") from None
-        elif os.path.isfile(os.path.join(hf_dir, SINGLE)):
+        elif os.path.lexists(os.path.join(hf_dir, SINGLE)):
             weight_map, files = None, [SINGLE]
         else:
             raise HFError(f"{hf_dir} has neither {SINGLE} nor {INDEX} (only safetensors weights are read)")
         self._files, self._where = {}, {}
         try:
             for name in files:
-                if os.sep in name or name in ("", ".", ".."):
+                if not isinstance(name, str) or os.sep in name or name in ("", ".", ".."):
                     raise HFError(f"{index} names {name!r}, not a file of {hf_dir}")
+                _check_regular(os.path.join(hf_dir, name))
                 handle = safe_open(os.path.join(hf_dir, name), framework="pt")
                 self._files[name] = handle
                 for key in handle.keys():
                     if weight_map is not None and weight_map.get(key) != name:
                         raise HFError(f"{os.path.join(hf_dir, name)} holds {key}, which {INDEX} puts elsewhere")
                     self._where[key] = name
-        except HFError:
+        except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own errors for a damaged header
             raise HFError(f"{hf_dir}: a safetensors file cannot be read ({str(exc).splitlines()[0]})") from None

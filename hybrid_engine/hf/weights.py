@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from hybrid_engine.checkpoint.files import DTYPES
 from hybrid_engine.models.llama.config import LlamaConfig
 
 from .hf_config import HFError
@@ -90,9 +91,12 @@ def to_engine(cfg: LlamaConfig, get: Callable[[str], torch.Tensor],
 
     def read(name: str) -> torch.Tensor:
         t = get(name)
-        if tuple(t.shape) != shapes[name] or not t.is_floating_point():
+        if tuple(t.shape) != shapes[name] or str(t.dtype).replace("torch.", "") not in DTYPES:
             raise HFError(f"tensor {name} is {list(t.shape)} {t.dtype}; this config needs {list(shapes[name])} "
-                          "floating point")
+                          f"of {', '.join(DTYPES)}")
+        if not torch.isfinite(t).all():
+            raise HFError(f"tensor {name} holds NaN or infinite values: training or sampling it gives NaN; "
+                          "a damaged or diverged model")
         return t
 
     word = read("model.embed_tokens.weight")
@@ -123,7 +127,14 @@ def to_hf(cfg: LlamaConfig, weights: Iterable[tuple[str, torch.Tensor]],
     theirs = {ours: theirs for theirs, ours in PLAIN.items()}
     last = cfg.layers + 1
     for name, tensor in weights:
-        tensor = tensor if dtype is None else tensor.to(dtype)
+        cast = tensor if dtype is None else tensor.to(dtype)
+        if cast.device.type != "meta" and not torch.isfinite(cast).all():
+            if torch.isfinite(tensor).all():
+                raise HFError(f"{name} holds values beyond {cast.dtype}'s range (largest magnitude "
+                              f"{tensor.abs().max().item():.4g}): they would be written as infinite; choose a wider "
+                              "--dtype")
+            raise HFError(f"{name} holds NaN or infinite values: a damaged or diverged checkpoint")
+        tensor = cast
         index, _, leaf = name.partition(".")
         i = int(index)
         if i == 0 and leaf == "word":
@@ -142,3 +153,22 @@ def to_hf(cfg: LlamaConfig, weights: Iterable[tuple[str, torch.Tensor]],
             yield f"{LAYER.format(i - 1)}self_attn.q_proj.bias", tensor
         else:
             yield LAYER.format(i - 1) + theirs[leaf], tensor
+
+
+def check_engine_shapes(cfg: LlamaConfig, shapes: dict[str, list[int]], where: str) -> None:
+    """The tensors a checkpoint's manifest lists ({engine name: shape}) are those of the model its model entry
+    describes (`cfg`): mapped through to_hf on meta tensors (nothing read), they are hf_names(cfg) of
+    expected_shapes(cfg). An edited entry (another vocabulary, a layer count) is refused before any export."""
+    try:
+        got = {n: tuple(t.shape) for n, t in to_hf(cfg, ((k, torch.empty(v, device="meta"))
+                                                         for k, v in shapes.items()))}
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as exc:
+        raise HFError(f"{where}: its tensors are not those of the Llama its manifest describes (at "
+                      f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    want = expected_shapes(cfg)
+    odd = next((n for n in list(want) + list(got) if got.get(n) != want.get(n)), None)
+    if odd is not None:
+        theirs = "no such tensor" if odd not in got else list(got[odd])
+        raise HFError(f"{where}: its manifest describes a Llama (vocabulary {cfg.vocab_size}, {cfg.layers} layers, "
+                      f"hidden {cfg.hidden}) whose {odd} is {list(want[odd]) if odd in want else 'absent'}, but its "
+                      f"tensors give {theirs}: an edited or damaged manifest")

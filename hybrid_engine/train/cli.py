@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     asked = cfg.schedule
     cfg, plan = plan_run(cfg, grid, device.type, registry.check_model)
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
-    check_output_paths(cfg)
+    check_output_paths(cfg, flags.config_file(argv))
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
     lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)

@@ -31,8 +31,8 @@ def book(tmp_path):
 # ------------------------------------------------------------------------------------------ 4. never the input
 def test_the_output_may_not_be_the_input_also_through_a_link(tmp_path, book, capsys):
     text = book.read_bytes()
-    assert _fails(capsys, str(book), str(book)) == (f"error: output {book} is the input {book}: prepare writes a new "
-                                                    "file (give another name)")
+    assert _fails(capsys, str(book), str(book)) == (f"error: output {book} is the input {book}: writing it would "
+                                                    "destroy what is read (give another name)")
     os.symlink(book, tmp_path / "link.tok")
     os.link(book, tmp_path / "hard.tok")
     for other in ("link.tok", "hard.tok"):
