@@ -1,7 +1,7 @@
 """The models the engine trains, each a function of the seed alone (seeded initial weights and `materialize`:
-init.py): the course MLP (mlp/), a GPT (gpt/) and a Llama (llama/), each plain PyTorch with a parallelize plan; what the
-driver needs to train each as one value (workload.py, found by name in registry.py); their losses (losses.py); whether a model can fit at all
-(memory_estimate.py). The MLP's public names are this package's.
+init.py): the course MLP (mlp/), a GPT (gpt/) and a Llama (llama/), the last two plain PyTorch with a parallelize
+plan each; what the driver needs to train each as one value (workload.py, found by name in registry.py); their
+losses (losses.py); whether a model can fit at all (memory_estimate.py). The MLP's public names are this package's.
 
 Imports: config, data, parallel (each model's tensor-parallel split), metrics' peaks. The engine imports
 `materialize` and the losses from here.

@@ -106,6 +106,12 @@ def _split_llama_matches_dense(rank: int, world: int) -> dict:
             assert grad.shape == q.shape, name
             assert ((grad - q.grad).abs().max() / q.grad.abs().max()).item() < 1e-5, (sp, name)
         assert is_mp_split(par[1].attn_kv.weight) == (world == 2)
+        # each half of a block enters the MP region once, after its norm; the projections that read it are local
+        block = par[1]
+        assert block.norm_attn.enter_region and block.norm_mlp.enter_region
+        assert block.norm_attn.sequence_parallel == sp and not getattr(par[-1].norm, "enter_region", False)
+        assert all(getattr(block, n).input_in_region for n in ("attn_q", "mlp_gate", "mlp_up"))
+        assert world == 4 or block.attn_kv.input_in_region
     # on meta, parallelized, then materialized: exactly this rank's slices of the dense initialisation
     dense = build_llama(config(kv_heads))
     built = materialize(parallelize_llama(build_llama(config(kv_heads), "meta"), group, True), "cpu")
