@@ -42,7 +42,9 @@ __all__ = ["Column", "Row", "ReplicatedHeads", "VocabHead", "VocabLookup", "Voca
 
 
 @dataclass(frozen=True)
-class _Where:
+class _Placement:
+    """Where a layer is split: its MP group (and size), sequence parallelism, the label of its MP collectives."""
+
     group: Optional[dist.ProcessGroup]
     size: int
     sequence_parallel: bool
@@ -53,18 +55,18 @@ class _Where:
 class Column:
     in_region: bool = False
 
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        out = ColumnParallelLinear.from_dense(dense, at.group, sequence_parallel=at.sequence_parallel and
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        out = ColumnParallelLinear.from_dense(dense, place.group, sequence_parallel=place.sequence_parallel and
                                               not self.in_region, input_in_region=self.in_region)
-        out.trace_layer = at.trace_layer
+        out.trace_layer = place.trace_layer
         return out
 
 
 @dataclass(frozen=True)
 class Row:
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        out = RowParallelLinear.from_dense(dense, at.group, sequence_parallel=at.sequence_parallel)
-        out.trace_layer = at.trace_layer
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        out = RowParallelLinear.from_dense(dense, place.group, sequence_parallel=place.sequence_parallel)
+        out.trace_layer = place.trace_layer
         return out
 
 
@@ -72,56 +74,56 @@ class Row:
 class ReplicatedHeads:
     heads: int
 
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        return ReplicatedHeadsLinear(dense, at.group, self.heads)
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        return ReplicatedHeadsLinear(dense, place.group, self.heads)
 
 
 @dataclass(frozen=True)
 class VocabHead:
     tags: dict = field(default_factory=dict)
 
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        out = vocab_parallel_head(dense, at.group, at.sequence_parallel)
-        out.trace_layer = at.trace_layer
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        out = vocab_parallel_head(dense, place.group, place.sequence_parallel)
+        out.trace_layer = place.trace_layer
         _tag(out.weight, self.tags)
         return out
 
 
 @dataclass(frozen=True)
 class VocabLookup:
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        return VocabParallelLookup(at.group, at.sequence_parallel)
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        return VocabParallelLookup(place.group, place.sequence_parallel)
 
 
 @dataclass(frozen=True)
 class Sequence:
     enter: bool = False
 
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        if not (self.enter and at.size > 1) and not at.sequence_parallel:
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        if not (self.enter and place.size > 1) and not place.sequence_parallel:
             return dense  # a plain norm on the whole sequence, nothing to sum or enter
-        return ReplicatedNorm(dense, at.group, at.sequence_parallel, self.enter)
+        return ReplicatedNorm(dense, place.group, place.sequence_parallel, self.enter)
 
 
 @dataclass(frozen=True)
 class SequenceRows:
-    def module(self, dense: nn.Module, at: _Where) -> nn.Module:
-        return SequenceChunkRows(at.group) if at.sequence_parallel else dense
+    def module(self, dense: nn.Module, place: _Placement) -> nn.Module:
+        return SequenceChunkRows(place.group) if place.sequence_parallel else dense
 
 
 @dataclass(frozen=True)
 class VocabTable:
     tags: dict = field(default_factory=dict)
 
-    def parameter(self, full: nn.Parameter, at: _Where) -> nn.Parameter:
-        return _tag(split_table(full, at.group), self.tags)
+    def parameter(self, full: nn.Parameter, place: _Placement) -> nn.Parameter:
+        return _tag(split_table(full, place.group), self.tags)
 
 
 @dataclass(frozen=True)
 class Tags:
     tags: dict = field(default_factory=dict)
 
-    def parameter(self, param: nn.Parameter, at: _Where) -> nn.Parameter:
+    def parameter(self, param: nn.Parameter, place: _Placement) -> nn.Parameter:
         return _tag(param, self.tags)
 
 
@@ -150,7 +152,7 @@ def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.Pro
     rank's slices of its weights; same parameter names. Every pattern must match. trace_layer: the label of its
     MP collectives on an engine's CommTrace. Parameters no style places are marked replicated."""
     size = _rank_and_size(mp_group)[1]
-    at = _Where(mp_group, size, sequence_parallel and size > 1, trace_layer)
+    place = _Placement(mp_group, size, sequence_parallel and size > 1, trace_layer)
     split = [name for name, p in layer.named_parameters() if is_mp_split(p)]
     if split:
         raise ValueError(f"parallelize: {type(layer).__name__} is already split over MP ({split[0]})")
@@ -163,7 +165,7 @@ def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.Pro
         if not hits:
             raise ValueError(f"parallelize: no module of {type(layer).__name__} matches {pattern!r}")
         for path in hits:
-            _set(out, path, style.module(out.get_submodule(path), at))
+            _set(out, path, style.module(out.get_submodule(path), place))
     _unshare(out, {id(t) for t in source})
     for pattern, style in plan.items():
         if hasattr(style, "module"):
@@ -172,7 +174,7 @@ def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.Pro
         if not hits:
             raise ValueError(f"parallelize: no parameter of {type(layer).__name__} matches {pattern!r}")
         for path in hits:
-            _set(out, path, style.parameter(out.get_parameter(path), at))
+            _set(out, path, style.parameter(out.get_parameter(path), place))
     return out
 
 
