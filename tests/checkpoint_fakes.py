@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import torch
 
 from hybrid_engine import checkpoint
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.gpt.parallelize import build_gpt
 from hybrid_engine.models.gpt.workload import gpt_checkpoint_model
 
 

@@ -85,7 +85,7 @@ def load_engine_init(model: PlainGPT) -> PlainGPT:
         model.positions.weight.copy_(full["position"])
     names = {"qkv": "attn_qkv", "out": "attn_proj", "up": "mlp_fc1", "down": "mlp_fc2"}
     for index, block in zip(model.block_range, model.blocks):
-        full = engine_gpt.Block(cfg, index + 1, device="meta", init=False).full_weights(device, torch.float32)
+        full = engine_gpt.Block(cfg, index + 1, device="meta").full_weights(device, torch.float32)
         for ours, theirs in names.items():
             linear = getattr(block, ours)
             linear.weight.copy_(full[f"{theirs}.weight"])
@@ -94,7 +94,7 @@ def load_engine_init(model: PlainGPT) -> PlainGPT:
         _identity(block.norm1)
         _identity(block.norm2)
     if hasattr(model, "head"):
-        full = engine_gpt.Head(cfg, device="meta", init=False).full_weights(device, torch.float32)
+        full = engine_gpt.Head(cfg, device="meta").full_weights(device, torch.float32)
         model.head.weight.copy_(full["lm_head.weight"])
         _identity(model.norm)
     return model

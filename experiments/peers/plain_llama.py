@@ -76,7 +76,7 @@ def load_engine_init(model: PlainLlama) -> PlainLlama:
     cfg, device = model.cfg, model.head.weight.device
     model.tokens.weight.copy_(engine_llama.Embedding(cfg, device="meta").full_weights(device, torch.float32)["word"])
     for index, block in enumerate(model.blocks, start=1):
-        full = engine_llama.Block(cfg, index, device="meta", init=False).full_weights(device, torch.float32)
+        full = engine_llama.Block(cfg, index, device="meta").full_weights(device, torch.float32)
         k, v = full["attn_kv.weight"].view(cfg.kv_heads, 2, cfg.head_dim, cfg.hidden).unbind(1)
         pairs = {"wq": full["attn_q.weight"], "wk": k.reshape(-1, cfg.hidden), "wv": v.reshape(-1, cfg.hidden),
                  "wo": full["attn_out.weight"], "w1": full["mlp_gate.weight"], "w3": full["mlp_up.weight"],
@@ -85,7 +85,7 @@ def load_engine_init(model: PlainLlama) -> PlainLlama:
             getattr(block, name).weight.copy_(weight)
         block.attention_norm.weight.fill_(1.0)
         block.ffn_norm.weight.fill_(1.0)
-    model.head.weight.copy_(engine_llama.Head(cfg, device="meta", init=False).full_weights(device, torch.float32)
+    model.head.weight.copy_(engine_llama.Head(cfg, device="meta").full_weights(device, torch.float32)
                             ["lm_head.weight"])
     model.norm.weight.fill_(1.0)
     return model

@@ -1,6 +1,7 @@
-"""The models the engine trains, each a function of the seed alone: the course MLP (mlp/) and a GPT (gpt/); what the
-driver needs to train each as one value (workload.py, found by name in registry.py); their losses (losses.py); whether a model can fit at all
-(memory_estimate.py). The MLP's public names are this package's.
+"""The models the engine trains, each a function of the seed alone (seeded initial weights and `materialize`:
+init.py): the course MLP (mlp/), a GPT (gpt/) and a Llama (llama/), the last two plain PyTorch with a parallelize
+plan each; what the driver needs to train each as one value (workload.py, found by name in registry.py); their
+losses (losses.py); whether a model can fit at all (memory_estimate.py). The MLP's public names are this package's.
 
 Imports: config, data, parallel (each model's tensor-parallel split), metrics' peaks. The engine imports
 `materialize` and the losses from here.
@@ -8,7 +9,8 @@ Imports: config, data, parallel (each model's tensor-parallel split), metrics' p
 from __future__ import annotations
 
 from .mlp.data import SyntheticRegression
-from .mlp.model import SeededLinear, large_linear_model, materialize, stream_seed
+from .init import materialize, stream_seed
+from .mlp.model import SeededLinear, large_linear_model
 
 __all__ = [
     "SeededLinear",

@@ -1,10 +1,10 @@
 """What the decoder-only transformers (models/gpt, models/llama) share: the projection without an initialisation of
-its own, the seeded full-tensor draw every layer makes, the tag of tied and of undecayed parameters, selective
-recomputation of the attention core, the next-token loss and generation with a dense model.
+its own, the token lookup, the seeded full-tensor draw every layer makes, the tags of tied and of undecayed
+parameters, selective recomputation of the attention core, the next-token loss and generation with a dense model.
 
 Each model's layers draw their full initial tensors from their own (seed, layer) generator with `draw_full`, in
-fp32 whatever the parameter dtype, so the values depend on the seed alone (grid invariance); a tensor-parallel
-twin draws the same full tensor and keeps its slice.
+fp32 whatever the parameter dtype, so the values depend on the seed alone (grid invariance); a layer made
+tensor-parallel (its model's parallelize.py) draws the same full tensors and keeps its slices.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["INIT_STD", "TIED_EMBEDDINGS", "Dense", "draw_full", "exclude_from_weight_decay", "maybe_recompute",
+__all__ = ["INIT_STD", "TIED_EMBEDDINGS", "Dense", "TokenLookup", "draw_full", "embedding_tags", "maybe_recompute",
            "next_token_loss", "generate"]
 
 INIT_STD = 0.02
@@ -21,20 +21,20 @@ INIT_STD = 0.02
 TIED_EMBEDDINGS = "word_embeddings"
 
 
-class Dense(nn.Module):
-    """y = x W^T + b with no initialisation of its own (the enclosing layer draws W and b)."""
+class Dense(nn.Linear):
+    """nn.Linear with no initialisation of its own: the enclosing layer draws W and b (and no draw of the global
+    generator is spent on weights that are overwritten)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+    def reset_parameters(self) -> None:
+        pass
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+class TokenLookup(nn.Module):
+    """lookup(tokens, table): the table's rows of the tokens (F.embedding). The table stays its layer's parameter
+    (the name checkpoints hold); the lookup is the part a tensor-parallel plan swaps for a vocabulary-split one."""
+
+    def forward(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, table)
 
 
 def draw_full(shape: tuple[int, ...], std: float, gen: torch.Generator, device, dtype) -> torch.Tensor:
@@ -44,10 +44,11 @@ def draw_full(shape: tuple[int, ...], std: float, gen: torch.Generator, device, 
     return out.to(dtype)
 
 
-def exclude_from_weight_decay(param: torch.Tensor) -> None:
-    """Tag a matrix that AdamW must not decay (an embedding table, and the LM head tied to it), as nanoGPT and
-    Megatron leave embeddings undecayed; norms and biases (1-D) are never decayed (hybrid_engine/optim)."""
-    param.no_weight_decay = True
+def embedding_tags(tied: bool) -> dict:
+    """The tags of an embedding table, and of an LM head tied to it, that a parallelize plan sets: AdamW must not
+    decay it (`no_weight_decay`, as nanoGPT and Megatron leave embeddings undecayed; norms and biases, 1-D, are
+    never decayed: hybrid_engine/optim), and a tied copy is summed with its twin (`tied`)."""
+    return {"no_weight_decay": True, **({"tied": TIED_EMBEDDINGS} if tied else {})}
 
 
 def maybe_recompute(recompute: bool, fn, *args):

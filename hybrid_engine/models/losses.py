@@ -17,6 +17,8 @@ from typing import Callable, Union
 
 import torch
 
+from hybrid_engine.parallel.tensor.vocab_cross_entropy import vocab_parallel_cross_entropy
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -57,8 +59,6 @@ def bind(loss: LossSpec, groups) -> LossFn:
     a loss spec that needs process groups gets this rank's (`groups`: grid.GridGroups); a plain callable gets
     the fp32 cast of `as_micro_loss`."""
     if isinstance(loss, VocabParallelCrossEntropy):
-        from hybrid_engine.models.gpt.parallelize import vocab_parallel_cross_entropy  # the GPT's layers load only for the GPT
-
         mp_group, vocab_size = groups.mp, loss.vocab_size
 
         def vocab_parallel_ce(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -36,11 +36,12 @@ from hybrid_engine.checkpoint import CheckpointError, open_checkpoint, read_shar
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.input_files import read_regular_file
 from hybrid_engine.models.decoder import generate
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.gpt.parallelize import build_gpt
 from hybrid_engine.models.gpt.workload import gpt_config_of
 from hybrid_engine.models.mlp.workload import CHECKPOINT_NAME as MLP_CHECKPOINT_NAME
 from hybrid_engine.models.llama.flops import llama_param_count
-from hybrid_engine.models.llama.model import build_llama
+from hybrid_engine.models.llama.parallelize import build_llama
 from hybrid_engine.models.llama.workload import llama_config_of
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large, weight_bytes
 

@@ -18,7 +18,7 @@ from hybrid_engine.hf import __main__ as hf_cli
 from hybrid_engine.hf.convert import export_model, import_model
 from hybrid_engine.models.decoder import generate
 from hybrid_engine.models.llama.config import LlamaConfig
-from hybrid_engine.models.llama.model import build_llama
+from hybrid_engine.models.llama.parallelize import build_llama
 from hybrid_engine.models.llama.workload import llama_checkpoint_model, llama_config_of
 from hybrid_engine.train import sample
 

@@ -6,7 +6,8 @@ import torch
 
 from hybrid_engine.metrics.flops import mfu, peak_flops
 from hybrid_engine.models.gpt.flops import gpt_flops_per_token, gpt_matmul_params, gpt_param_count
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.gpt.parallelize import build_gpt
 
 ANCHOR = GPTConfig(vocab_size=32000, layers=16, hidden=2048, heads=16, seq_len=2048)  # ../shared/anchors
 

@@ -8,7 +8,8 @@ import copy
 
 import torch
 
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.gpt.parallelize import build_gpt
 from hybrid_engine.models.gpt.workload import ParallelizeGPT
 
 CFG = GPTConfig(vocab_size=256, layers=12, hidden=64, heads=4, seq_len=32, seed=1)

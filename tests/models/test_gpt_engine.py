@@ -21,7 +21,8 @@ from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.data import MarkovChain, TokenDataset, open_dataset
 from hybrid_engine.engine.evaluate import evaluate
 from hybrid_engine.parallel.grid import build_groups
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
+from hybrid_engine.models.gpt.model import GPTConfig, gpt_loss
+from hybrid_engine.models.gpt.parallelize import build_gpt
 from hybrid_engine.models.gpt.workload import gpt_workload
 
 VOCAB, SEQ, BATCH, MICRO, STEPS, LR, MOMENTUM = 67, 16, 8, 4, 3, 0.1, 0.9

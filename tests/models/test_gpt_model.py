@@ -19,11 +19,11 @@ from hybrid_engine.models.gpt.model import (
     Embedding,
     GPTConfig,
     Head,
-    build_gpt,
     generate,
     gpt_loss,
     layer_costs,
 )
+from hybrid_engine.models.gpt.parallelize import build_gpt
 
 CFG = GPTConfig(vocab_size=37, layers=2, hidden=16, heads=4, seq_len=8, seed=3)
 

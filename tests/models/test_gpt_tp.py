@@ -1,10 +1,11 @@
-"""Tensor-parallel GPT (tp_transformer.py) on gloo ranks against the dense model (models/gpt.py), fp32, relative 1e-5.
+"""Tensor-parallel GPT (models/gpt/parallelize.py) on gloo ranks against the dense model (models/gpt/model.py), fp32,
+relative 1e-5.
 
 mp = 2 and 4 over a vocabulary of 37 (padded to 38 / 40): the embedding, each block and the head + vocab-parallel
 loss reproduce the dense outputs, input gradients and parameter gradients (gathered with `gather_full`, which
-drops the vocabulary padding), with and without sequence parallelism, tied and untied. Layers built directly,
-or from meta and materialized, hold exactly their slice of the dense initialisation. One process: the loss
-equals F.cross_entropy, padding columns never count, and the mp = 1 twins equal the dense layers bit for bit.
+drops the vocabulary padding), with and without sequence parallelism, tied and untied. Layers parallelized from a
+built model, or from meta and materialized, hold exactly their slice of the dense initialisation. One process: the
+loss equals F.cross_entropy, padding columns never count, and the mp = 1 layers equal the plain ones bit for bit.
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from dist_utils import run_ranks
 
 from hybrid_engine import _C
 from hybrid_engine.models import materialize
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt, gpt_loss
-from hybrid_engine.parallel.tensor.layers import copy_placement, gather_full, is_mp_split, take_shard
+from hybrid_engine.models.gpt.model import GPTConfig, dense_gpt, gpt_loss
+from hybrid_engine.parallel.tensor.layers import (ColumnParallelLinear, RowParallelLinear, copy_placement, gather_full,
+                                                  is_mp_split, take_shard)
+from hybrid_engine.parallel.tensor.vocab_parallel import VocabParallelLookup
 from hybrid_engine.models.gpt.parallelize import (
     boundary_shape,
+    build_gpt,
     check_gpt_parallel,
-    ParallelBlock,
-    ParallelEmbedding,
-    ParallelHead,
     padded_vocab_size,
     parallelize_gpt,
     scatter_along_sequence,
@@ -92,12 +93,16 @@ def test_loss_of_half_logits_computes_in_fp32_and_returns_half_gradients():
     assert logits.grad.dtype == torch.bfloat16
 
 
-def test_single_rank_twins_equal_the_dense_layers_bit_for_bit():
+def test_single_rank_layers_equal_the_plain_layers_bit_for_bit():
     cfg = GPTConfig(**CFG)
-    dense = build_gpt(cfg)
+    dense = dense_gpt(cfg)
     _perturb(dense)
     par = parallelize_gpt(dense, None)
-    assert [type(m) for m in par] == [ParallelEmbedding, ParallelBlock, ParallelBlock, ParallelHead]
+    assert [type(m) for m in par] == [type(m) for m in dense]
+    assert isinstance(par[0].lookup, VocabParallelLookup) and isinstance(par[-1].lm_head, ColumnParallelLinear)
+    assert [type(getattr(par[1], n)) for n in ("attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2")] == [
+        ColumnParallelLinear, RowParallelLinear, ColumnParallelLinear, RowParallelLinear]
+    assert type(dense[1].attn_qkv) is not ColumnParallelLinear, "the dense model is left as it was"
     assert [n for n, _ in par.named_parameters()] == [n for n, _ in dense.named_parameters()]
     assert not any(is_mp_split(p) for p in par.parameters())
     tokens, targets = _data(cfg)
@@ -105,9 +110,9 @@ def test_single_rank_twins_equal_the_dense_layers_bit_for_bit():
     loss = vocab_parallel_cross_entropy(par(tokens), targets, None, cfg.vocab_size)
     ref = gpt_loss(dense(tokens), targets)
     assert abs(loss.item() - ref.item()) <= 1e-6 * ref.item()
-    # Built directly (no dense model), the twins draw the same initial weights.
-    fresh = parallelize_gpt(build_gpt(cfg, device="meta"), None)
-    for (name, p), q in zip(materialize(fresh, "cpu").named_parameters(), build_gpt(cfg).parameters()):
+    # Parallelized on meta and materialized, the layers draw the same initial weights.
+    fresh = parallelize_gpt(dense_gpt(cfg, device="meta"), None)
+    for (name, p), q in zip(materialize(fresh, "cpu").named_parameters(), dense_gpt(cfg).parameters()):
         assert torch.equal(p, q), name
 
 
@@ -216,7 +221,7 @@ def _tp_training_matches_dense(group, rank: int, size: int) -> None:
             assert _rel_err(gather_full(p, group), q.detach()) < TOL, (tied, name)
         if tied:
             assert torch.equal(par[0].word, par[-1].lm_head.weight)
-        pad_from = cfg.vocab_size - par[-1].vocab_start
+        pad_from = cfg.vocab_size - rank * par[-1].lm_head.weight.shape[0]  # this rank's first row's id
         if pad_from < par[-1].lm_head.weight.shape[0]:
             assert torch.all(par[-1].lm_head.weight[pad_from:] == 0) and torch.all(par[0].word[pad_from:] == 0)
 
@@ -233,10 +238,11 @@ def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
 
     cfg = GPTConfig(**CFG)
     dense = build_gpt(cfg)
-    # Built directly, or on meta and materialized: exactly this rank's slice of the dense initialisation.
+    # Parallelized from a built model, or on meta and materialized: exactly this rank's slice of the dense
+    # initialisation.
     built = parallelize_gpt(build_gpt(cfg, device="meta"), group)
     built = materialize(built, "cpu")
-    direct = [ParallelEmbedding(cfg, group), ParallelBlock(cfg, 1, group), ParallelHead(cfg, group)]
+    direct = list(build_gpt(cfg, mp_group=group))
     for layers in (list(built), direct):
         for layer in layers:
             ref = dense[layer.index]
@@ -251,8 +257,9 @@ def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
         assert torch.equal(p, q)
     head = built[-1]
     if rank == mp - 1 and padded_vocab_size(cfg.vocab_size, mp) > cfg.vocab_size:
-        assert torch.all(head.lm_head.weight[cfg.vocab_size - head.vocab_start:] == 0), "padding rows are zero"
-        assert torch.all(built[0].word[cfg.vocab_size - built[0].vocab_start:] == 0)
+        vocab_start = rank * head.lm_head.weight.shape[0]
+        assert torch.all(head.lm_head.weight[cfg.vocab_size - vocab_start:] == 0), "padding rows are zero"
+        assert torch.all(built[0].word[cfg.vocab_size - vocab_start:] == 0)
     # The vocab-parallel loss alone, on random logits with a vocabulary not divisible by mp.
     for vocab in (37, 40, 3):
         part = padded_vocab_size(vocab, mp) // mp
@@ -281,9 +288,9 @@ def _tp_gpt_matches_dense(rank: int, world_size: int, mp: int) -> dict:
 def _construction_errors(rank: int, world_size: int) -> None:
     group = dist.new_group(list(range(world_size)))
     with pytest.raises(ValueError, match="heads 2 is not divisible by the model-parallel size 4"):
-        ParallelBlock(GPTConfig(vocab_size=8, layers=1, hidden=8, heads=2, seq_len=8), 1, group)
-    emb = ParallelEmbedding(GPTConfig(vocab_size=8, layers=1, hidden=8, heads=4, seq_len=6), group,
-                            sequence_parallel=True)
+        build_gpt(GPTConfig(vocab_size=8, layers=1, hidden=8, heads=2, seq_len=8), mp_group=group)
+    emb = build_gpt(GPTConfig(vocab_size=8, layers=1, hidden=8, heads=4, seq_len=6), mp_group=group,
+                    sequence_parallel=True)[0]
     with pytest.raises(ValueError, match="sequence length 6 is not divisible by the model-parallel size 4"):
         emb(torch.zeros(1, 6, dtype=torch.long))
     assert _C.group_rank_and_size(group)[1] == world_size

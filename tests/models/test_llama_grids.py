@@ -25,7 +25,7 @@ from hybrid_engine.engine.evaluate import logits
 from hybrid_engine.hf.convert import export_model, import_model
 from hybrid_engine.models.decoder import next_token_loss
 from hybrid_engine.models.llama.config import LlamaConfig
-from hybrid_engine.models.llama.model import build_llama
+from hybrid_engine.models.llama.parallelize import build_llama
 from hybrid_engine.models.llama.workload import llama_config_of, llama_workload
 from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.grid import build_groups

@@ -18,8 +18,9 @@ from hybrid_engine.config import ConfigError
 from hybrid_engine.data import MarkovChain, write_token_file
 from hybrid_engine.hf.convert import import_model
 from hybrid_engine.models import registry
-from hybrid_engine.models.gpt.model import GPTConfig, build_gpt
-from hybrid_engine.models.llama.model import build_llama
+from hybrid_engine.models.gpt.model import GPTConfig
+from hybrid_engine.models.gpt.parallelize import build_gpt
+from hybrid_engine.models.llama.parallelize import build_llama
 from hybrid_engine.optim.optimizers import AdamW, decays
 from hybrid_engine.train import sample
 from hybrid_engine.train.cli import parse_config

@@ -1,2 +1,2 @@
-"""A decoder-only transformer (GPT-2 style): the model and its cost per layer (model.py), and its tensor-parallel
-twins with sequence parallelism (parallelize.py)."""
+"""A decoder-only transformer (GPT-2 style): the plain model and its cost per layer (model.py), and its tensor-
+and sequence-parallel plan (parallelize.py)."""

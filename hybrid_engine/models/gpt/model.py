@@ -1,4 +1,6 @@
-"""A decoder-only transformer (GPT-2 shape, Radford et al. 2019) as an nn.Sequential of pipeline-cuttable layers.
+"""A decoder-only transformer (GPT-2 shape, Radford et al. 2019) as an nn.Sequential of pipeline-cuttable layers,
+plain PyTorch (nn.Linear, LayerNorm, SDPA) that knows nothing of ranks; parallelize.py makes it tensor- and
+sequence-parallel from outside:
 
     Embedding   tokens [b, s] int64      -> hidden [b, s, h]   learned token + position embeddings
     Block x L   hidden [b, s, h]         -> hidden [b, s, h]   pre-LayerNorm causal self-attention + GELU MLP (4h)
@@ -6,20 +8,20 @@
 
 The loss (cross-entropy over next tokens, mean over tokens) is not a layer: the last stage applies
 `gpt_loss` (dense) or `vocab_parallel_cross_entropy` (parallel/tensor/vocab_cross_entropy.py: vocabulary
-split over MP) to the logits.
+split over MP) to the logits. A block reads its heads from its projection's shape, so one whose projections were
+split over MP runs its rank's heads unchanged.
 
-Grid invariance: every layer draws all its weights in `reset_parameters()` from its own generator seeded by
-(seed, layer index), on its own device, so a layer's initial weights depend on the seed alone. Tensor-parallel
-layers (models/gpt/parallelize.py) draw the same full layer and keep their rank's slice. Sub-modules (`Dense`,
-`LayerNorm`) have no `reset_parameters` of their own, so `models.materialize` on a meta-device stage initialises
-each layer exactly once, by the layer. Built on the meta device a layer costs nothing until materialized.
+Grid invariance: every layer draws all its weights from its own generator seeded by (seed, layer index), on its
+own device (`full_weights`, models/init.py), so a layer's initial weights depend on the seed alone; a layer split
+over MP draws the same full tensors and keeps its rank's slices. Built on the meta device a layer costs nothing
+until materialized, and `models.materialize` initialises each layer exactly once, by the layer.
 
 Initialisation follows GPT-2 / Megatron: weights N(0, 0.02), the two residual output projections (attention
 output, MLP fc2) N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm 1 and 0. With `tie_embeddings` the head's weight
 is drawn from the embedding's generator, so it starts equal to the token embedding; the two are still separate
-parameters (they may sit on different pipeline stages), both tagged `param.tied = "word_embeddings"`: whoever
-trains the model must sum their gradients before the update (Megatron's embedding all-reduce between the
-first and last stage), after which they stay equal.
+parameters (they may sit on different pipeline stages), both tagged `param.tied = "word_embeddings"` by the
+parallelize plan: whoever trains the model must sum their gradients before the update (Megatron's embedding
+all-reduce between the first and last stage), after which they stay equal.
 
 No QKV bias (as in PaLM, LLaMA, Megatron's default add_qkv_bias=False): the key bias has an exactly zero true
 gradient (it shifts every score of a query by the same amount, and softmax ignores that), so its computed
@@ -40,10 +42,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hybrid_engine.models.decoder import (INIT_STD, TIED_EMBEDDINGS, Dense, draw_full, exclude_from_weight_decay,
-                                          generate, maybe_recompute)
+from hybrid_engine.models.decoder import (INIT_STD, TIED_EMBEDDINGS, Dense, TokenLookup, draw_full, generate,
+                                          maybe_recompute)
 from hybrid_engine.models.decoder import next_token_loss as gpt_loss
-from hybrid_engine.models.mlp.model import _generator, stream_seed
+from hybrid_engine.models.init import _generator, init_layer, stream_seed
 
 __all__ = [
     "GPTConfig",
@@ -54,7 +56,8 @@ __all__ = [
     "Embedding",
     "Block",
     "Head",
-    "build_gpt",
+    "PositionRows",
+    "dense_gpt",
     "gpt_loss",
     "causal_attention",
     "layer_costs",
@@ -106,11 +109,9 @@ def layer_seed(cfg: GPTConfig, index: int) -> int:
     return stream_seed(cfg.seed, _STREAM_GPT, index)
 
 
-# ---------------------------------------------------------------------------------------------- sub-modules
-
-
 class LayerNorm(nn.Module):
-    """LayerNorm over the last dimension (eps 1e-5) with no initialisation of its own."""
+    """LayerNorm over the last dimension (eps 1e-5) with no initialisation of its own; its parameters may be handed
+    in (a sequence-parallel norm hands it the views whose gradients are summed over MP)."""
 
     def __init__(self, dim: int, *, device=None, dtype=None):
         super().__init__()
@@ -118,13 +119,17 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        return layer_norm(x, self.weight if weight is None else weight, self.bias if bias is None else bias)
 
-    def reset_to_identity(self) -> None:
-        with torch.no_grad():
-            self.weight.fill_(1.0)
-            self.bias.zero_()
+
+class PositionRows(nn.Module):
+    """rows(table, s): the first s rows of a position table (the part a sequence-parallel plan swaps for this
+    rank's chunk of them)."""
+
+    def forward(self, table: torch.Tensor, length: int) -> torch.Tensor:
+        return table[:length]
 
 
 def causal_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -134,9 +139,6 @@ def causal_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)  # each [b, heads, s, d]
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return y.transpose(1, 2).reshape(b, s, heads * d)
-
-
-# ---------------------------------------------------------------------------------------------- layers
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -169,6 +171,7 @@ class Embedding(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.word = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden, **factory))
         self.position = nn.Parameter(torch.empty(cfg.seq_len, cfg.hidden, **factory))
+        self.lookup, self.positions = TokenLookup(), PositionRows()
         self.reset_parameters()
 
     def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
@@ -179,34 +182,28 @@ class Embedding(nn.Module):
         return {"word": word, "position": position}
 
     def reset_parameters(self) -> None:
-        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
-            self.word.tied = TIED_EMBEDDINGS
-        exclude_from_weight_decay(self.word)
-        exclude_from_weight_decay(self.position)
-        if self.word.device.type == "meta":
-            return
-        full = self.full_weights(self.word.device, self.word.dtype)
-        with torch.no_grad():
-            self.word.copy_(full["word"])
-            self.position.copy_(full["position"])
+        init_layer(self)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dim() != 2 or tokens.shape[1] > self.cfg.seq_len:
             raise ValueError(f"GPT Embedding: tokens must be [batch, seq <= {self.cfg.seq_len}], got "
                              f"{tuple(tokens.shape)}")
-        word, position = F.embedding(tokens, self.word), self.position[: tokens.shape[1]]
+        word, position = self.lookup(tokens, self.word), self.positions(self.position, tokens.shape[1])
         return residual_stream(word, self.fp32_residual) + residual_stream(position, self.fp32_residual)
 
 
 class Block(nn.Module):
     """x + proj(attention(ln1(x))), then + fc2(gelu(fc1(ln2(x)))). Modules 1..L of the Sequential."""
 
-    def __init__(self, cfg: GPTConfig, index: int, *, device=None, dtype=None, init: bool = True):
+    # Selective recompute (Korthikanti et al. 2022, Megatron's --recompute-granularity selective): keep every
+    # activation but the attention core's, recomputed in backward. Set per block by whoever builds the stage.
+    recompute_attention_core = False
+
+    def __init__(self, cfg: GPTConfig, index: int, *, device=None, dtype=None):
         super().__init__()
         if not 1 <= index <= cfg.layers:
             raise ValueError(f"GPT block index must be in [1, {cfg.layers}], got {index}")
         self.cfg, self.index = cfg, index
-        self.heads_local = cfg.heads
         h = cfg.hidden
         factory = {"device": device, "dtype": dtype}
         self.ln1 = LayerNorm(h, **factory)
@@ -215,47 +212,32 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(h, **factory)
         self.mlp_fc1 = Dense(h, 4 * h, **factory)
         self.mlp_fc2 = Dense(4 * h, h, **factory)
-        if init:
-            self.reset_parameters()
+        self.reset_parameters()
 
     def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
-        """Full initial weights of the four projections ('<module>.weight'), drawn in a fixed order.
-        Biases are 0 and LayerNorms identity, so they need no draw."""
+        """Full initial weights: the four projections drawn in a fixed order; biases 0, LayerNorms identity."""
         h, std = self.cfg.hidden, INIT_STD
         out_std = INIT_STD / math.sqrt(2 * self.cfg.layers)
         gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
-        return {
+        full = {
             "attn_qkv.weight": draw_full((3 * h, h), std, gen, device, dtype),
             "attn_proj.weight": draw_full((h, h), out_std, gen, device, dtype),
             "mlp_fc1.weight": draw_full((4 * h, h), std, gen, device, dtype),
             "mlp_fc2.weight": draw_full((h, 4 * h), out_std, gen, device, dtype),
         }
+        zeros = {n: torch.zeros(size, device=device, dtype=dtype)
+                 for n, size in (("attn_proj.bias", h), ("mlp_fc1.bias", 4 * h), ("mlp_fc2.bias", h),
+                                 ("ln1.bias", h), ("ln2.bias", h))}
+        ones = {n: torch.ones(h, device=device, dtype=dtype) for n in ("ln1.weight", "ln2.weight")}
+        return full | zeros | ones
 
     def reset_parameters(self) -> None:
-        weight = self.ln1.weight
-        if weight.device.type == "meta":
-            return
-        self.load_full(self.full_weights(weight.device, weight.dtype))
-
-    @torch.no_grad()
-    def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        """Set the weights from full tensors (biases 0, LayerNorms identity)."""
-        for name in ("attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2"):
-            module = getattr(self, name)
-            module.weight.copy_(full[f"{name}.weight"])
-            if module.bias is not None:
-                module.bias.zero_()
-        self.ln1.reset_to_identity()
-        self.ln2.reset_to_identity()
-
-    # Selective recompute (Korthikanti et al. 2022, Megatron's --recompute-granularity selective): keep every
-    # activation but the attention core's, recomputed in backward. Set per block by whoever builds the stage.
-    recompute_attention_core = False
+        init_layer(self)
 
     def attention_core(self, qkv: torch.Tensor) -> torch.Tensor:
-        return maybe_recompute(self.recompute_attention_core, causal_attention, qkv, self.heads_local)
+        heads = qkv.shape[-1] // (3 * self.cfg.head_dim)  # this block's heads: all, or its rank's
+        return maybe_recompute(self.recompute_attention_core, causal_attention, qkv, heads)
 
-    # The two halves are separate methods so a tensor-parallel or sequence-parallel subclass can replace them.
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         return self.attn_proj(self.attention_core(self.attn_qkv(self.ln1(x))))
 
@@ -270,44 +252,33 @@ class Block(nn.Module):
 class Head(nn.Module):
     """hidden [b, s, h] -> final LayerNorm -> LM head (no bias) -> logits [b, s, V]. Module L+1 of the Sequential."""
 
-    def __init__(self, cfg: GPTConfig, *, device=None, dtype=None, init: bool = True):
+    def __init__(self, cfg: GPTConfig, *, device=None, dtype=None):
         super().__init__()
         self.cfg, self.index = cfg, cfg.layers + 1
         factory = {"device": device, "dtype": dtype}
         self.ln_f = LayerNorm(cfg.hidden, **factory)
         self.lm_head = Dense(cfg.hidden, cfg.vocab_size, bias=False, **factory)
-        if cfg.tie_embeddings:
-            self.lm_head.weight.tied = TIED_EMBEDDINGS
-        if init:
-            self.reset_parameters()
+        self.reset_parameters()
 
     def full_weights(self, device, dtype) -> dict[str, torch.Tensor]:
         if self.cfg.tie_embeddings:  # the embedding's first draw: the token embedding itself
             gen = _generator(torch.device(device), layer_seed(self.cfg, Embedding.index))
         else:
             gen = _generator(torch.device(device), layer_seed(self.cfg, self.index))
-        return {"lm_head.weight": draw_full((self.cfg.vocab_size, self.cfg.hidden), INIT_STD, gen, device, dtype)}
+        h = self.cfg.hidden
+        return {"lm_head.weight": draw_full((self.cfg.vocab_size, h), INIT_STD, gen, device, dtype),
+                "ln_f.weight": torch.ones(h, device=device, dtype=dtype),
+                "ln_f.bias": torch.zeros(h, device=device, dtype=dtype)}
 
     def reset_parameters(self) -> None:
-        if self.cfg.tie_embeddings:  # tagged here: materialize's to_empty makes new Parameters
-            self.lm_head.weight.tied = TIED_EMBEDDINGS
-            exclude_from_weight_decay(self.lm_head.weight)  # it is the embedding
-        weight = self.ln_f.weight
-        if weight.device.type == "meta":
-            return
-        self.load_full(self.full_weights(weight.device, weight.dtype))
-
-    @torch.no_grad()
-    def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        self.lm_head.weight.copy_(full["lm_head.weight"])
-        self.ln_f.reset_to_identity()
+        init_layer(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(x))
 
 
-def build_gpt(cfg: GPTConfig, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> nn.Sequential:
-    """The dense GPT: Sequential(Embedding, Block 1..L, Head), modules named "0" .. "L+1". On the meta device
+def dense_gpt(cfg: GPTConfig, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> nn.Sequential:
+    """Sequential(Embedding, Block 1..L, Head), modules named "0" .. "L+1", plain PyTorch. On the meta device
     nothing is allocated; `models.materialize` later draws each layer's weights from its own generator."""
     layers: list[nn.Module] = [Embedding(cfg, device=device, dtype=dtype)]
     layers += [Block(cfg, i, device=device, dtype=dtype) for i in range(1, cfg.layers + 1)]

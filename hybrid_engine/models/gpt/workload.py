@@ -18,7 +18,8 @@ from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
 from .flops import gpt_flops_per_token, gpt_param_count
-from .model import Block, GPTConfig, build_gpt, layer_costs
+from .model import Block, Embedding, GPTConfig, layer_costs
+from .parallelize import build_gpt, parallelize_gpt
 
 RECOMPUTE = ("none", "full", "selective")
 
@@ -33,13 +34,11 @@ class ParallelizeGPT:
     fp32_residual: bool = False
 
     def __call__(self, stage: nn.Sequential, mp_group) -> nn.Sequential:
-        from hybrid_engine.models.gpt.parallelize import ParallelEmbedding, parallelize_gpt
-
         out = parallelize_gpt(stage, mp_group, self.sequence_parallel)
         for module in out:
             if isinstance(module, Block) and self.selective_recompute:
                 module.recompute_attention_core = True
-            if isinstance(module, ParallelEmbedding) and self.fp32_residual:
+            if isinstance(module, Embedding) and self.fp32_residual:
                 module.fp32_residual = True
         return out
 

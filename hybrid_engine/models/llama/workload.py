@@ -17,8 +17,8 @@ from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
 from .config import Llama3Scaling, LlamaConfig
 from .flops import llama_flops_per_token, llama_param_count
-from .model import build_llama, check_split, layer_costs
-from .parallelize import ParallelizeLlama
+from .model import check_split, layer_costs
+from .parallelize import ParallelizeLlama, build_llama
 
 RECOMPUTE = ("none", "full", "selective")
 SHAPE_KEYS = ("vocab_size", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "tie_embeddings",

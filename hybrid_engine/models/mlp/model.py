@@ -1,9 +1,6 @@
-"""The course model (LargeLinearModel), a function of the seed alone (its data: data.py).
-
-Grid invariance starts here: every layer draws its initial weights from its own generator, seeded by
-(seed, layer index), on the device it will live on; the batch of step t is drawn from a generator seeded by
-(seed, t). No draw depends on the grid, so every (dp, pp, mp, schedule) trains the same model on the same
-numbers as one rank does. Tensor-parallel slicing happens after the full layer is drawn.
+"""The course model (LargeLinearModel), a function of the seed alone (its data: data.py): every layer draws its
+initial weights from its own (seed, layer) generator (models/init.py), the batch of step t from one seeded by
+(seed, t). Tensor-parallel slicing happens after the full layer is drawn.
 """
 from __future__ import annotations
 
@@ -12,20 +9,11 @@ import math
 import torch
 import torch.nn as nn
 
+from hybrid_engine.models.init import _generator, stream_seed  # noqa: F401  (_generator: re-exported for data.py)
+
 _STREAM_LAYER = 1
 _STREAM_BATCH = 2
 _STREAM_TEACHER = 3
-
-
-def stream_seed(seed: int, stream: int, index: int) -> int:
-    """A distinct 63-bit seed per (seed, stream, index); a fixed formula, so every rank derives the same."""
-    return (seed * 1_000_003 + stream * 1_000_000_007 + index * 7_919) % (2**63 - 1)
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
 
 
 class SeededLinear(nn.Linear):
@@ -53,15 +41,3 @@ def large_linear_model(dim: int, depth: int, seed: int, device: torch.device | s
     for i in range(depth):
         layers += [SeededLinear(dim, dim, seed, i, device=device), nn.ReLU()]
     return nn.Sequential(*layers)
-
-
-def materialize(module: nn.Module, device: torch.device | str) -> nn.Module:
-    """Move a stage to its device. Modules built on the meta device are allocated there and initialised
-    by their own reset_parameters(), so only this rank's layers ever exist in memory."""
-    if any(p.is_meta for p in module.parameters()):
-        module = module.to_empty(device=device)
-        for sub in module.modules():
-            if hasattr(sub, "reset_parameters"):
-                sub.reset_parameters()
-        return module
-    return module.to(device)

@@ -5,6 +5,13 @@ through `copy_to_mp_region`, the paper's `f`) feeds, through an elementwise acti
 RowParallelLinear (weight split along input features, its partial outputs summed by `reduce_from_mp_region`, the
 paper's `g`, bias added after the sum). One all-reduce per pair forward, one backward.
 
+Sequence parallelism (`sequence_parallel`, Korthikanti et al. 2022, https://arxiv.org/abs/2205.05198): a
+column-parallel layer all-gathers its input's sequence chunks instead of `f`, a row-parallel one reduce-scatters
+its sum along the sequence instead of `g`, its bias (added to a chunk) then used through `copy_to_mp_region` so its
+gradient is summed over MP. `input_in_region`: the input already entered the MP region (sequence_parallel.py's
+ReplicatedNorm entering it once for several projections that read it, a block's q and kv or gate and up), so the
+column-parallel layer is a local GEMM.
+
 All layers compute through the C++ core: `Linear` through `_C.linear`, the parallel ones through
 `_C.column_parallel_linear` / `_C.row_parallel_linear`, which hold their MP collective inside the layer's autograd
 function, so the backward's input-gradient all-reduce runs under the weight gradient's GEMM (csrc/tp/parallel_linear.h).
@@ -174,7 +181,8 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
-                 bias: bool = True, gather_output: bool = False, *, device=None, dtype=None, init: bool = True):
+                 bias: bool = True, gather_output: bool = False, *, sequence_parallel: bool = False,
+                 input_in_region: bool = False, device=None, dtype=None, init: bool = True):
         super().__init__()
         self.grad_buffer = None  # the owning Engine's _C.GradBuffer
         self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
@@ -183,6 +191,8 @@ class ColumnParallelLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = _shard(out_features, self.mp_size, "out_features", type(self).__name__)
         self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel and self.mp_size > 1
+        self.input_in_region = input_in_region
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, **factory))
         self.bias = nn.Parameter(torch.empty(self.out_per_rank, **factory)) if bias else None
@@ -199,24 +209,28 @@ class ColumnParallelLinear(nn.Module):
                 self.bias.copy_(linear.bias[rows])
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, mp_group: Optional[dist.ProcessGroup],
-                   gather_output: bool = False) -> "ColumnParallelLinear":
+    def from_dense(cls, linear: nn.Linear, mp_group: Optional[dist.ProcessGroup], gather_output: bool = False,
+                   **options) -> "ColumnParallelLinear":
+        """This rank's rows of `linear` (any module with a full weight [out, in] and bias, e.g. an nn.Linear)."""
         layer = cls(linear.in_features, linear.out_features, mp_group, linear.bias is not None, gather_output,
-                    device=linear.weight.device, dtype=linear.weight.dtype, init=False)
+                    device=linear.weight.device, dtype=linear.weight.dtype, init=False, **options)
         layer._load_dense(linear)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_in_region:  # x entered the MP region once for every GEMM that reads it: a local GEMM
+            return _C.linear(x, self.weight, self.bias, self.grad_buffer)
         if not self.gather_output:
-            return _C.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group, False,
-                                             self.comm_trace, self.trace_layer)
+            return _C.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group,
+                                             self.sequence_parallel, self.comm_trace, self.trace_layer)
         x = _C.copy_to_mp_region(x, self.mp_group)
         y = _C.linear(x, self.weight, self.bias, self.grad_buffer)
         return _C.gather_from_mp_region(y, self.mp_group)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on rank "
-                f"{self.mp_rank} of {self.mp_size}), bias={self.bias is not None}, gather_output={self.gather_output}")
+                f"{self.mp_rank} of {self.mp_size}), bias={self.bias is not None}, gather_output={self.gather_output}, "
+                f"sequence_parallel={self.sequence_parallel}, input_in_region={self.input_in_region}")
 
 
 class RowParallelLinear(nn.Module):
@@ -226,7 +240,7 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
-                 bias: bool = True, *, device=None, dtype=None, init: bool = True):
+                 bias: bool = True, *, sequence_parallel: bool = False, device=None, dtype=None, init: bool = True):
         super().__init__()
         self.grad_buffer = None  # the owning Engine's _C.GradBuffer
         self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
@@ -234,11 +248,14 @@ class RowParallelLinear(nn.Module):
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
         self.in_per_rank = _shard(in_features, self.mp_size, "in_features", type(self).__name__)
+        self.sequence_parallel = sequence_parallel and self.mp_size > 1
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, **factory))
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
         _mark(self.weight, self.mp_size > 1, dim=1)
         _mark(self.bias, False)
+        if self.bias is not None and self.sequence_parallel:
+            self.bias.sequence_parallel = True  # added to a sequence chunk: its gradient summed over MP
         if init:
             self._load_dense(_dense_init(out_features, in_features, bias, device, dtype))
 
@@ -250,21 +267,25 @@ class RowParallelLinear(nn.Module):
                 self.bias.copy_(linear.bias)
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, mp_group: Optional[dist.ProcessGroup]) -> "RowParallelLinear":
+    def from_dense(cls, linear: nn.Linear, mp_group: Optional[dist.ProcessGroup], **options) -> "RowParallelLinear":
+        """This rank's columns of `linear` (any module with a full weight [out, in] and bias, e.g. an nn.Linear)."""
         layer = cls(linear.in_features, linear.out_features, mp_group, linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, init=False)
+                    device=linear.weight.device, dtype=linear.weight.dtype, init=False, **options)
         layer._load_dense(linear)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _C.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, False, self.comm_trace,
-                                   self.trace_layer)
-        # After the sum, so the bias counts once, not MP times.
-        return y + self.bias if self.bias is not None else y
+        y = _C.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, self.sequence_parallel,
+                                   self.comm_trace, self.trace_layer)
+        if self.bias is None:
+            return y
+        # After the sum, so the bias counts once, not MP times; on a sequence chunk its gradient is summed over MP.
+        return y + (_C.copy_to_mp_region(self.bias, self.mp_group) if self.sequence_parallel else self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_per_rank} on rank {self.mp_rank} of {self.mp_size}), "
-                f"out_features={self.out_features}, bias={self.bias is not None}")
+                f"out_features={self.out_features}, bias={self.bias is not None}, "
+                f"sequence_parallel={self.sequence_parallel}")
 
 
 def parallelize_mlp(seq: nn.Sequential, mp_group: Optional[dist.ProcessGroup]) -> nn.Sequential:

@@ -1,5 +1,5 @@
 """The vocab-parallel cross-entropy (Megatron-LM): the loss of logits split along the vocabulary over MP, computed
-without gathering them (hybrid_engine/models/gpt/parallelize.py's ParallelHead produces such logits; models/losses.py's
+without gathering them (parallel/tensor/vocab_parallel.py's vocab_parallel_head produces such logits; models/losses.py's
 VocabParallelCrossEntropy is this loss as a value the engine takes).
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
     """Mean next-token cross-entropy over all tokens (fp32 scalar), equal to
     `F.cross_entropy(full_logits[..., :vocab_size].reshape(-1, V), targets.reshape(-1))`.
 
-    logits: this rank's contiguous vocabulary slice [..., V'/p] (ParallelHead's output; with mp 1 the full
+    logits: this rank's contiguous vocabulary slice [..., V'/p] (vocab_parallel_head's output; with mp 1 the full
     logits); targets: int64 [...] with ids < vocab_size. Every rank of `mp_group` must call it (two all-reduces).
     """
     return _VocabParallelCrossEntropy.apply(logits, targets, mp_group, vocab_size)
