@@ -1,6 +1,7 @@
-"""The models the engine trains, each a function of the seed alone: the course MLP (mlp/) and a GPT (gpt/); what the
-driver needs to train each as one value (workload.py, found by name in registry.py); their losses (losses.py); whether a model can fit at all
-(memory_estimate.py). The MLP's public names are this package's.
+"""The models the engine trains, each a function of the seed alone: the course MLP (mlp/), a GPT (gpt/) and a Llama
+(llama/); what the driver needs to train each as one value (workload.py); everything the engine needs of a model, as
+its entry (entry.py), found by name in the registry (registry.py: `register(name, ModelEntry(...))` adds one); their
+losses (losses.py); whether a model can fit at all (memory_estimate.py). The MLP's public names are this package's.
 
 Imports: config, data, parallel (each model's tensor-parallel split), metrics' peaks. The engine imports
 `materialize` and the losses from here.
@@ -9,8 +10,14 @@ from __future__ import annotations
 
 from .mlp.data import SyntheticRegression
 from .mlp.model import SeededLinear, large_linear_model, materialize, stream_seed
+from .registry import ModelEntry, RegistryError, Sampler, register, registered
 
 __all__ = [
+    "ModelEntry",
+    "RegistryError",
+    "Sampler",
+    "register",
+    "registered",
     "SeededLinear",
     "SyntheticRegression",
     "large_linear_model",

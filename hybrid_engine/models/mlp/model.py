@@ -15,6 +15,7 @@ import torch.nn as nn
 _STREAM_LAYER = 1
 _STREAM_BATCH = 2
 _STREAM_TEACHER = 3
+SEED_STREAMS = (_STREAM_LAYER, _STREAM_BATCH, _STREAM_TEACHER)  # the first streams the registry gives
 
 
 def stream_seed(seed: int, stream: int, index: int) -> int:
