@@ -98,8 +98,8 @@ def _check_shapes(ckpt, entry: ModelEntry, cfg) -> None:
 def load_checked(path: str) -> tuple[nn.Sequential, object, dict]:
     """(the dense model of a checkpoint written on any grid, on the CPU, in eval mode; its config; the manifest)."""
     ckpt = open_checkpoint(path)
-    entry, cfg = _model_config(ckpt)
-    _check_shapes(ckpt, entry, cfg)
+    model_entry, cfg = _model_config(ckpt)
+    _check_shapes(ckpt, model_entry, cfg)
     if ckpt.checksums is None:
         print(f"note: {ckpt.path} records no checksums (written before hybrid_engine recorded them): its shards "
               "are checked by size only", file=sys.stderr)
@@ -114,7 +114,7 @@ def load_checked(path: str) -> tuple[nn.Sequential, object, dict]:
             raise CheckpointError(f"checkpoint {ckpt.path}: shard {file} does not hold {name} of shape "
                                   f"{entry['shape']}: damaged, or not written by hybrid_engine")
         weights[name] = weight
-    model = entry.sampler.build(cfg, "cpu")
+    model = model_entry.sampler.build(cfg, "cpu")
     model.load_state_dict(weights, strict=True)  # names and shapes were checked above
     return model.eval(), cfg, ckpt.manifest
 
