@@ -4,7 +4,7 @@ of it, and every part that knows models asks here. A model is a folder, models/<
     options.py      its [model] keys and flags: a frozen dataclass, each field documented (config/fields.py)
     workload.py     build(cfg, device) -> Workload; check(cfg, grid, device_type): its rules, raised as one
                     ConfigError line before the first collective; shape(cfg): the planner's view of it
-    parallelize.py  its tensor-parallel plan
+    parallelize.py  its tensor-parallel plan (the MLP's is parallel/tensor's parallelize_mlp)
     model.py ...    the model itself, drawing its weights from the seed streams the registry gives it
 
 and one line below. A model from elsewhere (a plugin, a test) registers itself:
@@ -24,6 +24,7 @@ import re
 from typing import Iterator
 
 from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.parallel.tensor.layers import parallelize_mlp
 
 from .entry import ModelEntry, RegistryError, Sampler
 from .gpt import workload as gpt
@@ -130,7 +131,7 @@ def build_workload(cfg, device="cpu") -> Workload:
     return workload
 
 
-register("mlp", ModelEntry(options=MLPOptions, build=mlp.build, check=mlp.check, parallelize=mlp.parallelize_mlp,
+register("mlp", ModelEntry(options=MLPOptions, build=mlp.build, check=mlp.check, parallelize=parallelize_mlp,
                            shape=mlp.shape, seed_streams=MLP_STREAMS, title="MLP", checkpoint_name=mlp.CHECKPOINT_NAME))
 register("gpt", ModelEntry(options=GPTOptions, build=gpt.build, check=gpt.check, parallelize=gpt.ParallelizeGPT,
                            shape=gpt.shape, seed_streams=GPT_STREAMS, clip_grad=1.0, title="GPT",
