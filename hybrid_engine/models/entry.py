@@ -50,7 +50,8 @@ class ModelEntry:
     """Everything the engine needs of one model. Required: options, build, check, parallelize, shape."""
 
     options: Optional[type] = None
-    """The model's [model] keys and flags: a frozen dataclass, each field documented (config/fields.py)."""
+    """The model's [model] keys and flags: a frozen dataclass, each field documented (config/fields.py), with
+    OPTIMIZER = (name, lr), the run's default, and check(), its ranges before anything is built."""
     build: Optional[Callable[..., object]] = None
     """(RunConfig, device) -> Workload: the model on the meta device, its loss, stage cut and data."""
     check: Optional[Callable[..., None]] = None
@@ -92,6 +93,9 @@ class ModelEntry:
                 raise RegistryError(f"a model entry's {name} must be callable ({what}), got {value!r}")
         if not dataclasses.is_dataclass(self.options) or not isinstance(self.options, type):
             raise RegistryError(f"a model entry's options must be a dataclass type, got {self.options!r}")
+        for name, what in (("OPTIMIZER", "its default (optimizer, lr)"), ("check", "check(): its ranges")):
+            if not hasattr(self.options, name):
+                raise RegistryError(f"a model entry's options {self.options.__name__} have no {name}: {what}")
         if self.sampler is not None and not isinstance(self.sampler, Sampler):
             raise RegistryError(f"a model entry's sampler must be a Sampler, got {self.sampler!r}")
         if self.hf is not None and (not isinstance(self.hf, str) or self.sampler is None):

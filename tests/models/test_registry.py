@@ -65,6 +65,8 @@ def test_an_unknown_model_is_an_error_for_the_planner_never_the_llama():
     (dict(parallelize=None), "a model entry needs parallelize"),
     (dict(build=3), "a model entry's build must be callable"),
     (dict(options=dict), "a model entry's options must be a dataclass type"),
+    (dict(options=dataclasses.make_dataclass("Bare", [("width", int, 8)])),
+     "a model entry's options Bare have no OPTIMIZER: its default (optimizer, lr)"),
     (dict(seed_streams=(0,)), "seed_streams must be a tuple of positive integers"),
     (dict(hf="hybrid_engine.hf.llama"), "a model entry's hf must be a module name, beside a sampler"),
 ])
