@@ -1,5 +1,6 @@
-"""A model as the planner sees it (each model gives its own: ModelEntry.shape, models/entry.py): per layer (a module of the engine's Sequential, or an MLP block), its
-parameters, its FLOPs and the bytes it keeps, from the run's model options alone (nothing is built).
+"""A model as the planner sees it (each model gives its own: ModelEntry.shape, models/entry.py): per layer (a module
+of the engine's Sequential, or an MLP block), its parameters, its FLOPs and the bytes it keeps, from the run's model
+options alone (nothing is built).
 
 Activation counts are per token (a sample of the MLP is one token), in elements of the activation dtype; the
 decoders' follow Megatron's accounting (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
