@@ -18,11 +18,12 @@ def free_port() -> int:
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 120, extra_env: dict | None = None,
-             torchrun_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node=N hybrid_engine.py ARGS` on CPU; kills the whole run after `timeout`."""
+             torchrun_args: tuple[str, ...] = (), driver: Path = DRIVER) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=N hybrid_engine.py ARGS` on CPU (or another driver script); kills the whole run
+    after `timeout`."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""})
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", *torchrun_args, str(DRIVER), *args]
+           f"--master_port={free_port()}", *torchrun_args, str(driver), *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

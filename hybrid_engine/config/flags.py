@@ -111,9 +111,9 @@ def build_parser(models: Mapping[str, type], prog: str | None = None) -> argpars
     p = _OneLineParser(
         prog=prog, argument_default=argparse.SUPPRESS, epilog=EPILOG, allow_abbrev=False,
         formatter_class=_Help,
-        description="Data x pipeline x tensor parallel training with a C++ core: the course MLP (depth x [Linear(dim,\n"
-        "dim) + ReLU] against a fixed random teacher) or a GPT. One group of flags per table of a --config TOML\n"
-        "file; flags override the file's values.")
+        description="Data x pipeline x tensor parallel training with a C++ core, of a model of the registry (--model:\n"
+        f"{', '.join(models)}). One group of flags per table of a --config TOML file; flags override the file's\n"
+        "values.")
     p.add_argument("--config", metavar="TOML", help="read the run from this TOML file; flags override it")
     for table in dataclasses.fields(RunConfig):
         part = getattr(_DEFAULTS, table.name)
@@ -175,7 +175,7 @@ def config_file(argv: list[str]) -> str | None:
 
 def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str | None = None) -> RunConfig:
     """Flags over the --config file over the dataclasses' defaults. models: each model's options class by name
-    (models/registry.py OPTIONS)."""
+    (models/registry.py options())."""
     given = vars(build_parser(models, prog).parse_args(argv))
     path = given.pop("config", None)
     tables = read_toml(path) if path else {}

@@ -82,7 +82,7 @@ class ModelConfig:
     (models/<name>/options.py, listed in models/registry.py) adds its keys to [model] and its flags."""
 
     name: str = field(default="mlp", metadata=flag("--model"))
-    """Which model (the registry's names: mlp, the course model; gpt, a decoder-only transformer)."""
+    """Which model, by its name in the registry (models/registry.py; --help lists them): mlp, the course model."""
     seed: int = 0
     """Initial weights and data depend on this alone, never on the grid."""
     options: object = field(default=None, metadata={"model_options": True})
@@ -228,7 +228,7 @@ class RunConfig:
     def from_tables(tables: dict, models: Mapping[str, type], source: str = "the configuration") -> "RunConfig":
         """A RunConfig from {table: {field: value}} (a parsed TOML file, flags laid over it); an unknown table or
         key, or a value of the wrong type, is one ConfigError naming it. models: each model's options class by
-        name (models/registry.py OPTIONS), which says what [model] may hold besides name and seed."""
+        name (models/registry.py options()), which says what [model] may hold besides name and seed."""
         parts = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}  # type: ignore[misc]
         unknown = sorted(set(tables) - set(parts))
         if unknown:

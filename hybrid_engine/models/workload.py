@@ -3,8 +3,7 @@
 A `Workload` bundles the whole model (on the meta device: each rank materializes only its stages), the loss spec,
 the model's tensor-parallel function and stage layout (torchtitan's one function per model, not flags threaded
 through the engine), the data source, the numbers for metrics and what a checkpoint must record. Each model's
-folder builds its own (models/mlp/workload.py, models/gpt/workload.py); the registry (models/registry.py) finds
-it by name. The driver does
+folder builds its own (models/<name>/workload.py); the registry (models/registry.py) finds it by name. The driver does
 
     workload = registry.build_workload(cfg, device)            # after registry.check_model, before any collective
     engine = Engine(workload.model, workload.loss, groups, ..., **workload.engine_kwargs(pp * virtual_stages))
@@ -34,7 +33,7 @@ class Workload:
     """One trainable workload. `model` is on the meta device; `data` has `draw(step, start, stop, ...)` and
     `batch(step, batch_size, start, stop, ...)` (and, for text, `val_batch` / `val_batches`)."""
 
-    name: str  # "mlp" | "gpt" | "llama"
+    name: str  # the model's registry name
     model: nn.Sequential
     loss: losses.LossSpec
     parallelize: Callable[[nn.Sequential, object], nn.Sequential]
@@ -49,7 +48,6 @@ class Workload:
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[object] = None  # the model's shape (GPTConfig, LlamaConfig; None for the MLP)
     checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
-    clip_grad: float = 0.0  # the gradient-norm clip a run gets when it names none (--clip-grad): 1.0 for transformers
 
     @property
     def flops_per_token(self) -> float:

@@ -2,7 +2,8 @@
 lookahead and micro-batch count the run's flags leave to auto; and, for the plan command, the grids.
 
     card.py          what the planner knows of a device: a table (H100, H200), a CPU estimate, a calibration
-    model_shape.py   the model per layer: parameters, FLOPs, activations kept, MP all-reduces
+    model_shape.py   the run's model per layer (parameters, FLOPs, activations kept, MP all-reduces), as its
+                     registry entry gives it (models/planner_shape.py)
     setting.py       the grid, batch, precision and optimizer a plan runs inside
     candidates.py    the plans weighed, each legal by the configuration's own checks
     step_time.py     a plan's step: stage costs into the C++ simulator, plus DP and the update
@@ -12,7 +13,7 @@ lookahead and micro-batch count the run's flags leave to auto; and, for the plan
     grids.py         every grid of a world size, planned and ranked, with why the losers lose (python -m
                      hybrid_engine.plan, --plan-only)
 
-Imports config, models (shapes), parallel.pipeline (the simulator); nothing above (engine, train).
+Imports config, models (the registry, shapes), parallel.pipeline (the simulator); nothing above (engine, train).
 """
 
 from .candidates import Plan, Request

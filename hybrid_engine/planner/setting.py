@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybrid_engine.models import registry
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -35,7 +37,8 @@ class Setting:
     @staticmethod
     def of(cfg, dp: int, pp: int, mp: int) -> "Setting":
         """The setting of a run (cfg: RunConfig) on a dp x pp x mp grid."""
-        clip = cfg.precision.clip_grad if cfg.precision.clip_grad is not None else cfg.model.name != "mlp"
+        clip = cfg.precision.clip_grad
+        clip = clip if clip is not None else registry.entry(cfg.model.name).clip_grad
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        cfg.data_parallel.zero, 2 if cfg.data_parallel.grad_dtype == "bf16" else 4,
                        cfg.stages.recompute == "full", bool(clip))

@@ -42,12 +42,12 @@ from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 def build_parser(prog: str | None = None):
     """The command line of the driver: every configuration field and every registered model's options."""
-    return flags.build_parser(registry.OPTIONS, prog)
+    return flags.build_parser(registry.options(), prog)
 
 
 def parse_config(argv: list[str] | None, prog: str | None = None) -> RunConfig:
     """The run described by flags over a --config file over the defaults, for the models of the registry."""
-    return flags.parse_config(argv, registry.OPTIONS, prog)
+    return flags.parse_config(argv, registry.options(), prog)
 
 
 def validate_launch(cfg: RunConfig, env: LaunchEnv, device_type: str, argv: list[str], prog: str) -> object:

@@ -1,4 +1,5 @@
-"""Continue a prompt with a GPT or Llama checkpoint written on any grid (or imported), in one process:
+"""Continue a prompt with a checkpoint written on any grid (or imported), in one process, of a model whose registry
+entry has a sampler (the GPT, the Llama: models/registry.py):
 
     python -m hybrid_engine.sample --load CKPT --prompt "Once upon a time" [--tokens 200] [--temperature 0.8]
     python -m hybrid_engine.sample --load CKPT --prompt-ids 1,2,3 --temperature 0      (token ids in and out)
@@ -35,38 +36,33 @@ import torch.nn as nn
 from hybrid_engine.checkpoint import CheckpointError, open_checkpoint, read_shard
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.input_files import read_regular_file
+from hybrid_engine.models import registry
 from hybrid_engine.models.decoder import generate
+from hybrid_engine.models.entry import ModelEntry
 from hybrid_engine.models.gpt.model import GPTConfig
-from hybrid_engine.models.gpt.parallelize import build_gpt
-from hybrid_engine.models.gpt.workload import gpt_config_of
-from hybrid_engine.models.mlp.workload import CHECKPOINT_NAME as MLP_CHECKPOINT_NAME
-from hybrid_engine.models.llama.flops import llama_param_count
-from hybrid_engine.models.llama.parallelize import build_llama
-from hybrid_engine.models.llama.workload import llama_config_of
-from hybrid_engine.models.memory_estimate import gpt_weight_bytes, refuse_if_too_large, weight_bytes
+from hybrid_engine.models.memory_estimate import refuse_if_too_large
 
 MAX_SIZE = 2**16  # layers, hidden, heads, seq_len: the training flags' limit
 MAX_VOCAB = 2**32  # a token file's 4-byte ids
 MAX_TOKENIZER_BYTES = 1 << 30
 
 
-MODELS = {"gpt": ("GPT", gpt_config_of, build_gpt, lambda c: gpt_weight_bytes(c)),
-          "llama": ("Llama", llama_config_of, build_llama,
-                    lambda c: weight_bytes(llama_param_count(c), c.vocab_size, c.hidden))}
-
-
-def _model_config(ckpt):
-    """The model the manifest's model entry describes (a GPTConfig or LlamaConfig), checked to be one that can be
-    built here at all."""
+def _model_config(ckpt) -> tuple[ModelEntry, object]:
+    """(the registry entry of the model the manifest's model entry names, its config), checked to be one that can
+    be built here at all."""
     model = ckpt.manifest["model"]
-    name = model.get("name") if isinstance(model, dict) else None
-    if name not in MODELS:
-        what = "the MLP (--model mlp)" if name == MLP_CHECKPOINT_NAME else f"a model named {name!r}"
-        raise CheckpointError(f"checkpoint {ckpt.path} holds {what}, not a GPT or a Llama: sample continues text "
-                              "with a checkpoint of --model gpt or --model llama")
-    what, config_of, _, nbytes = MODELS[name]
+    found = registry.of_checkpoint(model)
+    if found is None or found[1].sampler is None:
+        what = (f"the {found[1].title} (--model {found[0]})" if found else
+                f"a model named {model.get('name') if isinstance(model, dict) else None!r}")
+        able = [(n, registry.entry(n)) for n in registry.names() if registry.entry(n).sampler]
+        raise CheckpointError(f"checkpoint {ckpt.path} holds {what}, not {' or '.join('a ' + e.title for _, e in able)}"
+                              f": sample continues text with a checkpoint of "
+                              f"{' or '.join('--model ' + n for n, _ in able)}")
+    entry = found[1]
+    what = entry.title
     try:
-        cfg = config_of(model)
+        cfg = entry.sampler.config_of(model)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {ckpt.path} does not hold a {what} ({exc})") from None
     for name, limit in (("layers", MAX_SIZE), ("hidden", MAX_SIZE), ("heads", MAX_SIZE), ("seq_len", MAX_SIZE),
@@ -75,27 +71,18 @@ def _model_config(ckpt):
             raise CheckpointError(f"checkpoint {ckpt.path} describes a {what} of {name} {getattr(cfg, name)}, more "
                                   f"than {limit}: damaged, or not written by hybrid_engine")
     too_large = refuse_if_too_large(f"the {what} of checkpoint {ckpt.path} ({cfg.layers} layers, hidden {cfg.hidden}, "
-                                    f"vocabulary {cfg.vocab_size})", nbytes(cfg))
+                                    f"vocabulary {cfg.vocab_size})", entry.sampler.weight_bytes(cfg))
     if too_large:
         raise CheckpointError(f"{too_large}: damaged, or too large to sample from here")
-    return cfg
+    return entry, cfg
 
 
-def _entry(cfg) -> tuple:
-    """cfg's row of MODELS: (its name in messages, config_of, build, weight bytes)."""
-    return MODELS["gpt" if isinstance(cfg, GPTConfig) else "llama"]
-
-
-def _build(cfg, device="cpu"):
-    return _entry(cfg)[2](cfg, device)
-
-
-def _check_shapes(ckpt, cfg) -> None:
+def _check_shapes(ckpt, entry: ModelEntry, cfg) -> None:
     """Every parameter of the model `cfg` must be in the manifest with the shape it has there (a model entry that
     disagrees with the weights: a crafted vocabulary or seq_len)."""
-    expected = {k: list(v.shape) for k, v in _build(cfg, "meta").state_dict().items()}
+    expected = {k: list(v.shape) for k, v in entry.sampler.build(cfg, "meta").state_dict().items()}
     recorded = {k: v["shape"] for k, v in ckpt.manifest["params"].items()}
-    what = _entry(cfg)[0]
+    what = entry.title
     for name, shape in expected.items():
         if recorded.get(name) != shape:
             there = f"is {recorded[name]} there" if name in recorded else "is missing there"
@@ -111,8 +98,8 @@ def _check_shapes(ckpt, cfg) -> None:
 def load_checked(path: str) -> tuple[nn.Sequential, object, dict]:
     """(the dense model of a checkpoint written on any grid, on the CPU, in eval mode; its config; the manifest)."""
     ckpt = open_checkpoint(path)
-    cfg = _model_config(ckpt)
-    _check_shapes(ckpt, cfg)
+    model_entry, cfg = _model_config(ckpt)
+    _check_shapes(ckpt, model_entry, cfg)
     if ckpt.checksums is None:
         print(f"note: {ckpt.path} records no checksums (written before hybrid_engine recorded them): its shards "
               "are checked by size only", file=sys.stderr)
@@ -127,7 +114,7 @@ def load_checked(path: str) -> tuple[nn.Sequential, object, dict]:
             raise CheckpointError(f"checkpoint {ckpt.path}: shard {file} does not hold {name} of shape "
                                   f"{entry['shape']}: damaged, or not written by hybrid_engine")
         weights[name] = weight
-    model = _build(cfg)
+    model = model_entry.sampler.build(cfg, "cpu")
     model.load_state_dict(weights, strict=True)  # names and shapes were checked above
     return model.eval(), cfg, ckpt.manifest
 
@@ -207,7 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             codec, prompt = None, _ids(args.prompt_ids)
         else:
             codec = Codec(cfg.vocab_size, tokenizer, tokenizer_json, recorded,
-                          padded_vocab=manifest["model"].get("name") == "llama")
+                          padded_vocab=registry.of_checkpoint(manifest["model"])[1].sampler.padded_vocab)
             if tokenizer is not None and recorded is None:
                 why = ("its token file predates them" if data else "it was trained on no token file: an import")
                 print(f"note: {args.load} records no tokenizer checksum ({why}): --tokenizer {tokenizer} is trusted "

@@ -28,6 +28,7 @@ from hybrid_engine.config.run import RunConfig
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.parallel.grid import GridGroups
+from hybrid_engine.models import registry
 from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
@@ -68,10 +69,10 @@ class RunState:
 
 def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
     """The one place a run's configuration becomes an Engine (each rank builds only its own stages); a --clip-grad
-    left unsaid is the model's default (the engine announces it)."""
+    left unsaid is the model's default, its registry entry's (the engine announces it)."""
     o, precision = cfg.optimizer, cfg.precision
     if precision.clip_grad is None:
-        precision = dataclasses.replace(precision, clip_grad=workload.clip_grad)
+        precision = dataclasses.replace(precision, clip_grad=registry.entry(cfg.model.name).clip_grad)
     factory = optim.from_name(o.name, o.lr, parse_betas(o.betas) if o.betas else None, o.weight_decay)
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,

@@ -65,7 +65,7 @@ def test_flags_override_the_file_and_only_flags_given_do(tmp_path):
 
 
 def test_no_flags_and_no_file_give_the_dataclass_defaults():
-    assert parse_config([]) == RunConfig.from_tables({}, registry.OPTIONS)
+    assert parse_config([]) == RunConfig.from_tables({}, registry.options())
 
 
 @pytest.mark.parametrize("text,message", [

@@ -9,7 +9,7 @@ from hybrid_engine.config.checks import resolve_grid
 from hybrid_engine.models import registry
 from hybrid_engine.planner import CARDS, NoPlanFits, Request, choose
 from hybrid_engine.planner.card import GIB
-from hybrid_engine.planner.model_shape import mlp_shape
+from hybrid_engine.models.mlp.workload import mlp_shape
 from hybrid_engine.planner.run_plan import legality, plan_for
 from hybrid_engine.planner.setting import Setting
 from hybrid_engine.train.cli import parse_config

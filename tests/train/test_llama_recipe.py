@@ -82,7 +82,7 @@ def test_adamw_decays_matrices_but_never_norms_biases_or_embeddings():
 def test_clipping_is_on_by_default_for_the_transformers_only():
     assert parse_config(["--model", "llama"]).precision.clip_grad is None
     for model, clip in (("llama", 1.0), ("gpt", 1.0), ("mlp", 0.0)):
-        assert registry.build_workload(parse_config(["--model", model])).clip_grad == clip
+        assert registry.entry(parse_config(["--model", model]).model.name).clip_grad == clip
 
 
 def _ranks(world: int, args: list[str]) -> list[subprocess.CompletedProcess]:

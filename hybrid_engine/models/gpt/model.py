@@ -65,7 +65,7 @@ __all__ = [
     "TIED_EMBEDDINGS",
 ]
 
-_STREAM_GPT = 4  # after the MLP's streams (layer 1, batch 2, teacher 3) in models/mlp.py
+SEED_STREAMS = (4,)  # the stream the registry (models/registry.py) gives it, after the MLP's
 LN_EPS = 1e-5
 
 
@@ -106,7 +106,7 @@ class GPTConfig:
 
 def layer_seed(cfg: GPTConfig, index: int) -> int:
     """Seed of the generator that initialises module `index` of the Sequential (0 embedding, 1..L blocks, L+1 head)."""
-    return stream_seed(cfg.seed, _STREAM_GPT, index)
+    return stream_seed(cfg.seed, SEED_STREAMS[0], index)
 
 
 class LayerNorm(nn.Module):

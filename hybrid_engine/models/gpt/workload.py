@@ -1,5 +1,6 @@
 """The GPT as a workload: its model on the meta device, its vocab-parallel loss, its data, its cost-balanced cut and
-its tensor-parallel function, from the run's configuration; what a checkpoint records of it; and its rules."""
+its tensor-parallel function, from the run's configuration; what a checkpoint records of it; its rules; and its
+shape as the planner sees it."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -87,7 +89,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(cfg.layers)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        checkpoint_data=checkpoint_data(data), clip_grad=1.0)
+        checkpoint_data=checkpoint_data(data))
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,
@@ -134,3 +136,12 @@ def check(cfg, grid, device_type: str) -> None:
                "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
         raise ConfigError(f"--fp32-residual applies to --amp fp16|bf16 with half weights (--amp-impl "
                           f"half-weights) only: {why}")
+
+
+def shape(cfg) -> ModelShape:
+    """The planner's view of a run of the GPT (cfg: RunConfig), on its data's vocabulary (read from the data file's
+    header, as the workload's will be)."""
+    m = cfg.model.options
+    g = GPTConfig(data_vocab(cfg.data.path, m.seq_len), m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings)
+    return decoder_shape("gpt", g.layers, g.hidden, g.seq_len, g.vocab_size, 12 * g.hidden**2 + 13 * g.hidden,
+                         4 * g.hidden, g.tie_embeddings, layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len)

@@ -34,11 +34,11 @@ from .config import LlamaConfig, apply_rope, rope_tables
 
 __all__ = ["RMSNorm", "Embedding", "Block", "Head", "dense_llama", "layer_costs", "check_split"]
 
-_STREAM_LLAMA = 5  # after the MLP's streams (1-3) and the GPT's (4)
+SEED_STREAMS = (5,)  # the stream the registry (models/registry.py) gives it, after the GPT's
 
 
 def layer_seed(cfg: LlamaConfig, index: int) -> int:
-    return stream_seed(cfg.seed, _STREAM_LLAMA, index)
+    return stream_seed(cfg.seed, SEED_STREAMS[0], index)
 
 
 def check_split(cfg: LlamaConfig, mp_size: int) -> None:

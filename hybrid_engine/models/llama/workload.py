@@ -1,5 +1,6 @@
 """The Llama as a workload: its model on the meta device, the vocab-parallel loss, its data, its cost-balanced cut
-and its tensor-parallel function, from the run's configuration; what a checkpoint records of it; and its rules."""
+and its tensor-parallel function, from the run's configuration; what a checkpoint records of it; its rules; and its
+shape as the planner sees it."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,11 +13,12 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
 from .config import Llama3Scaling, LlamaConfig
-from .flops import llama_flops_per_token, llama_param_count
+from .flops import llama_flops_per_token, llama_matmul_params, llama_param_count
 from .model import check_split, layer_costs
 from .parallelize import ParallelizeLlama, build_llama
 
@@ -48,6 +50,11 @@ def llama_config_of(model: dict, seq_len: int | None = None) -> LlamaConfig:
                        seed=int(model.get("seed", 0)))
 
 
+def llama_weight_bytes(cfg: LlamaConfig) -> float:
+    """Bytes of the dense Llama's weights (what sampling a checkpoint of it loads)."""
+    return weight_bytes(llama_param_count(cfg), cfg.vocab_size, cfg.hidden)
+
+
 def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
                    recompute: str = "none", vocab_from_data: bool = True) -> Workload:
     """A Llama of shape `cfg` on `data` (a text or token file path, a ready TokenDataset, or None for the built-in
@@ -75,8 +82,7 @@ def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, 
         flops_per_sample=llama_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
-        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data),
-        clip_grad=1.0)
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data))
 
 
 def config_of_options(m, seed: int, vocab_size: int) -> LlamaConfig:
@@ -119,3 +125,12 @@ def check(cfg, grid, device_type: str) -> None:
     refuse_if_weights_too_large(f"the Llama ({m.layers} layers, hidden {m.hidden}, vocabulary {shape.vocab_size}) on "
                                 f"pp x mp = {pp} x {mp}", weight_bytes(llama_param_count(shape), shape.vocab_size,
                                                                        m.hidden, pp, mp), device_type)
+
+
+def shape(cfg) -> ModelShape:
+    """The planner's view of a run of the Llama (cfg: RunConfig), on --vocab-size or its data's vocabulary."""
+    m = cfg.model.options
+    c = config_of_options(m, cfg.model.seed, m.vocab_size or data_vocab(cfg.data.path, m.seq_len))
+    block = (llama_matmul_params(c) - c.hidden - c.vocab_size * c.hidden) // c.layers
+    return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
+                         c.tie_embeddings, layer_costs(c), llama_flops_per_token(c))

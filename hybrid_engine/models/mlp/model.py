@@ -14,6 +14,7 @@ from hybrid_engine.models.init import _generator, stream_seed  # noqa: F401  (_g
 _STREAM_LAYER = 1
 _STREAM_BATCH = 2
 _STREAM_TEACHER = 3
+SEED_STREAMS = (_STREAM_LAYER, _STREAM_BATCH, _STREAM_TEACHER)  # the first streams the registry gives
 
 
 class SeededLinear(nn.Linear):

@@ -1,10 +1,12 @@
-"""The course MLP as a workload: its model, loss, data and cut, from the run's configuration; and its rules."""
+"""The course MLP as a workload: its model, loss, data and cut, from the run's configuration; its rules; and its
+shape as the planner sees it."""
 from __future__ import annotations
 
 import torch
 
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.models import losses
+from hybrid_engine.models.planner_shape import LayerShape, ModelShape
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
 
@@ -51,3 +53,26 @@ def check(cfg, grid, device_type: str) -> None:
                           "the MLP recomputes whole stages: --recompute full")
     if cfg.training.eval_every:
         raise ConfigError("--eval-every applies to --model gpt and llama only (the MLP's data has no held-out part)")
+
+
+def mlp_shape(dim: int, depth: int) -> ModelShape:
+    """The course MLP: one layer per Linear + ReLU block; the native chain keeps each layer's output; MP splits
+    column-row pairs, one all-reduce per pair."""
+    from hybrid_engine.parallel.pipeline.partition import stage_block_counts
+
+    def cut(stages: int) -> list[list[int]]:
+        out, start = [], 0
+        for count in stage_block_counts(depth, stages):
+            out.append(list(range(start, start + count)))
+            start += count
+        return out
+
+    layer = LayerShape(params=dim * dim + dim, matmul_params=dim * dim, act_split=dim, stash=2 * dim,
+                       mp_allreduces=0.5, loss_bytes=0.0)
+    return ModelShape("mlp", (layer,) * depth, dim, 1, data_bytes=2 * dim, flops_per_sample=6.0 * dim * dim * depth,
+                      native=True, cut=cut)
+
+
+def shape(cfg) -> ModelShape:
+    """The planner's view of a run of the MLP (cfg: RunConfig)."""
+    return mlp_shape(cfg.model.options.dim, cfg.model.options.depth)

@@ -1,0 +1,73 @@
+"""A model as the planner sees it (each model gives its own: ModelEntry.shape, models/entry.py): per layer (a module
+of the engine's Sequential, or an MLP block), its parameters, its FLOPs and the bytes it keeps, from the run's model
+options alone (nothing is built).
+
+Activation counts are per token (a sample of the MLP is one token), in elements of the activation dtype; the
+decoders' follow Megatron's accounting (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models": 34 s h bytes per layer at half precision with a fused attention core, i.e. 17 h elements),
+of which the part before and after the MP region (LayerNorms, residual: 5 h elements) stays whole on every MP rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One layer: parameters (all, and those that are GEMM weights) and what one token costs and keeps."""
+
+    params: int
+    matmul_params: int
+    attention_flops: float = 0.0
+    """Forward FLOPs of the attention core per token (scores and weighted sum)."""
+    act_split: float = 0.0
+    """Activation elements per token kept for the backward, split over MP."""
+    act_whole: float = 0.0
+    """Activation elements per token kept for the backward, whole on every MP rank."""
+    stash: float = 0.0
+    """Elements per token a merged weight gradient keeps until the step's end (the GEMMs' inputs and output
+    gradients), split over MP."""
+    mp_allreduces: float = 0.0
+    """MP all-reduces of one token's hidden vector per forward (as many in the backward)."""
+    loss_bytes: float = 0.0
+    """Bytes per token of one micro-batch the loss keeps (the logits and their fp32 softmax), split over MP."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The planner's view of a model: layers in order, the per-token width sent between stages, the data's
+    bytes per sample, and how the engine cuts it into stages."""
+
+    name: str
+    layers: tuple[LayerShape, ...]
+    hidden: int
+    tokens_per_sample: int
+    data_bytes: float
+    """Bytes per sample of the data a step keeps (inputs on the first stage, targets on the last, each half)."""
+    flops_per_sample: float
+    native: bool = False
+    """Stages run as the C++ native chain (the MLP); else through autograd, stage by stage in Python."""
+    cut: Callable[[int], list[list[int]]] = field(repr=False, compare=False, default=None)
+
+    @property
+    def unit(self) -> str:
+        return "tokens/s" if self.tokens_per_sample > 1 else "samples/s"
+
+
+def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
+                  ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
+                  positions: int = 0) -> ModelShape:
+    """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
+    positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE)."""
+    from hybrid_engine.parallel.pipeline.balance import balanced_partition
+
+    h = hidden
+    embedding = LayerShape(params=(vocab + positions) * h, matmul_params=0, act_whole=h)
+    block = LayerShape(params=block_params, matmul_params=block_params, attention_flops=4.0 * seq_len * h,
+                       act_split=12 * h, act_whole=5 * h, stash=8 * h + 2 * ffn_hidden,
+                       mp_allreduces=2)
+    head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
+                      stash=h + vocab, loss_bytes=vocab * 10.0)
+    return ModelShape(name, (embedding, *(block,) * layers, head), h, seq_len, data_bytes=16.0 * seq_len,
+                      flops_per_sample=flops_per_token * seq_len, cut=lambda n: balanced_partition(costs, n))
