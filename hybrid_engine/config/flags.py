@@ -111,9 +111,9 @@ def build_parser(models: Mapping[str, type], prog: str | None = None) -> argpars
     p = _OneLineParser(
         prog=prog, argument_default=argparse.SUPPRESS, epilog=EPILOG, allow_abbrev=False,
         formatter_class=_Help,
-        description="Data x pipeline x tensor parallel training with a C++ core: the course MLP (depth x [Linear(dim,\n"
-        "dim) + ReLU] against a fixed random teacher) or a GPT. One group of flags per table of a --config TOML\n"
-        "file; flags override the file's values.")
+        description="Data x pipeline x tensor parallel training with a C++ core, of one of these models (--model):\n"
+        + "".join(f"  {name}: {class_doc(options)}\n" for name, options in models.items())
+        + "One group of flags per table of a --config TOML file; flags override the file's values.")
     p.add_argument("--config", metavar="TOML", help="read the run from this TOML file; flags override it")
     for table in dataclasses.fields(RunConfig):
         part = getattr(_DEFAULTS, table.name)
