@@ -12,6 +12,7 @@ import sys
 from typing import Mapping
 
 from .engine import ConfigError
+from .checkpoint_model import model_toml_to_read
 from .fields import class_doc, default_text, field_docs, flag_name, value_type
 from .run import RunConfig
 from .input_files import read_regular_file
@@ -176,4 +177,27 @@ def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str |
         section = tables.setdefault(table, {})
         if isinstance(section, dict):
             section[name] = value
+    _under_the_checkpoints_model(tables)
     return RunConfig.from_tables(tables, models, source=f"--config {path}" if path else "flags")
+
+
+def checkpoint_model_toml(tables: dict) -> str | None:
+    """The model.toml (config/checkpoint_model.py) of the checkpoint these tables start from, if any."""
+    ckpt = tables.get("checkpoint") if isinstance(tables.get("checkpoint"), dict) else {}
+    load, save, resume = ckpt.get("load"), ckpt.get("save"), ckpt.get("resume", False)
+    if not all(isinstance(v, (str, type(None))) for v in (load, save)):
+        return None  # RunConfig.from_tables names the wrong type
+    return model_toml_to_read(load, save, resume is True)
+
+
+def _under_the_checkpoints_model(tables: dict) -> None:
+    """The [model] keys neither the --config file nor a flag gives come from the checkpoint's model.toml, when
+    it describes the same model (or no --model is given)."""
+    toml = checkpoint_model_toml(tables)
+    model = tables.setdefault("model", {})
+    if toml is None or not isinstance(model, dict):
+        return
+    theirs = read_toml(toml).get("model")
+    if isinstance(theirs, dict) and model.get("name", theirs.get("name")) == theirs.get("name"):
+        for key, value in theirs.items():
+            model.setdefault(key, value)

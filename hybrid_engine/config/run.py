@@ -82,7 +82,8 @@ class ModelConfig:
     (models/<name>/options.py, listed in models/registry.py) adds its keys to [model] and its flags."""
 
     name: str = field(default="mlp", metadata=flag("--model"))
-    """Which model (the registry's names: mlp, the course model; gpt, a decoder-only transformer)."""
+    """Which model (--help's description says what each is). A run that starts from a checkpoint with a
+    model.toml beside it (--load, --resume) takes that model and its options, under --config and flags."""
     seed: int = 0
     """Initial weights and data depend on this alone, never on the grid."""
     options: object = field(default=None, metadata={"model_options": True})
