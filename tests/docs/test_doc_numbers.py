@@ -7,126 +7,19 @@ the page computes is computed here from the two runs), or from a job's log archi
 `summary:` line, a profile's table) where the page names that archive."""
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
-import json
 import os
 import re
-import tarfile
+import subprocess
+import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULTS = os.path.join(REPO, "experiments", "results")
-
-
-@functools.cache
-def page(name: str) -> str:
-    with open(os.path.join(REPO, name), encoding="utf-8") as f:
-        return " ".join(f.read().split())  # a table cell or sentence may wrap: compare with single spaces
-
-
-@functools.cache
-def results(name: str):
-    path = os.path.join(RESULTS, name)
-    with open(path, encoding="utf-8") as f:
-        if name.endswith(".jsonl"):
-            return [json.loads(line) for line in f]
-        return json.load(f)
-
-
-@functools.cache
-def archive_member(archive: str, member: str) -> str:
-    with tarfile.open(os.path.join(RESULTS, "raw", archive)) as tar:
-        names = [n for n in tar.getnames() if os.path.basename(n) == member]
-        assert len(names) == 1, (archive, member, names)
-        return tar.extractfile(names[0]).read().decode()
-
-
-def summary_ms(archive: str, log: str) -> float:
-    """The median step time of a run's log in a job's archive (its `summary:` line)."""
-    return float(re.search(r"^summary: .*median step ([0-9.]+) ms", archive_member(archive, log), re.M)[1])
-
-
-def profile_cuda_percent(archive: str, log: str, name: str) -> float:
-    """A row's Self CUDA % in a torch.profiler table."""
-    row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
-    return float(row[6].rstrip("%"))
-
-
-def profile_calls(archive: str, log: str, name: str) -> int:
-    row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
-    return int(row[-1])
-
-
-def mlp_run(system: str, config: str, mode: str, prec: str = "fp16", gpus: int = 2) -> dict:
-    """A run of the MLP benchmark matrix (2 x H200): the first with these fields, the one its ratios use."""
-    return next(r for r in results("2026-11-26-2xH200.json")["runs"] if (r["system"], r["config"], r["mode"],
-                r["prec"], r["gpus"]) == (system, config, mode, prec, gpus))
-
-
-def mlp(system: str, config: str, mode: str, prec: str = "fp16") -> float:
-    return mlp_run(system, config, mode, prec)["samples_s"]
-
-
-def mlp_ratios() -> dict:
-    return results("2026-11-26-2xH200.json")["ratios"]
-
-
-def max_batch(schedule: str, mode: str) -> int:
-    return next(r["max_batch"] for r in results("2026-11-26-2xH200-maxbatch.jsonl")
-                if r["kind"] == "result" and (r["schedule"], r["mode"]) == (schedule, mode))
-
-
-def comma(x: float) -> str:
-    return f"{x:,.0f}"
-
-
-def fixed(digits: int):
-    return lambda x: f"{x:.{digits}f}"
-
-
-def pct(digits: int = 1):
-    return lambda x: f"{100 * x:.{digits}f}"
-
-
-def ratio(a: float, b: float, digits: int = 2) -> str:
-    return f"{a / b:.{digits}f}"
-
-
-LLAMA1 = "2026-11-27-1xH200-llama-1gpu.json"
-GPT1 = "2026-11-26-1xH200-gpt.json"
-PPTP = "2026-11-26-2xH100-gpt-pp-tp.json"
-GRIDS_GPT, GRIDS_MLP = "2026-11-27-4xH200-grids-gpt.json", "2026-11-27-4xH200-grids-mlp.json"
-PLAN1, PLAN4 = "2026-11-27-1xH200-plan-one.json", "2026-11-27-4xH200-plan-four.json"
-FIRST = "cpu/2026-11-27-first-ten-minutes.json"
-PERF, PLANNING = "docs/performance.md", "docs/planning.md"
-GPT_DP, LLAMA4 = "2026-11-26-2xH200-gpt-dp.json", "2026-11-27-4xH200-llama-4gpu.json"
-ZERO_SCALING, ZERO_OVERLAP = "2026-11-26-2xH100-zero-scaling-logs.tgz", "2026-11-26-2xH100-zero-overlap-logs.tgz"
-PROFILE = "2026-11-26-1xH100-profile-gpt-logs.tgz"
-
-
-def llama(run: str) -> float:
-    return results(LLAMA1)["runs"][run]["per_s"]
-
-
-def pptp(run: str) -> float:
-    return results(PPTP)["runs"][run]["tokens_s"]
-
-
-def gpt1_ratio(peer: str) -> str:
-    return ratio(results(GPT1)["engine"]["gpt_bf16_1f1b"]["tokens_s"], results(GPT1)["peers"][peer]["tokens_s"])
-
-
-def peak_errors(prefix: str, four: bool) -> list[float]:
-    runs = results(PLAN4 if four else PLAN1)["runs"]
-    return [abs(r["peak_error"]) for name, r in runs.items() if name.startswith(prefix)]
-
-
-def first_loss(i: int) -> str:
-    return f"{results(FIRST)['validation_loss'][i][1]:.4f}"
-
+from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP,
+                         PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
+                         grid_mlp, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
+                         profile_calls, profile_cuda_percent, ratio, results, summary_ms, zero_scaling)
 
 # (page, the text as shown with {} for each number, a callable giving each number as shown)
 CLAIMS = [
@@ -159,9 +52,7 @@ CLAIMS = [
      lambda: comma(pptp("engine_tp2")), lambda: comma(pptp("dtensor_tp")), lambda: comma(pptp("megatron_tp")),
      lambda: ratio(pptp("engine_tp2"), pptp("dtensor_tp")), lambda: ratio(pptp("engine_tp2"), pptp("megatron_tp"))),
     ("README.md", "| 4 × H200 | {}× one GPU | pp4 {}×, dp4 {}× one GPU |",
-     lambda: fixed(2)(results(GRIDS_GPT)["ratios"]["gpt_dp2pp2"]["vs_1gpu"]),
-     lambda: fixed(2)(results(GRIDS_GPT)["ratios"]["gpt_pp4"]["vs_1gpu"]),
-     lambda: fixed(2)(results(GRIDS_GPT)["ratios"]["gpt_dp4"]["vs_1gpu"])),
+     lambda: grid_gpt("gpt_dp2pp2"), lambda: grid_gpt("gpt_pp4"), lambda: grid_gpt("gpt_dp4")),
     ("README.md", "| 4 × H200 | mp2 {} ms, mp4 {} ms a step | one GPU {} ms | {}×; {}× |",
      lambda: fixed(2)(results(GRIDS_MLP)["runs"]["L_mp2"]["step_ms"]),
      lambda: fixed(2)(results(GRIDS_MLP)["runs"]["L_mp4"]["step_ms"]),
@@ -303,11 +194,33 @@ CLAIMS = [
     (PERF, "| one GPU, 4 micro-batches (tuned), vs Megatron-core at 8 | {} | {} | {}× |",
      lambda: comma(llama("llama_1gpu_m4")), lambda: comma(llama("megatron_1gpu")),
      lambda: fixed(2)(results(LLAMA1)["targets"][">= 2x Megatron-core (local spec)"]["value"])),
-    *[(PERF, f"| {grid} | {{}}× | {{}}× |",
-       lambda k=key: fixed(2)(results(GRIDS_MLP)["ratios"][f"L_{k}"]["vs_1gpu"]),
-       lambda k=key: fixed(2)(results(GRIDS_MLP)["ratios"][f"C_{k}"]["vs_1gpu"]))
-      for grid, key in (("dp2 × pp2", "dp2pp2"), ("pp2 × mp2", "pp2mp2"), ("dp2 × mp2", "dp2mp2"),
-                        ("dp4 (`--zero 1`)", "dp4"), ("pp4", "pp4"))],
+    (PERF, "| L mp=2 fp16 | — | DTensor TP {} | {} | {}× | — |", lambda: comma(mlp("peer", "L", "tp")),
+     lambda: comma(mlp("engine", "L", "tp")), lambda: ratio(mlp("engine", "L", "tp"), mlp("peer", "L", "tp"))),
+    (PERF, "| L mp=2 bf16 | — | DTensor TP {} | {} | {}× | — |", lambda: comma(mlp("peer", "L", "tp", "bf16")),
+     lambda: comma(mlp("engine", "L", "tp", "bf16")),
+     lambda: ratio(mlp("engine", "L", "tp", "bf16"), mlp("peer", "L", "tp", "bf16"))),
+    (PERF, "| 1f1b, replicated (2 × H200, `experiments/passes/dp_pass.sh`) | {}% | {}% |",
+     lambda: pct(0)(mlp_ratios()["L_dp2_fp16_scaling_efficiency"]),
+     lambda: pct(0)(mlp_ratios()["L_dp2_fp16_weak_scaling_efficiency"])),
+    (PERF, "`zero_scaling_pass.sh`) | {}% | {}% | | zb1 + merged W, `--zero 1` (2 × H100) | {}% | {}% |",
+     lambda: pct(0)(zero_scaling("1f1b", strong=True)), lambda: pct(1)(zero_scaling("1f1b", strong=False)),
+     lambda: pct(0)(zero_scaling("zb1m", strong=True)), lambda: pct(1)(zero_scaling("zb1m", strong=False))),
+    (PERF, "| mp2 (2 GPUs) | **{}×** | {}× | — | — |", lambda: grid_mlp("L_mp2"), lambda: grid_mlp("C_mp2")),
+    (PERF, "| mp4 | **{}×** | {}× | {}× ({}× at 2 micro-batches) | Megatron-core {}×, DTensor TP {}× |",
+     lambda: grid_mlp("L_mp4"), lambda: grid_mlp("C_mp4"), lambda: grid_gpt("gpt_tp4"), lambda: grid_gpt("gpt_tp4_m2"),
+     lambda: grid_gpt("gpt_tp4", "megatron_tp4"), lambda: grid_gpt("gpt_tp4", "dtensor_tp4")),
+    (PERF, "| pp4 | {}× | {}× | {}× (interleaved {}×) | Megatron-core {}×, torch pipelining compiled {}× |",
+     lambda: grid_mlp("L_pp4"), lambda: grid_mlp("C_pp4"), lambda: grid_gpt("gpt_pp4"),
+     lambda: grid_gpt("gpt_pp4_interleaved"), lambda: grid_gpt("gpt_pp4", "megatron_pp4"),
+     lambda: grid_gpt("gpt_pp4", "torch_pp4_compile")),
+    (PERF, "| dp2 × pp2 | {}× | {}× | **{}×** | — |", lambda: grid_mlp("L_dp2pp2"), lambda: grid_mlp("C_dp2pp2"),
+     lambda: grid_gpt("gpt_dp2pp2")),
+    (PERF, "| pp2 × mp2 | {}× | {}× | {}× | Megatron-core {}× |", lambda: grid_mlp("L_pp2mp2"),
+     lambda: grid_mlp("C_pp2mp2"), lambda: grid_gpt("gpt_pp2tp2"), lambda: grid_gpt("gpt_pp2tp2", "megatron_pp2tp2")),
+    (PERF, "| dp2 × mp2 | {}× | {}× | {}× | — |", lambda: grid_mlp("L_dp2mp2"), lambda: grid_mlp("C_dp2mp2"),
+     lambda: grid_gpt("gpt_dp2tp2")),
+    (PERF, "| dp4 (`--zero 1`) | {}× | {}× | {}× | — |", lambda: grid_mlp("L_dp4"), lambda: grid_mlp("C_dp4"),
+     lambda: grid_gpt("gpt_dp4")),
     # docs/planning.md
     (PLANNING, "| MLP L (dim 8192, depth 16, batch 1024, fp16) | 1f1b, 1 micro-batch, {} ms | {} | zb1 + "
      "merged W + lookahead 1, 4 micro-batches, {} ms | {} |",
@@ -353,3 +266,17 @@ def test_the_first_ten_minutes_train_on_the_text_their_numbers_were_measured_on(
     assert hashlib.sha256(gzip.decompress(packed)).hexdigest() == recorded["sha256"]
     assert f"gunzip -c {recorded['file']} > runs/code.txt" in page("README.md")
     assert results(FIRST)["commands"][2].split("hybrid_engine.py")[1] in page("README.md").replace(" \\ ", " ")
+
+
+def test_the_planning_example_is_what_its_command_prints_now():
+    """docs/planning.md quotes the plan command's ranking for the MLP L on 4 H200s: its first grid and two of its
+    reasons are what the command prints today."""
+    command = re.search(r"^    (python -m hybrid_engine\.plan --world-size 4 [^\n]*)$",
+                        open(os.path.join(REPO, PLANNING), encoding="utf-8").read(), re.M)[1]
+    done = subprocess.run([sys.executable, *command.split()[1:]], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = next(line for line in done.stdout.splitlines() if re.match(r"\s*1\s", line))
+    assert "1x1x4" in first and "fastest first (for this MLP: mp4, the native tensor-parallel chain)" in page(PLANNING)
+    for reason in re.findall(r'"((?:pp|dp|mp)\d: [^"]+)"', page(PLANNING)):
+        assert reason in done.stdout, (reason, done.stdout)
