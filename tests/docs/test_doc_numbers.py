@@ -21,6 +21,25 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, P
                          grid_mlp, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
                          profile_calls, profile_cuda_percent, ratio, results, summary_ms, zero_scaling)
 
+REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
+GPT1_H100, CONVERGENCE = "2026-11-26-1xH100-gpt.json", "2026-11-26-2xH200-convergence.json"
+
+
+def gpt_one_gpu(system: str) -> list:
+    """A row of the one-GPU GPT table: tokens/s, MFU and the engine over it, on the H200 and on the H100."""
+    def cells(name: str) -> list:
+        data = results(name)
+        engine = data["engine"]["gpt_bf16_1f1b"]
+        run = engine if system == "engine" else data["peers"][system]
+        out = [lambda: comma(run["tokens_s"]), lambda: pct()(run["mfu"])]
+        return out if system == "engine" else out + [lambda: ratio(engine["tokens_s"], run["tokens_s"])]
+    return cells(GPT1) + cells(GPT1_H100)
+
+
+def realtext(job: str, precision: str) -> float:
+    return results(REALTEXT.format(job))["runs"][precision]["val_loss"][-1][1]
+
+
 # (page, the text as shown with {} for each number, a callable giving each number as shown)
 CLAIMS = [
     # README.md, the headline table
@@ -152,20 +171,20 @@ CLAIMS = [
      lambda: pct()(results(GPT_DP)["runs"]["gpt_single"]["mfu"]),
      *[lambda k=k: pct()(results(GPT_DP)["ratios"][k])
        for k in ("strong_efficiency", "strong_efficiency_zero", "weak_efficiency", "weak_efficiency_zero")]),
-    (PERF, "| engine, bf16 half weights, 1f1b | {} ({}%) | — |",
-     lambda: comma(results(GPT1)["engine"]["gpt_bf16_1f1b"]["tokens_s"]),
-     lambda: pct()(results(GPT1)["engine"]["gpt_bf16_1f1b"]["mfu"])),
-    (PERF, "| torch.compile (bf16 autocast, fused AdamW) | {} ({}%) | {}× |",
-     lambda: comma(results(GPT1)["peers"]["torch-compile"]["tokens_s"]),
-     lambda: pct()(results(GPT1)["peers"]["torch-compile"]["mfu"]),
-     lambda: gpt1_ratio("torch-compile")),
-    (PERF, "| plain PyTorch eager | {} ({}%) | {}× |",
-     lambda: comma(results(GPT1)["peers"]["torch"]["tokens_s"]), lambda: pct()(results(GPT1)["peers"]["torch"]["mfu"]),
-     lambda: gpt1_ratio("torch")),
-    (PERF, "| Megatron-core 0.16.1, local spec | {} ({}%) | {}× |",
-     lambda: comma(results(GPT1)["peers"]["megatron"]["tokens_s"]),
-     lambda: pct()(results(GPT1)["peers"]["megatron"]["mfu"]),
-     lambda: gpt1_ratio("megatron")),
+    (PERF, "| engine, bf16 half weights, 1f1b | {} ({}%) | — | {} ({}%) | — |",
+     *gpt_one_gpu("engine")),
+    (PERF, "| torch.compile (bf16 autocast, fused AdamW) | {} ({}%) | {}× | {} ({}%) | {}× |",
+     *gpt_one_gpu("torch-compile")),
+    (PERF, "| plain PyTorch eager | {} ({}%) | {}× | {} ({}%) | {}× |", *gpt_one_gpu("torch")),
+    (PERF, "| Megatron-core 0.16.1, local spec | {} ({}%) | {}× | {} ({}%) | {}× |", *gpt_one_gpu("megatron")),
+    (PERF, "fp16 with dynamic loss scaling runs at {}× bf16 on the H200 and {}× on the H100",
+     lambda: fixed(3)(results(GPT1)["ratios"]["engine_fp16_over_bf16_zb1m"]),
+     lambda: fixed(3)(results(GPT1_H100)["ratios"]["engine_fp16_over_bf16_zb1m"])),
+    (PERF, "200 steps of config L end within {} (relative) of the fp32 loss",
+     lambda: f"{results(CONVERGENCE)['final_relative_difference']:.1e}".replace("e-05", "e-5")),
+    (PERF, "`--zero 1` takes peak memory per rank from {} to {} GiB",
+     lambda: str(results(GPT_DP)["runs"]["gpt_dp2"]["peak_gib"][0]),
+     lambda: fixed(2)(results(GPT_DP)["runs"]["gpt_dp2_zero"]["peak_gib"][0])),
     *[(PERF, f"| {label} | {{}} ({{}}%) |", lambda run=run: comma(pptp(run)),
        lambda run=run: pct()(results(PPTP)["runs"][run]["mfu"]))
       for label, run in (("torch.distributed.pipelining 1F1B, blocks compiled", "torch_pp_compile"),
@@ -221,6 +240,16 @@ CLAIMS = [
      lambda: grid_gpt("gpt_dp2tp2")),
     (PERF, "| dp4 (`--zero 1`) | {}× | {}× | {}× | — |", lambda: grid_mlp("L_dp4"), lambda: grid_mlp("C_dp4"),
      lambda: grid_gpt("gpt_dp4")),
+    # docs/gpt.md, mixed precision on real text
+    ("docs/gpt.md", "| fp32 | {} | — | | bf16, half weights | {} | +{}% | | bf16, `--amp-impl autocast` (its own "
+     "job's fp32: {}) | {} | +{}% |",
+     lambda: fixed(3)(realtext("", "fp32")), lambda: fixed(3)(realtext("", "bf16")),
+     lambda: pct()(results(REALTEXT.format(""))["target"]["final_rel_diff"]),
+     lambda: fixed(3)(realtext("-autocast", "fp32")), lambda: fixed(3)(realtext("-autocast", "bf16")),
+     lambda: pct(2)(results(REALTEXT.format("-autocast"))["target"]["final_rel_diff"])),
+    ("docs/gpt.md", "the gap is small either way ({}% with half weights, {}% with the fp32 stream)",
+     lambda: pct(2)(results("cpu/2026-11-26-cpu-gpt-realtext-half-weights.json")["target"]["final_rel_diff"]),
+     lambda: pct(2)(results("cpu/2026-11-26-cpu-gpt-realtext-fp32-residual.json")["target"]["final_rel_diff"])),
     # docs/planning.md
     (PLANNING, "| MLP L (dim 8192, depth 16, batch 1024, fp16) | 1f1b, 1 micro-batch, {} ms | {} | zb1 + "
      "merged W + lookahead 1, 4 micro-batches, {} ms | {} |",
