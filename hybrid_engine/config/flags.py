@@ -145,25 +145,27 @@ def _add_model_options(p: argparse.ArgumentParser, models: Mapping[str, type]) -
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def read_toml(path: str) -> dict:
+def read_toml(path: str, said: str | None = None) -> dict:
     """A --config file as {table: {key: value}}; a missing, unreadable or malformed file is one ConfigError. Only
-    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8."""
+    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8. said: how the line names the file
+    (default `--config PATH`)."""
+    said = said or f"--config {path}"
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
-    raw = read_regular_file(path, MAX_CONFIG_BYTES, f"--config {path}")
+    raw = read_regular_file(path, MAX_CONFIG_BYTES, said)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+        raise ConfigError(f"{said} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
                           "a TOML file is text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{said} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
+        raise ConfigError(f"{said} nests arrays or tables too deeply to read: not a run description") from None
 
 
 def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str | None = None) -> RunConfig:
@@ -197,7 +199,7 @@ def _under_the_checkpoints_model(tables: dict) -> None:
     model = tables.setdefault("model", {})
     if toml is None or not isinstance(model, dict):
         return
-    theirs = read_toml(toml).get("model")
+    theirs = read_toml(toml, f"{toml} (the model table of the checkpoint the run starts from)").get("model")
     if isinstance(theirs, dict) and model.get("name", theirs.get("name")) == theirs.get("name"):
         for key, value in theirs.items():
             model.setdefault(key, value)

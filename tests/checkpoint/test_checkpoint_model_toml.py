@@ -5,6 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.train.cli import parse_config
 from launch_utils import DRIVER, REPO
 
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
@@ -49,3 +53,17 @@ def test_the_mlp_records_its_shape_too(tmp_path):
     again = _run("--model", "mlp", "--steps", "2", "--load", str(tmp_path / "a"))
     assert again.returncode == 0, again.stderr
     assert "3 x Linear(16, 16)" in again.stdout
+
+
+def test_a_damaged_model_table_is_one_line_naming_it(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "model.toml").write_text("[model\n")
+    with pytest.raises(ConfigError) as info:
+        parse_config(["--load", str(tmp_path / "a" / "step_000002")])
+    assert str(info.value).startswith(f"{tmp_path / 'a' / 'model.toml'} (the model table of the checkpoint the run "
+                                      "starts from) is not valid TOML"), info.value
+    # a table naming another model than the flags' is left alone
+    (tmp_path / "a" / "model.toml").write_text('[model]\nname = "gpt"\nhidden = 32\n')
+    cfg = parse_config(["--load", str(tmp_path / "a"), "--model", "mlp"])
+    assert cfg.model.name == "mlp"
+    assert parse_config(["--load", str(tmp_path / "a")]).model.hidden == 32
