@@ -22,6 +22,11 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, P
                          profile_calls, profile_cuda_percent, ratio, results, summary_ms, zero_scaling)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
+def step_errors(prefix: str, four: bool) -> list[float]:
+    """The plan pass's (measured - predicted) / predicted step times of a model's runs."""
+    return [r["step_error"] for name, r in results(PLAN4 if four else PLAN1)["runs"].items() if name.startswith(prefix)]
+
+
 GPT1_H100, CONVERGENCE = "2026-11-26-1xH100-gpt.json", "2026-11-26-2xH200-convergence.json"
 
 
@@ -276,6 +281,13 @@ CLAIMS = [
      lambda: fixed(1)(100 * min(peak_errors("C_", True))), lambda: fixed(1)(100 * max(peak_errors("C_", True))),
      lambda: f"{100 * min(peak_errors('G_', False) + peak_errors('G_', True)):.0f}",
      lambda: f"{100 * max(peak_errors('G_', False) + peak_errors('G_', True)):.0f}"),
+    (PLANNING, "Step-time predictions are off by up to +{}% on one GPU (C) and +{}% at pp4 (C's many small P2P "
+     "messages), and −{}% for the GPT",
+     lambda: f"{100 * max(step_errors('C_', False)):.0f}", lambda: f"{100 * max(step_errors('C_', True)):.0f}",
+     lambda: f"{-100 * min(step_errors('G_', False) + step_errors('G_', True)):.0f}"),
+    (PLANNING, "measured, dp4 {} ms against pp4's {}.",
+     lambda: fixed(1)(1e3 * results(PLAN4)["runs"]["G_dp4_auto"]["step_time_s"]),
+     lambda: fixed(1)(1e3 * results(PLAN4)["runs"]["G_pp4_auto"]["step_time_s"])),
 ]
 
 
