@@ -41,6 +41,17 @@ def summary_ms(archive: str, log: str) -> float:
     return float(re.search(r"^summary: .*median step ([0-9.]+) ms", archive_member(archive, log), re.M)[1])
 
 
+def summary_rate(archive: str, log: str) -> float:
+    """The samples (or tokens) a second of a run's log in a job's archive (its `summary:` line)."""
+    return float(re.search(r"^summary: .*?([0-9.]+) (?:samples|tokens)/s", archive_member(archive, log), re.M)[1])
+
+
+def json_line_field(archive: str, log: str, field: str) -> float:
+    """A field of the last JSON line of a peer's log (the peers print their result as one)."""
+    line = [ln for ln in archive_member(archive, log).splitlines() if ln.startswith("{")][-1]
+    return json.loads(line)[field]
+
+
 def profile_cuda_percent(archive: str, log: str, name: str) -> float:
     """A row's Self CUDA % in a torch.profiler table."""
     row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()

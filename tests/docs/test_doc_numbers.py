@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP,
-                         PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
-                         grid_mlp, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
-                         profile_calls, profile_cuda_percent, ratio, results, summary_ms, zero_scaling)
+from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP, PROFILE,
+                         REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt, grid_mlp,
+                         json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
+                         profile_calls, profile_cuda_percent, ratio, results, summary_ms, summary_rate, zero_scaling)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 def step_errors(prefix: str, four: bool) -> list[float]:
@@ -27,6 +27,7 @@ def step_errors(prefix: str, four: bool) -> list[float]:
     return [r["step_error"] for name, r in results(PLAN4 if four else PLAN1)["runs"].items() if name.startswith(prefix)]
 
 
+JOB9 = "2026-11-26-4xH200-job9-logs.tgz"
 GPT1_H100, CONVERGENCE = "2026-11-26-1xH100-gpt.json", "2026-11-26-2xH200-convergence.json"
 
 
@@ -157,6 +158,12 @@ CLAIMS = [
      lambda: ratio(max_batch("gpipe", "fp16"), max_batch("gpipe", "fp32")),
      lambda: comma(max_batch("gpipe", "fp16-recompute")),
      lambda: ratio(max_batch("gpipe", "fp16-recompute"), max_batch("gpipe", "fp32"))),
+    (PERF, "(its base code's own setting, 2 processes × 2 GPUs: {} samples/s), the engine ran {} samples/s ({}×; "
+     "1F1B: {})",
+     lambda: comma(json_line_field(JOB9, "base_dp2.log", "samples_s")),
+     lambda: comma(summary_rate(JOB9, "engine_dp2pp2.log")),
+     lambda: ratio(summary_rate(JOB9, "engine_dp2pp2.log"), json_line_field(JOB9, "base_dp2.log", "samples_s")),
+     lambda: comma(summary_rate(JOB9, "engine_dp2pp2_1f1b.log"))),
     (PERF, "config L's step is {} ms with `--zero 1` against one H100's {} ms in the same job",
      lambda: fixed(2)(summary_ms(ZERO_SCALING, "L_dp2_zero_1f1b.log")),
      lambda: fixed(2)(summary_ms(ZERO_SCALING, "L_dp1_1f1b.log"))),
