@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""hybrid_engine driver: DP x PP x MP training of the course MLP or a GPT (the CLI is hybrid_engine/train/cli.py).
+"""hybrid_engine driver: DP x PP x MP training of the models of hybrid_engine/models/registry.py (`--help` lists
+them; the CLI is hybrid_engine/train/cli.py).
 
     python -m hybrid_engine.launch --nproc_per_node=8 hybrid_engine.py --dp 2 --pp 2 --mp 2
 

@@ -27,9 +27,26 @@ def _check_built_torch() -> None:
         def named(version: str, cuda: str) -> str:
             return f"torch {version} ({f'CUDA {cuda}' if cuda else 'no CUDA'})"
 
-        raise ImportError(f"hybrid_engine was built against {named(TORCH_VERSION, CUDA_VERSION)} but this Python "
-                          f"has {named(found, found_cuda)}: rebuild it with `pip install --no-build-isolation -e .` "
-                          "in its source tree (or build a wheel with this torch: `pip wheel --no-build-isolation .`)")
+        message = (f"hybrid_engine was built against {named(TORCH_VERSION, CUDA_VERSION)} but this Python has "
+                   f"{named(found, found_cuda)}: install torch=={TORCH_VERSION} again, or rebuild hybrid_engine "
+                   "against this torch (`pip install --no-build-isolation -e .` in its source tree, or a wheel: "
+                   "`pip wheel --no-build-isolation .`, docs/cluster.md)")
+        if _starts_a_command():
+            raise SystemExit(f"hybrid_engine: error: {message}")
+        raise ImportError(message)
+
+
+def _starts_a_command() -> bool:
+    """Whether this import is the start of one of hybrid_engine's commands (`python -m hybrid_engine[.X]`, whose
+    package runpy imports while argv[0] is still "-m"; the `hybrid-engine` script; the hybrid_engine.py driver):
+    the command then ends with the message as its one error line, where a program that imports hybrid_engine
+    gets the ImportError."""
+    import os
+    import sys
+
+    if sys.argv and sys.argv[0] == "-m":
+        return any(arg.split(".")[0] == "hybrid_engine" for arg in getattr(sys, "orig_argv", []))
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) in ("hybrid-engine", "hybrid_engine.py")
 
 
 _check_built_torch()

@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # Installs what hybrid_engine needs and builds its C++ extension in place.
 # A torch that is already installed (e.g. a CUDA build on a GPU machine) is kept; otherwise the CPU build
-# of torch 2.13.0 is installed. The extension is always built against the installed torch, and the build says
-# what it compiles as it goes (ninja's [n/N] lines); ccache is used when it is installed.
+# of torch 2.13.0 is installed (below: from where). The extension is always built against the installed torch, and
+# the build says what it compiles as it goes (ninja's [n/N] lines); ccache is used when it is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The CPU build: PyPI's Linux torch==2.13.0 is the CUDA build (with ~3 GB of nvidia-* packages), so on Linux the
+# version carries the CPU build's local label, 2.13.0+cpu, which PyPI does not hold. It is asked of pip's own
+# configured sources first (a local wheel folder or mirror, as on a machine that reaches PyPI only), then of the
+# PyTorch CPU index. PyPI's macOS and Windows builds are CPU builds.
+TORCH_VERSION=2.13.0
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  echo "setup: installing torch 2.13.0 (CPU)"
-  "$PY" -m pip install -q torch==2.13.0
+  echo "setup: installing torch $TORCH_VERSION (CPU)"
+  if [ "$(uname -s)" = Linux ]; then
+    "$PY" -m pip install -q "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+      || "$PY" -m pip install -q "torch==$TORCH_VERSION+cpu" --index-url https://download.pytorch.org/whl/cpu
+  else
+    "$PY" -m pip install -q "torch==$TORCH_VERSION"
+  fi
 fi
 echo "setup: installing the build and test tools"
-"$PY" -m pip install -q "scikit-build-core>=0.10" ninja numpy pytest pytest-xdist matplotlib tokenizers tensorboard \
+"$PY" -m pip install -q "scikit-build-core>=1.1" ninja numpy pytest pytest-xdist matplotlib tokenizers tensorboard \
     transformers safetensors
 if command -v ccache > /dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache

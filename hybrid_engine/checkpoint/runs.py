@@ -29,6 +29,7 @@ import time
 from . import digest, files, loading, lock, saving
 from .agree import _from_rank0
 from .files import CheckpointError
+from hybrid_engine.config.checkpoint_model import model_toml
 from hybrid_engine.config.run import ConfigError, RunConfig
 
 
@@ -109,7 +110,9 @@ class RunCheckpoints:
                 self.progress.say(f"{os.path.join(save, files.LATEST)} now names {os.path.basename(ckpt.path)} "
                                   f"(--load); {os.path.basename(latest)} stays until this run saves that "
                                   "step again")
-        self.progress.say(f"resumed from {ckpt.path} at step {step}")
+        continuing = self.cfg.checkpoint.resume and save and _inside(ckpt.path, save)
+        self.progress.say(f"{'resumed' if continuing else 'started'} from {ckpt.path} at {'' if continuing else 'its '}"
+                          f"step {step}")
         return step
 
     def _older_advice(self, ckpt: files.Checkpoint) -> str:
@@ -151,7 +154,7 @@ class RunCheckpoints:
         if self.written is None:
             return
         written, self.written = self.written, None
-        path = saving.publish(written, keep=self.cfg.checkpoint.keep)
+        path = saving.publish(written, keep=self.cfg.checkpoint.keep, model_toml=model_toml(self.cfg))
         self.state.last_checkpoint = path
         self.progress.say(f"saved {path}", verbose=True)
 

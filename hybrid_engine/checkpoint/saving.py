@@ -62,6 +62,7 @@ import torch
 
 from .agree import _all_gather, _from_rank0, _world
 from .digest import HashingWriter
+from hybrid_engine.config.checkpoint_model import MODEL_TOML
 from .files import (FORMAT, LATEST, MANIFEST, Checkpoint, CheckpointError, _complete, _LEFTOVER, _step_dirs, latest_path,
                     shard_name, step_dir_name)
 
@@ -200,13 +201,16 @@ def write(engine, root: str, step: int, run_info: dict, crash_in_save: bool = Fa
     return written
 
 
-def publish(written: Written, keep: int = 3) -> str:
+def publish(written: Written, keep: int = 3, model_toml: str | None = None) -> str:
     """Collective over the world: make a written checkpoint `DIR/step_N` and `latest` (rank 0 renames it into
     place and replaces the pointer), then keep the newest `keep` complete checkpoints. Every rank raises the
-    same CheckpointError if rank 0 cannot; the written checkpoint is then removed and `latest` is as it was."""
+    same CheckpointError if rank 0 cannot; the written checkpoint is then removed and `latest` is as it was.
+    model_toml: DIR/model.toml's text (config/checkpoint_model.py), written first where it differs."""
     error = None
     if _world()[0] == 0:
         try:
+            if model_toml is not None:
+                _write_model_toml(written.root, model_toml)
             _rename_into_place(written)
         except Exception as exc:  # noqa: BLE001 - OSError, or a directory in the way
             error = f"cannot publish {written.final}: {_cause(exc)}"
@@ -218,6 +222,20 @@ def publish(written: Written, keep: int = 3) -> str:
         raise CheckpointError(f"checkpoint of step {written.step} not written: {error}; "
                               f"{_still_latest(written.root)}")
     return written.final
+
+
+def _write_model_toml(root: str, text: str) -> None:
+    path = os.path.join(root, MODEL_TOML)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def discard(written: Written) -> None:

@@ -105,7 +105,7 @@ class StageConfig:
         choices=RECOMPUTE, const="full", aliases={"--no-recompute": "none", "--selective-recompute": "selective"},
         bools={True: "full", False: "none"}))
     """Activation recomputation: none; full (keep only each stage's input between a micro-batch's forward and
-    backward, rerun the forward in the backward); selective (the GPT: recompute only the attention core, keep
+    backward, rerun the forward in the backward); selective (the GPT and the Llama: recompute only the attention core, keep
     every other activation). --recompute alone is full."""
     compile: bool = False
     """Run autograd stages' modules under torch.compile (native stages are already fused)."""

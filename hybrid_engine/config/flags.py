@@ -12,6 +12,7 @@ import sys
 from typing import Mapping
 
 from .engine import ConfigError
+from .checkpoint_model import model_toml_to_read
 from .fields import class_doc, default_text, field_docs, flag_name, value_type
 from .run import RunConfig
 from .input_files import read_regular_file
@@ -111,9 +112,9 @@ def build_parser(models: Mapping[str, type], prog: str | None = None) -> argpars
     p = _OneLineParser(
         prog=prog, argument_default=argparse.SUPPRESS, epilog=EPILOG, allow_abbrev=False,
         formatter_class=_Help,
-        description="Data x pipeline x tensor parallel training with a C++ core, of a model of the registry (--model:\n"
-        f"{', '.join(models)}). One group of flags per table of a --config TOML file; flags override the file's\n"
-        "values.")
+        description="Data x pipeline x tensor parallel training with a C++ core, of a model of the registry (--model):\n"
+        + "".join(f"  {name}: {class_doc(options)}\n" for name, options in models.items())
+        + "One group of flags per table of a --config TOML file; flags override the file's values.")
     p.add_argument("--config", metavar="TOML", help="read the run from this TOML file; flags override it")
     for table in dataclasses.fields(RunConfig):
         part = getattr(_DEFAULTS, table.name)
@@ -144,25 +145,27 @@ def _add_model_options(p: argparse.ArgumentParser, models: Mapping[str, type]) -
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def read_toml(path: str) -> dict:
+def read_toml(path: str, said: str | None = None) -> dict:
     """A --config file as {table: {key: value}}; a missing, unreadable or malformed file is one ConfigError. Only
-    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8."""
+    a regular file is read (never waiting on a FIFO), up to 16 MiB, as UTF-8. said: how the line names the file
+    (default `--config PATH`)."""
+    said = said or f"--config {path}"
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
-    raw = read_regular_file(path, MAX_CONFIG_BYTES, f"--config {path}")
+    raw = read_regular_file(path, MAX_CONFIG_BYTES, said)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+        raise ConfigError(f"{said} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
                           "a TOML file is text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{said} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"--config {path} nests arrays or tables too deeply to read: not a run description") from None
+        raise ConfigError(f"{said} nests arrays or tables too deeply to read: not a run description") from None
 
 
 def config_file(argv: list[str]) -> str | None:
@@ -184,4 +187,27 @@ def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str |
         section = tables.setdefault(table, {})
         if isinstance(section, dict):
             section[name] = value
+    _under_the_checkpoints_model(tables)
     return RunConfig.from_tables(tables, models, source=f"--config {path}" if path else "flags")
+
+
+def checkpoint_model_toml(tables: dict) -> str | None:
+    """The model.toml (config/checkpoint_model.py) of the checkpoint these tables start from, if any."""
+    ckpt = tables.get("checkpoint") if isinstance(tables.get("checkpoint"), dict) else {}
+    load, save, resume = ckpt.get("load"), ckpt.get("save"), ckpt.get("resume", False)
+    if not all(isinstance(v, (str, type(None))) for v in (load, save)):
+        return None  # RunConfig.from_tables names the wrong type
+    return model_toml_to_read(load, save, resume is True)
+
+
+def _under_the_checkpoints_model(tables: dict) -> None:
+    """The [model] keys neither the --config file nor a flag gives come from the checkpoint's model.toml, when
+    it describes the same model (or no --model is given)."""
+    toml = checkpoint_model_toml(tables)
+    model = tables.setdefault("model", {})
+    if toml is None or not isinstance(model, dict):
+        return
+    theirs = read_toml(toml, f"{toml} (the model table of the checkpoint the run starts from)").get("model")
+    if isinstance(theirs, dict) and model.get("name", theirs.get("name")) == theirs.get("name"):
+        for key, value in theirs.items():
+            model.setdefault(key, value)

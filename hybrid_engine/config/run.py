@@ -82,7 +82,9 @@ class ModelConfig:
     (models/<name>/options.py, listed in models/registry.py) adds its keys to [model] and its flags."""
 
     name: str = field(default="mlp", metadata=flag("--model"))
-    """Which model, by its name in the registry (models/registry.py; --help lists them): mlp, the course model."""
+    """Which model, by its name in the registry (models/registry.py; --help's description says what each is). A
+    run that starts from a checkpoint with a model.toml beside it (--load, --resume) takes that model and its
+    options, under --config and flags."""
     seed: int = 0
     """Initial weights and data depend on this alone, never on the grid."""
     options: object = field(default=None, metadata={"model_options": True})
@@ -99,13 +101,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What each step trains on: synthetic regression drawn from (seed, step) alone."""
+    """What each step trains on, drawn from (seed, step) alone: a text (--data) for the GPT and the Llama, else the
+    model's own data (the MLP's regression onto a fixed teacher, the decoders' seeded Markov corpus)."""
 
     batch_size: int = field(default=64, metadata=flag(metavar="B"))
-    """Global batch size (all DP replicas together): samples for the MLP, sequences for the GPT."""
+    """Global batch size (all DP replicas together): samples for the MLP, sequences for the GPT and the Llama."""
     path: str | None = field(default=None, metadata=flag("--data", metavar="PATH"))
-    """GPT: a text file (byte-level tokens) or a token file from `python -m hybrid_engine.data prepare`; none: the
-    built-in corpus drawn from a seeded Markov chain with a known entropy rate."""
+    """GPT, Llama: a text file (byte-level tokens) or a token file from `python -m hybrid_engine.data prepare`; none:
+    the built-in corpus drawn from a seeded Markov chain with a known entropy rate."""
     stream: bool = field(default=False, metadata=flag("--stream-data"))
     """Draw each micro-batch when its forward runs instead of the whole batch before the step: the batch is never
     resident (a larger largest batch), for a few kernels per micro-batch."""
@@ -157,7 +160,7 @@ class TrainingConfig:
     log_every: int = field(default=1, metadata=flag(metavar="N"))
     """Print a step line every N steps (when stdout is not a terminal; a terminal gets one live status line)."""
     eval_every: int = field(default=0, metadata=flag(metavar="N"))
-    """GPT: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
+    """GPT, Llama: every N steps (and after the last), the loss on the held-out last ~1% of the data (0: never)."""
     spike_factor: float = field(default=10.0, metadata=flag(metavar="F"))
     """Stop when a step's loss is more than this many times the largest of the 20 before it (0: never); a
     checkpoint becomes `latest` only once the step that trains on it has a finite loss within this factor."""

@@ -33,7 +33,21 @@ def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, 
     micro_tgt = list(targets.chunk(micro_batches)) if engine.holds_last_stage else []
     loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
     micro_losses = [loss_fn(y, t).float() for y, t in zip(_outputs(engine, inputs, micro_batches), micro_tgt)]
-    return engine._global_loss(micro_losses)
+    with _with_every_rank(engine):
+        return engine._global_loss(micro_losses)
+
+
+@contextlib.contextmanager
+def _with_every_rank(engine):
+    """A collective of evaluate: a peer that is not evaluating (it closed, or waits in another collective until
+    the timeout) fails it with the process group's message and C++ frames, which say nothing of the cause."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo and NCCL raise RuntimeError or its DistError kinds
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise RuntimeError(f"engine.evaluate is collective: every rank of the grid calls it, with its inputs on the "
+                           f"first stage's ranks and its targets on the last's; rank {engine.groups.rank}'s peers "
+                           f"did not answer ({first[:300]})") from None
 
 
 @torch.no_grad()
@@ -86,10 +100,12 @@ def _pass(x: torch.Tensor | None, spec: torch.Tensor, src: int, dst: int, engine
     """Stage output from pipeline rank src to dst (within this rank's pipeline); others pass None through."""
     ranks = engine.groups.pp_ranks
     if engine.pp_rank == src:
-        dist.send(x.contiguous(), dst=ranks[dst], group=engine.groups.pp)
+        with _with_every_rank(engine):
+            dist.send(x.contiguous(), dst=ranks[dst], group=engine.groups.pp)
         return None
     if engine.pp_rank == dst:
         buffer = torch.empty(spec.shape, dtype=spec.dtype, device=engine.device)
-        dist.recv(buffer, src=ranks[src], group=engine.groups.pp)
+        with _with_every_rank(engine):
+            dist.recv(buffer, src=ranks[src], group=engine.groups.pp)
         return buffer
     return x

@@ -204,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("--prompt is empty")
         if max(prompt) >= cfg.vocab_size:
             raise ValueError(f"the prompt holds token {max(prompt)}, outside the vocabulary of {cfg.vocab_size}")
-        torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+        _cap_threads(model)
         out = generate(model, torch.tensor([prompt]), args.tokens, args.temperature, args.seed)
     except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -212,6 +212,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ids = out[0].tolist()
     print(",".join(map(str, ids)) if codec is None else codec.decode(ids), flush=True)
     return 0
+
+
+PARAMETERS_PER_THREAD = 16_000_000
+
+
+def _cap_threads(model: nn.Module) -> None:
+    """One sequence decodes a token at a time: a small model's kernels are too short to share between threads,
+    whose hand-offs then cost more than they save (and much more on a busy machine), so a thread per 16M
+    parameters, at most 4 and the cores'. OMP_NUM_THREADS, when set, is the user's choice and stands."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    parameters = sum(p.numel() for p in model.parameters())
+    threads = max(1, min(4, torch.get_num_threads(), parameters // PARAMETERS_PER_THREAD))
+    torch.set_num_threads(threads)
+    print(f"sample: {threads} CPU thread{'s' if threads > 1 else ''} for {parameters / 1e6:.1f}M parameters "
+          "(OMP_NUM_THREADS=N sets it)", file=sys.stderr)
 
 
 def _ids(text: str) -> list[int]:

@@ -85,7 +85,7 @@ def test_a_diverged_update_never_replaces_the_good_checkpoint(tmp_path):
     _every_rank_says(run, "checkpoint of step 3 not written: the weights are not finite (")
     assert _error_lines(run)[0].endswith(f"{root / 'latest'} still names step_000002")
     assert (root / "latest").read_text().strip() == "step_000002"
-    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002"]  # nothing pruned, nothing left over
+    assert sorted(os.listdir(root)) == [".lock", "latest", "model.toml", "step_000002"]  # nothing pruned, nothing left over
 
 
 def _file_size_limit(limit: int):
@@ -107,7 +107,7 @@ def test_a_refused_write_is_named_and_leaves_the_previous_checkpoint(tmp_path):
                              text=True, timeout=90, preexec_fn=_file_size_limit(4096))
         line = _every_rank_says(run, "checkpoint of step 4 not written: cannot write ")
         assert "rank_0000" in line and line.endswith(f": File too large; {root / 'latest'} still names step_000002")
-        assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002"]
+        assert sorted(os.listdir(root)) == [".lock", "latest", "model.toml", "step_000002"]
 
 
 
@@ -129,7 +129,7 @@ def test_a_damaged_latest_names_the_intact_older_checkpoint_and_load_continues_f
     assert run.returncode == 0, run.stderr
     assert f"resumed from {root / 'step_000002'} at step 2" in run.stdout
     assert (root / "latest").read_text().strip() == "step_000006"
-    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
+    assert sorted(os.listdir(root)) == [".lock", "latest", "model.toml", "step_000002", "step_000004", "step_000006"]
     assert shards_match_their_checksums(root / "step_000004")  # the damaged one was saved again by this run
 
 
@@ -143,7 +143,7 @@ def test_a_diverged_update_never_becomes_latest_and_resume_with_a_lower_lr_train
     run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "1e30")
     assert run.returncode == 1 and _error_lines(run) == [
         f"hybrid_engine: error: loss is NaN at step 3: training stopped (an update diverged); {advice}"], run.stderr
-    assert sorted(os.listdir(root)) == [".lock", "latest", "step_000001", "step_000002"]
+    assert sorted(os.listdir(root)) == [".lock", "latest", "model.toml", "step_000001", "step_000002"]
     run = _one_rank("--steps", "6", "--save-every", "1", "--save", str(root), "--resume", "--lr", "100")
     lines = _error_lines(run)
     assert run.returncode == 1 and len(lines) == 1, run.stderr

@@ -158,7 +158,7 @@ def test_the_hugging_face_path_runs_as_written_on_a_few_steps(tmp_path):
     train = out[5]
     assert "model: Llama, 4 layers, hidden 128, 4 heads (2 kv)" in train
     assert "summary: 2 ranks (1 dp x 1 pp x 2 mp" in train
-    assert re.search(r"^step 3: validation loss [0-9.]+$", train, re.M) and "resumed from" in train
+    assert re.search(r"^step 3: validation loss [0-9.]+$", train, re.M) and "started from" in train
     assert open(os.path.join(runs, "llama-ft", "latest")).read().strip() == "step_000004"
     assert out[6].startswith("    def ") and len(out[6]) > len("    def ")
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(os.path.join(runs, "llama-ft-hf")))

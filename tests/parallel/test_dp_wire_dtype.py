@@ -5,6 +5,7 @@ each replica's gradient and the sum are rounded to bf16, nothing else changes. C
 and on a dp=2 engine against the fp32 all-reduce (close, not equal)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -87,10 +88,22 @@ def test_engine_refuses_other_wire_dtypes():
         DataParallelConfig(grad_dtype="int8").validate()
 
 
-def test_driver_flag():
+def _driver_losses(tmp_path, wire: str) -> list[float]:
+    metrics = tmp_path / f"{wire}.jsonl"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "hybrid_engine.py",
                            "--dp", "2", "--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2",
-                           "--steps", "3", "--dp-grad-dtype", "bf16"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                           "--steps", "3", "--dp-grad-dtype", wire, "--metrics", str(metrics)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "summary:" in done.stdout
+    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+
+
+def test_driver_flag(tmp_path):
+    """--dp-grad-dtype bf16 reaches the gradient sync: the driver's losses after the first update are not the fp32
+    wire's (the bf16-rounded gradient moved the weights elsewhere), yet close to them."""
+    bf16, fp32 = _driver_losses(tmp_path, "bf16"), _driver_losses(tmp_path, "fp32")
+    assert len(bf16) == len(fp32) == 3
+    assert bf16[0] == fp32[0]  # the first step's loss is before any update
+    assert bf16[1:] != fp32[1:], "--dp-grad-dtype bf16 trained exactly as fp32: the flag did not reach the sync"
+    assert bf16 == pytest.approx(fp32, rel=1e-2)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import pytest
 
@@ -33,11 +35,23 @@ def test_large_mlp_layers_on_a_pipeline_merge_their_weight_gradients():
     assert choice.runner_up is not None and choice.runner_up.step_s > choice.chosen.step_s
 
 
-def test_one_gpu_mlp_plan_matches_the_measured_step_within_a_fifth():
-    # experiments/results/2026-11-27-4xH200-grids-mlp.json: config L, 1f1b, one micro-batch, 14.2 ms, 14.4 GiB
-    cfg_flags = L + ["--schedule", "1f1b", "--micro-batches", "1"]
-    c = plan_of(cfg_flags, 1)
-    assert abs(c.chosen.step_s / 14.2e-3 - 1) < 0.2 and abs(c.chosen.peak / GIB / 14.4 - 1) < 0.2
+PLAN_ONE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments",
+                        "results", "2026-11-27-1xH200-plan-one.json")
+
+
+@pytest.mark.parametrize("config, flags", [("L", L[:-2] + ["--amp", "fp16"]),
+                                           ("C", ["--dim", "8192", "--depth", "8", "--batch-size", "64",
+                                                  "--amp", "fp16"])])
+def test_one_gpu_mlp_plan_matches_the_measured_step_within_a_fifth(config, flags):
+    """The plan the planner chooses now, against that plan run on one H200 with no schedule flags
+    (experiments/passes/plan_pass.sh): measurements the H200 card's rates were not fitted to (those are the GEMM,
+    copy and P2P rates of experiments/results/2026-11-26-2xH200.json, planner/card.py)."""
+    with open(PLAN_ONE) as f:
+        measured = json.load(f)["runs"][f"{config}_auto"]
+    c = plan_of(flags, 1)
+    assert c.chosen.plan.flags() == measured["plan"], (c.chosen.plan.flags(), measured["plan"])
+    assert abs(c.chosen.step_s / measured["step_time_s"] - 1) < 0.2, (c.chosen.step_s, measured["step_time_s"])
+    assert abs(c.chosen.peak / GIB / measured["peak_mem_gib"] - 1) < 0.2
 
 
 def test_gpt_never_merges_weight_gradients_for_no_speed():

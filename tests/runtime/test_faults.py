@@ -140,7 +140,7 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
                              text=True, timeout=60)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {root / 'step_000002'} at step 2" in resumed.stdout
-    assert sorted(p.name for p in root.iterdir()) == [".lock", "latest", "step_000002", "step_000004", "step_000006"]
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "latest", "model.toml", "step_000002", "step_000004", "step_000006"]
 
 
 # --- hangs and orphans: bounded by a small --comm-timeout, every process killed in a finally ---

@@ -118,7 +118,7 @@ def test_an_import_fine_tunes_on_two_ranks_resumes_on_one_on_its_lr_curve_and_sa
                        "--save-every", "3", "--metrics", str(tmp_path / "a.jsonl")])
     assert all(r.returncode == 0 for r in first), first[0].stderr[-2000:] + first[1].stderr[-2000:]
     assert "gradient clipping: global norm 1 " in first[0].stdout
-    assert "resumed from" in first[0].stdout and "at step 0" in first[0].stdout
+    assert f"started from {ckpt}" in first[0].stdout and "at its step 0" in first[0].stdout
     a = [json.loads(ln) for ln in open(tmp_path / "a.jsonl") if '"loss"' in ln]
     expected = LRSchedule(3e-3, 2, "cosine", 3e-4, 6)
     assert [r["lr"] for r in a] == [expected.at(t) for t in range(6)]

@@ -1,0 +1,155 @@
+"""Where the numbers README.md and docs/ show come from (tests/docs/test_doc_numbers.py holds each page to them): the
+results files under experiments/results/, a job's log archive under raw/, and the rounding a page shows them with."""
+from __future__ import annotations
+
+import decimal
+import functools
+import json
+import os
+import re
+import tarfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "experiments", "results")
+
+
+@functools.cache
+def page(name: str) -> str:
+    with open(os.path.join(REPO, name), encoding="utf-8") as f:
+        return " ".join(f.read().split())  # a table cell or sentence may wrap: compare with single spaces
+
+
+@functools.cache
+def results(name: str):
+    path = os.path.join(RESULTS, name)
+    with open(path, encoding="utf-8") as f:
+        if name.endswith(".jsonl"):
+            return [json.loads(line) for line in f]
+        return json.load(f)
+
+
+@functools.cache
+def archive_member(archive: str, member: str) -> str:
+    with tarfile.open(os.path.join(RESULTS, "raw", archive)) as tar:
+        names = [n for n in tar.getnames() if os.path.basename(n) == member]
+        assert len(names) == 1, (archive, member, names)
+        return tar.extractfile(names[0]).read().decode()
+
+
+def summary_ms(archive: str, log: str) -> float:
+    """The median step time of a run's log in a job's archive (its `summary:` line)."""
+    return float(re.search(r"^summary: .*median step ([0-9.]+) ms", archive_member(archive, log), re.M)[1])
+
+
+def summary_rate(archive: str, log: str) -> float:
+    """The samples (or tokens) a second of a run's log in a job's archive (its `summary:` line)."""
+    return float(re.search(r"^summary: .*?([0-9.]+) (?:samples|tokens)/s", archive_member(archive, log), re.M)[1])
+
+
+def json_line_field(archive: str, log: str, field: str) -> float:
+    """A field of the last JSON line of a peer's log (the peers print their result as one)."""
+    line = [ln for ln in archive_member(archive, log).splitlines() if ln.startswith("{")][-1]
+    return json.loads(line)[field]
+
+
+def profile_cuda_percent(archive: str, log: str, name: str) -> float:
+    """A row's Self CUDA % in a torch.profiler table."""
+    row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
+    return float(row[6].rstrip("%"))
+
+
+def profile_calls(archive: str, log: str, name: str) -> int:
+    row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
+    return int(row[-1])
+
+
+def mlp_run(system: str, config: str, mode: str, prec: str = "fp16", gpus: int = 2) -> dict:
+    """A run of the MLP benchmark matrix (2 x H200): the first with these fields, the one its ratios use."""
+    return next(r for r in results("2026-11-26-2xH200.json")["runs"] if (r["system"], r["config"], r["mode"],
+                r["prec"], r["gpus"]) == (system, config, mode, prec, gpus))
+
+
+def mlp(system: str, config: str, mode: str, prec: str = "fp16") -> float:
+    return mlp_run(system, config, mode, prec)["samples_s"]
+
+
+def mlp_ratios() -> dict:
+    return results("2026-11-26-2xH200.json")["ratios"]
+
+
+def max_batch(schedule: str, mode: str) -> int:
+    return next(r["max_batch"] for r in results("2026-11-26-2xH200-maxbatch.jsonl")
+                if r["kind"] == "result" and (r["schedule"], r["mode"]) == (schedule, mode))
+
+
+def rounded(x: float, digits: int) -> str:
+    """x to `digits` decimals as a person rounds its decimal digits (half up: 6260.5 -> 6261, 1.605 -> 1.61)."""
+    return str(decimal.Decimal(repr(x)).quantize(decimal.Decimal(1).scaleb(-digits), decimal.ROUND_HALF_UP))
+
+
+def comma(x: float) -> str:
+    return f"{int(rounded(x, 0)):,}"
+
+
+def fixed(digits: int):
+    return lambda x: rounded(x, digits)
+
+
+def pct(digits: int = 1):
+    return lambda x: rounded(100 * x, digits)
+
+
+def ratio(a: float, b: float, digits: int = 2) -> str:
+    return rounded(a / b, digits)
+
+
+LLAMA1 = "2026-11-27-1xH200-llama-1gpu.json"
+GPT1 = "2026-11-26-1xH200-gpt.json"
+PPTP = "2026-11-26-2xH100-gpt-pp-tp.json"
+GRIDS_GPT, GRIDS_MLP = "2026-11-27-4xH200-grids-gpt.json", "2026-11-27-4xH200-grids-mlp.json"
+PLAN1, PLAN4 = "2026-11-27-1xH200-plan-one.json", "2026-11-27-4xH200-plan-four.json"
+FIRST = "cpu/2026-11-27-first-ten-minutes.json"
+PERF, PLANNING = "docs/performance.md", "docs/planning.md"
+GPT_DP, LLAMA4 = "2026-11-26-2xH200-gpt-dp.json", "2026-11-27-4xH200-llama-4gpu.json"
+ZERO_SCALING, ZERO_OVERLAP = "2026-11-26-2xH100-zero-scaling-logs.tgz", "2026-11-26-2xH100-zero-overlap-logs.tgz"
+PROFILE = "2026-11-26-1xH100-profile-gpt-logs.tgz"
+
+
+def llama(run: str) -> float:
+    return results(LLAMA1)["runs"][run]["per_s"]
+
+
+def pptp(run: str) -> float:
+    return results(PPTP)["runs"][run]["tokens_s"]
+
+
+def gpt1_ratio(peer: str) -> str:
+    return ratio(results(GPT1)["engine"]["gpt_bf16_1f1b"]["tokens_s"], results(GPT1)["peers"][peer]["tokens_s"])
+
+
+def peak_errors(prefix: str, four: bool) -> list[float]:
+    runs = results(PLAN4 if four else PLAN1)["runs"]
+    return [abs(r["peak_error"]) for name, r in runs.items() if name.startswith(prefix)]
+
+
+def grid_mlp(run: str) -> str:
+    """A 4 x H200 MLP grid's throughput over the one-GPU run of the same flags its results file names."""
+    data = results(GRIDS_MLP)
+    return ratio(data["runs"][run]["per_s"], data["runs"][data["ratios"][run]["baseline"]]["per_s"])
+
+
+def grid_gpt(run: str, over: str = "gpt_1gpu") -> str:
+    runs = results(GRIDS_GPT)["runs"]
+    return ratio(runs[run]["per_s"], runs[over]["per_s"])
+
+
+def zero_scaling(schedule: str, strong: bool) -> float:
+    """dp=2 against one H100 of the same job: strong keeps the global batch (twice the GPUs for the same rows),
+    weak the per-replica batch."""
+    one = summary_ms(ZERO_SCALING, f"L_dp1_{schedule}.log")
+    two = summary_ms(ZERO_SCALING, f"L_dp2_zero_{'' if strong else 'weak_'}{schedule}.log")
+    return one / (2 * two) if strong else one / two
+
+
+def first_loss(i: int) -> str:
+    return f"{results(FIRST)['validation_loss'][i][1]:.4f}"
