@@ -23,8 +23,13 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 def _in_range(flag: str, value, low, high, what: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{flag} must be a finite number ({what}), got {value}")
-    if not low <= value <= high:
-        raise ConfigError(f"{flag} must be {what}, got {value}")
+    if not low <= value <= high:  # the bound that failed is said, even where `what` names only the other one
+        bound = f"at least {_bound(low)}" if value < low else f"at most {_bound(high)}"
+        raise ConfigError(f"{flag} must be {what}, got {value} ({bound})")
+
+
+def _bound(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def check_numbers(cfg) -> None:
