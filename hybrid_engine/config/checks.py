@@ -4,6 +4,7 @@ need no process group, so every rank runs them before the first collective."""
 from __future__ import annotations
 
 import math
+import re
 
 import hybrid_engine._C as _C
 from .engine import AUTO, ConfigError, ScheduleConfig
@@ -23,13 +24,18 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 def _in_range(flag: str, value, low, high, what: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{flag} must be a finite number ({what}), got {value}")
-    if not low <= value <= high:  # the bound that failed is said, even where `what` names only the other one
-        bound = f"at least {_bound(low)}" if value < low else f"at most {_bound(high)}"
-        raise ConfigError(f"{flag} must be {what}, got {value} ({bound})")
+    if not low <= value <= high:
+        raise ConfigError(f"{flag} must be {what}, got {value}{_failed_bound(value, low, high, what)}")
 
 
-def _bound(x) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
+def _failed_bound(value, low, high, what: str) -> str:
+    """' (at most 2147483647)': the bound the value failed, where `what` does not already state it (it may name
+    only the other bound, or a looser rule the value meets: 1e-9 GiB is positive, yet below the least)."""
+    bound = low if value < low else high
+    text = f"{bound:g}" if isinstance(bound, float) else str(bound)
+    if re.search(rf"(?<![\w.+-]){re.escape(text)}(?![\w.])", what):
+        return ""
+    return f" ({'at least' if value < low else 'at most'} {text})"
 
 
 def check_numbers(cfg) -> None:
