@@ -104,6 +104,12 @@ def check_optimizer(o, steps: int) -> None:
     _in_range("--min-lr", o.min_lr, 0.0, o.lr, f"a learning rate in [0, --lr {o.lr:g}]")
     if o.lr_decay_steps is not None:
         _in_range("--lr-decay-steps", o.lr_decay_steps, 0, MAX_INT, "a step >= 0")
+    given = [f for f, said in (("--min-lr", o.min_lr != 0), ("--lr-decay-steps", o.lr_decay_steps is not None)) if said]
+    if o.lr_decay == "constant" and given:  # a constant lr never reaches them: refused, never ignored
+        both = len(given) > 1
+        raise ConfigError(f"{' and '.join(given)} appl{'y' if both else 'ies'} to --lr-decay cosine or linear only "
+                          f"(got constant: the lr stays at --lr); add --lr-decay cosine or linear, or leave "
+                          f"{'them' if both else 'it'} out")
     if o.lr_decay != "constant" and (o.lr_decay_steps if o.lr_decay_steps is not None else steps) <= o.lr_warmup:
         raise ConfigError(f"--lr-decay {o.lr_decay} needs --lr-decay-steps (default --steps) past --lr-warmup "
                           f"{o.lr_warmup}: there are no steps left to decay over")

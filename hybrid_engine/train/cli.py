@@ -36,7 +36,7 @@ from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
 from hybrid_engine.planner.grids import grid_table
-from .lr_schedule import LRSchedule
+from .update_settings import update_settings
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 
@@ -124,10 +124,9 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
     check_output_paths(cfg)
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
-    lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
     start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0,
-                                          lr_schedule=lr_schedule)
+                                          settings=update_settings(cfg, workload.clip_grad))
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups
