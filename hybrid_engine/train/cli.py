@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_engine import checkpoint
-from hybrid_engine.runtime import comm_check, faults, hang_report, slurm
+from hybrid_engine.runtime import comm_check, entry, faults, hang_report, slurm
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     env = LaunchEnv.from_environ()
     if cfg.plan.only:  # the planner's ranked grids and plans for this world size and model; no training
         world = env.world_size if env.launched else (cfg.parallel.dp or 1) * cfg.parallel.pp * cfg.parallel.mp
-        table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model)
+        table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model, user_flags=argv)
         if env.rank == 0:
             print(table, flush=True)
         return 0
@@ -251,6 +251,10 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         faults.say(f"hybrid_engine: rank {rank}: {exc}")
         reporter.reported()
         return 1
+    except BrokenPipeError:  # stdout's reader left (--plan-only | head): nothing more to say
+        claim(entry.PIPE_CLOSED)
+        reporter.reported()
+        return entry.pipe_closed()
     except KeyboardInterrupt:  # only where the SIGINT thread could not be installed (not the main thread)
         interrupts.report()  # exits 130, unless another exit is being reported: that one ends the process
         threading.Event().wait()
