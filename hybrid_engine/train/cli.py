@@ -194,8 +194,10 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         gpus = torch.cuda.device_count() if slurm.is_srun_task(os.environ) else 0
         srun = slurm.adopt_srun_environment(visible_gpus=gpus)
+        if srun:
+            slurm.check_rendezvous_host()
     except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
-        if os.environ.get("SLURM_PROCID", "0") == "0":
+        if slurm.speaks_for_error(os.environ):
             faults.say(f"hybrid_engine: error: {exc}")
         return 2
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
