@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import sys
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 MAX_HOSTS = 2**16  # a host per rank at most (config/checks.py MAX_RANKS per axis): beyond it, not an allocation
@@ -97,3 +98,22 @@ def first_host(hostlist: str) -> str:
     but none expanded: each bracket's first number (a list of any length costs its text's length)."""
     literals, brackets = _names(hostlist)[0]
     return "".join(lit + num for lit, num in zip(literals, (*(items[0][0] for items in brackets), "")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hybrid_engine.runtime.hostlist LIST`: LIST's first host (scripts/slurm/train.sbatch where scontrol
+    is absent); a malformed list is one line and exit 2."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hybrid_engine.runtime.hostlist HOSTLIST", file=sys.stderr)
+        return 2
+    try:
+        print(first_host(args[0]))
+    except HostlistError as exc:
+        print(f"hybrid_engine: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
