@@ -275,10 +275,12 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         where = state.where()  # inside a step: the stage, action, peer and collective it waited on
         stalled = f"{where[0]}; " if where else ""
         faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{stalled}{what}")
-        if where and world > 1 and hang_report.is_timeout(first):  # rank 0 lines up every rank's wait
+        if where and world > 1 and hang_report.is_timeout(first) and heartbeat.store_answers():
+            # rank 0 lines up every rank's wait, at a store that still answers
             summary = hang_report.check_in(rank, world, where[1], heartbeat.departed(), min(10.0, heartbeat.timeout_s))
             if summary:
                 faults.say(summary)
+        heartbeat.end_frozen()  # a stopped peer this rank's line named
         reporter.reported()
         if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
             heartbeat.linger()
