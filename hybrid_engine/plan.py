@@ -9,6 +9,7 @@ batch, schedule, precision, memory cap and card); the grid's are the table's to 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Optional, Sequence
 
@@ -46,6 +47,17 @@ def refuse_driver_only_flags(argv: Sequence[str]) -> None:
                           "every dp x pp x mp of --world-size (the driver's --plan-only plans for its own flags)")
 
 
+def unread_file_settings(cfg, given: dict) -> list[str]:
+    """The settings (table.key) the --config file gives that planning does not read: a run's file holds its grid,
+    steps and checkpoints too, so they are said, not refused."""
+    if not given.get("config"):
+        return []
+    without = flags.config_of({k: v for k, v in given.items() if k != "config"}, registry.OPTIONS)
+    return [f"{table.name}.{f.name}" for table in dataclasses.fields(cfg)
+            for f in dataclasses.fields(getattr(cfg, table.name)) if not applies_to_planning(table.name, f.name)
+            and getattr(getattr(cfg, table.name), f.name) != getattr(getattr(without, table.name), f.name)]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from hybrid_engine.planner.card import calibrate, this_device
@@ -60,6 +72,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         given = vars(build_parser().parse_args(argv))
         world, calibrating = given.pop("world_size"), given.pop("calibrate")
         cfg = flags.config_of(given, registry.OPTIONS)
+        unread = unread_file_settings(cfg, given)
+        if unread:
+            print(f"note: --config {given['config']}: {', '.join(unread)} not read by planning (the table ranks "
+                  "every grid of --world-size)", file=sys.stderr)
         kind = device_type(cfg.parallel.device)
         card = this_device(cfg.plan.card, kind)
         if calibrating:

@@ -64,6 +64,16 @@ def test_a_flag_planning_ignores_is_refused(capsys):
     assert _fails_with(capsys, ["--steps", "5", "--save", "ck"]).startswith("--steps, --save do not apply to planning")
 
 
+def test_a_config_files_settings_that_planning_does_not_read_are_said(capsys, tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text("[parallel]\npp = 2\n[training]\nsteps = 50\n[data]\nbatch_size = 32\n")
+    assert plan.main(["--world-size", "2", "--config", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"note: --config {run}: parallel.pp, training.steps not read by planning (the table ranks every "
+                   "grid of --world-size)\n")
+    assert "batch 32" in out.splitlines()[0]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "gpt", "--heads", "6"], "--hidden 256 is not divisible by --heads 6"),
     (["--model", "llama", "--hidden", "256", "--heads", "6"],
