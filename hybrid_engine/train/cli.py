@@ -114,7 +114,10 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
         world = env.world_size if env.launched else (cfg.parallel.dp or 1) * cfg.parallel.pp * cfg.parallel.mp
         table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model, user_flags=argv)
         if env.rank == 0:
-            print(table, flush=True)
+            try:
+                print(table, flush=True)
+            except BrokenPipeError:  # its reader left (--plan-only | head): nothing more to say
+                return entry.pipe_closed()
         return 0
     grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)  # what the user gave
     device = pick_device(cfg.parallel.device, env.local_rank)
@@ -196,7 +199,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         srun = slurm.adopt_srun_environment(visible_gpus=gpus)
         if srun:
             slurm.check_rendezvous_host()
-    except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
+    except ConfigError as exc:  # before any rank exists: task 0 says what every task finds alike
         if slurm.speaks_for_error(os.environ):
             faults.say(f"hybrid_engine: error: {exc}")
         return 2
@@ -253,10 +256,6 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         faults.say(f"hybrid_engine: rank {rank}: {exc}")
         reporter.reported()
         return 1
-    except BrokenPipeError:  # stdout's reader left (--plan-only | head): nothing more to say
-        claim(entry.PIPE_CLOSED)
-        reporter.reported()
-        return entry.pipe_closed()
     except KeyboardInterrupt:  # only where the SIGINT thread could not be installed (not the main thread)
         interrupts.report()  # exits 130, unless another exit is being reported: that one ends the process
         threading.Event().wait()

@@ -124,6 +124,7 @@ def test_grids_are_the_divisor_triples_found_without_world_squared_work():
 @pytest.mark.parametrize("module, argv", [
     ("hybrid_engine.plan", ["--world-size", "16", "--model", "gpt"]),
     ("hybrid_engine.schedule", ["--schedule", "1f1b", "--pp", "8", "--micro-batches", "64"]),
+    ("hybrid_engine", ["--plan-only", "--pp", "4", "--depth", "8"]),
 ])
 def test_a_reader_that_leaves_ends_the_command_quietly(module, argv):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
