@@ -41,7 +41,10 @@ def refuse_driver_only_flags(argv: Sequence[str]) -> None:
     given, _ = driver.parse_known_args(list(argv))
     unread = [dest for dest in vars(given) if dest != "config" and not applies_to_planning(*dest.split("."))]
     if unread:
-        names = {a.dest: a.option_strings[0] for a in driver._actions if a.option_strings}
+        names: dict[str, str] = {}
+        for action in driver._actions:  # a field's own flag comes before its aliases
+            if action.option_strings:
+                names.setdefault(action.dest, action.option_strings[0])
         said = ", ".join(names[d] for d in unread)
         raise ConfigError(f"{said} {'does' if len(unread) == 1 else 'do'} not apply to planning: the table ranks "
                           "every dp x pp x mp of --world-size (the driver's --plan-only plans for its own flags)")
