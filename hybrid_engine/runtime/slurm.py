@@ -68,7 +68,7 @@ def speaks_for_error(environ: MutableMapping[str, str] = os.environ) -> bool:
 
 
 def check_rendezvous_host(environ: MutableMapping[str, str] = os.environ) -> None:
-    """MASTER_ADDR resolves, or one ConfigError now: else every task waits out the rendezvous timeout and ends in
+    """MASTER_ADDR resolves, or one ConfigError at once: else every task waits out the rendezvous timeout and ends in
     a wrong diagnosis. For an srun task, once adopt_srun_environment has set it."""
     host = environ.get("MASTER_ADDR", "")
     try:
