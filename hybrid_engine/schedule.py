@@ -108,4 +108,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hybrid_engine.runtime.entry import run_command
+
+    sys.exit(run_command("python -m hybrid_engine.schedule", main))

@@ -9,6 +9,7 @@ per shard, and `latest`, published only after the next step's loss passed the di
     lock.py          one run per --save directory
     engine_state.py  what an Engine exports and loads (full tensors, whatever the grid)
     runs.py          a run's checkpoints seen from the training loop: where it starts, when one is published
+    update_settings.py  the update's settings a manifest records (lr schedule, optimizer), said when they change
     offline.py       weights-only checkpoints written and read tensor group by group, without an engine (hf/)
 
 Imports: config, parallel (placement of split tensors). The Engine imports engine_state from here.

@@ -1,8 +1,8 @@
 """A run's checkpoints, seen from the training loop: which one it starts from, when it writes one, when a
 written one becomes `latest`, and what to say when training or loading stops.
 
-    start_from = checkpoint_to_start_from(cfg, workload, restarted, lr)      # every rank, before any collective
-    ckpts = RunCheckpoints(cfg, engine, workload, state, progress, rank, lr_schedule=lr)
+    start_from = checkpoint_to_start_from(cfg, workload, restarted, settings)  # every rank, before any collective
+    ckpts = RunCheckpoints(cfg, engine, workload, state, progress, rank, settings=settings)
     first_step = ckpts.start(start_from)                                     # collective, as are the rest
     ...  step N's loss passed the divergence guard:  ckpts.publish_written()  (the checkpoint of state N)
     ...  after step N:                               ckpts.maybe_write(N + 1)
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import digest, files, loading, lock, saving
+from . import digest, files, loading, lock, saving, update_settings
 from .agree import _from_rank0
 from .files import CheckpointError
 from hybrid_engine.config.checkpoint_model import model_toml
@@ -40,10 +40,11 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False,
-                             lr_schedule: dict | None = None) -> files.Checkpoint | None:
+                             settings: dict | None = None) -> files.Checkpoint | None:
     """The checkpoint this run continues (None: from scratch), checked on every rank before any collective.
     `restarted`: this is a launcher's restart of the run (torchrun's TORCHELASTIC_RESTART_COUNT > 0).
-    lr_schedule: this run's (train/lr_schedule.py LRSchedule.as_dict), said beside the checkpoint's if they differ."""
+    settings: this run's update settings (checkpoint/update_settings.py), each said beside the checkpoint's if they
+    differ."""
     c = cfg.checkpoint
     existing = None
     if c.save:
@@ -62,11 +63,7 @@ def checkpoint_to_start_from(cfg: RunConfig, workload, restarted: bool = False,
     note = files.check_same_data(ckpt, workload.checkpoint_model, workload.checkpoint_data, continuing)
     if note:
         ckpt.notes.append(note)
-    saved = ckpt.manifest.get("lr_schedule")
-    if isinstance(saved, dict) and lr_schedule is not None and saved != lr_schedule:
-        changed = ", ".join(f"{k} {saved.get(k)} -> {v}" for k, v in lr_schedule.items() if saved.get(k) != v)
-        ckpt.notes.append(f"note: the lr schedule differs from the one {ckpt.path} was trained on ({changed}): from "
-                          f"step {ckpt.step} the lr follows this run's")
+    ckpt.notes.extend(update_settings.changes(ckpt.manifest, settings or {}, ckpt.path, ckpt.step))
     return ckpt
 
 
@@ -74,9 +71,9 @@ class RunCheckpoints:
     """The training loop's side of checkpoints (every rank holds one; each method is collective)."""
 
     def __init__(self, cfg: RunConfig, engine, workload, state, progress, rank: int, faults=None,
-                 lr_schedule: dict | None = None):
+                 settings: dict | None = None):
         self.cfg, self.engine, self.workload, self.state = cfg, engine, workload, state
-        self.lr_schedule = lr_schedule
+        self.settings = settings or {}  # the update's settings (train/update_settings.py), recorded in manifests
         self.progress, self.rank, self.faults = progress, rank, faults
         self.written: saving.Written | None = None  # on disk, waiting for its step's loss
 
@@ -140,13 +137,12 @@ class RunCheckpoints:
         self.written = saving.write(self.engine, c.save, done, self.run_info(), crash_in_save=crash)
 
     def run_info(self) -> dict:
-        """What the manifest records besides the state: the model, the optimizer, the lr schedule (its position is
-        the step), and the data (the token models)."""
+        """What the manifest records besides the state: the model, the optimizer, the update's settings (the lr
+        schedule, whose position is the step; betas, weight decay, clipping), and the data (the token models)."""
         info = {"model": self.workload.checkpoint_model, "optimizer": self.cfg.optimizer.name}
         if self.workload.checkpoint_data is not None:
             info["data"] = self.workload.checkpoint_data
-        if self.lr_schedule is not None:
-            info["lr_schedule"] = self.lr_schedule
+        info.update(self.settings)
         return info
 
     def publish_written(self) -> None:

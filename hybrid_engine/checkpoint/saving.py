@@ -63,6 +63,7 @@ import torch
 from .agree import _all_gather, _from_rank0, _world
 from .digest import HashingWriter
 from hybrid_engine.config.checkpoint_model import MODEL_TOML
+from .update_settings import SAID_AS
 from .files import (FORMAT, LATEST, MANIFEST, Checkpoint, CheckpointError, _complete, _LEFTOVER, _step_dirs, latest_path,
                     shard_name, step_dir_name)
 
@@ -260,7 +261,7 @@ def write_manifest(tmp: str, step: int, layout: dict, run_info: dict, reports: l
     manifest = {
         "format": FORMAT, "step": step, "torch": torch.__version__, **layout,
         "model": run_info["model"], "optimizer": run_info["optimizer"],
-        **{key: run_info[key] for key in ("data", "lr_schedule") if key in run_info},
+        **{key: run_info[key] for key in ("data", *SAID_AS) if key in run_info},
         "params": dict(sorted(params.items(), key=lambda kv: _param_order(kv[0]))),
         "files": {r["file"]: r["bytes"] for r in reports},
         "sha256": {r["file"]: r["sha256"] for r in reports},

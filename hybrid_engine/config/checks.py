@@ -4,6 +4,7 @@ need no process group, so every rank runs them before the first collective."""
 from __future__ import annotations
 
 import math
+import re
 
 import hybrid_engine._C as _C
 from .engine import AUTO, ConfigError, ScheduleConfig
@@ -24,7 +25,17 @@ def _in_range(flag: str, value, low, high, what: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{flag} must be a finite number ({what}), got {value}")
     if not low <= value <= high:
-        raise ConfigError(f"{flag} must be {what}, got {value}")
+        raise ConfigError(f"{flag} must be {what}, got {value}{_failed_bound(value, low, high, what)}")
+
+
+def _failed_bound(value, low, high, what: str) -> str:
+    """' (at most 2147483647)': the bound the value failed, where `what` does not already state it (it may name
+    only the other bound, or a looser rule the value meets: 1e-9 GiB is positive, yet below the least)."""
+    bound = low if value < low else high
+    text = f"{bound:g}" if isinstance(bound, float) else str(bound)
+    if re.search(rf"(?<![\w.+-]){re.escape(text)}(?![\w.])", what):
+        return ""
+    return f" ({'at least' if value < low else 'at most'} {text})"
 
 
 def check_numbers(cfg) -> None:
@@ -93,6 +104,12 @@ def check_optimizer(o, steps: int) -> None:
     _in_range("--min-lr", o.min_lr, 0.0, o.lr, f"a learning rate in [0, --lr {o.lr:g}]")
     if o.lr_decay_steps is not None:
         _in_range("--lr-decay-steps", o.lr_decay_steps, 0, MAX_INT, "a step >= 0")
+    given = [f for f, said in (("--min-lr", o.min_lr != 0), ("--lr-decay-steps", o.lr_decay_steps is not None)) if said]
+    if o.lr_decay == "constant" and given:  # a constant lr never reaches them: refused, never ignored
+        both = len(given) > 1
+        raise ConfigError(f"{' and '.join(given)} appl{'y' if both else 'ies'} to --lr-decay cosine or linear only "
+                          f"(got constant: the lr stays at --lr); add --lr-decay cosine or linear, or leave "
+                          f"{'them' if both else 'it'} out")
     if o.lr_decay != "constant" and (o.lr_decay_steps if o.lr_decay_steps is not None else steps) <= o.lr_warmup:
         raise ConfigError(f"--lr-decay {o.lr_decay} needs --lr-decay-steps (default --steps) past --lr-warmup "
                           f"{o.lr_warmup}: there are no steps left to decay over")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .engine import ConfigError
 from .checkpoint_model import model_toml_to_read
@@ -104,11 +104,13 @@ def _with_words(kind: type, words: dict):
     return parse
 
 
-def build_parser(models: Mapping[str, type], prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(models: Mapping[str, type], prog: str | None = None,
+                 keep: Callable[[str, str], bool] | None = None) -> argparse.ArgumentParser:
     """Every field of every table of RunConfig as a flag, one group per table (the --config file's tables), each
     flag's help its field's documentation; [model] also gets a group per model of the registry (models: each
     model's options class by name) with its own options. Flags not given stay out of the namespace
-    (argparse.SUPPRESS), so a --config file's values stand unless overridden."""
+    (argparse.SUPPRESS), so a --config file's values stand unless overridden. keep(table, field): whether that
+    field is a flag of this command (None: every field; the plan command keeps those that planning reads)."""
     p = _OneLineParser(
         prog=prog, argument_default=argparse.SUPPRESS, epilog=EPILOG, allow_abbrev=False,
         formatter_class=_Help,
@@ -121,7 +123,7 @@ def build_parser(models: Mapping[str, type], prog: str | None = None) -> argpars
         group = p.add_argument_group(f"[{table.name}] {class_doc(type(part))}")
         docs = field_docs(type(part))
         for f in dataclasses.fields(part):
-            if f.metadata.get("model_options"):
+            if f.metadata.get("model_options") or (keep is not None and not keep(table.name, f.name)):
                 continue
             _add_field(group, table.name, f, docs[f.name], getattr(part, f.name), models if f.name == "name"
                        and table.name == "model" else None)
@@ -179,7 +181,13 @@ def config_file(argv: list[str]) -> str | None:
 def parse_config(argv: list[str] | None, models: Mapping[str, type], prog: str | None = None) -> RunConfig:
     """Flags over the --config file over the dataclasses' defaults. models: each model's options class by name
     (models/registry.py options())."""
-    given = vars(build_parser(models, prog).parse_args(argv))
+    return config_of(vars(build_parser(models, prog).parse_args(argv)), models)
+
+
+def config_of(given: dict, models: Mapping[str, type]) -> RunConfig:
+    """The RunConfig of a parsed namespace of build_parser's ({'table.field': value, 'config': path}): the flags
+    given over the --config file over the defaults."""
+    given = dict(given)
     path = given.pop("config", None)
     tables = read_toml(path) if path else {}
     for dest, value in given.items():

@@ -2,5 +2,6 @@
 import sys
 
 from hybrid_engine.data.prepare import main
+from hybrid_engine.runtime.entry import run_command
 
-sys.exit(main())
+sys.exit(run_command("python -m hybrid_engine.data", main))

@@ -4,8 +4,11 @@ The user's --dp/--pp/--mp stay the user's: this advises."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import math
+import shlex
+from typing import Callable, Sequence
 
+from hybrid_engine.config.checks import MAX_RANKS
 from hybrid_engine.config.engine import ConfigError
 
 from .card import GIB, Card, this_device
@@ -14,10 +17,16 @@ from .model_shape import shape_of
 from .run_plan import plan_for
 
 
+def divisors(n: int) -> list[int]:
+    """n's divisors, ascending, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def grids_of(world: int) -> list[tuple[int, int, int]]:
-    """(dp, pp, mp) with dp x pp x mp = world."""
-    return [(world // (pp * mp), pp, mp) for pp in range(1, world + 1) for mp in range(1, world + 1)
-            if world % (pp * mp) == 0]
+    """(dp, pp, mp) with dp x pp x mp = world, pp then mp ascending (from the divisors: a few hundred at most for
+    MAX_RANKS, never world^2 pairs)."""
+    return [(world // (pp * mp), pp, mp) for pp in divisors(world) for mp in divisors(world // pp)]
 
 
 def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int]) -> str:
@@ -27,12 +36,12 @@ def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int]) -> s
     reasons = []
     if mp > 1:
         reasons.append((t.mp_exposed_s, f"mp{mp}: {t.mp_allreduces} all-reduces per step, "
-                                        f"{t.mp_exposed_s * 1e3:.3g} ms exposed"))
+                                        f"{plain(t.mp_exposed_s * 1e3)} ms exposed"))
     if pp > 1:
         reasons.append((t.bubble * t.pipeline_s, f"pp{pp}: bubble {t.bubble:.0%} of the pipeline"))
     if dp > 1:
-        reasons.append((t.dp_exposed_s, f"dp{dp}: gradient collective {t.dp_exposed_s * 1e3:.3g} ms exposed"))
-    reasons.append((t.update_s - b.update_s, f"update {t.update_s * 1e3:.3g} ms"))
+        reasons.append((t.dp_exposed_s, f"dp{dp}: gradient collective {plain(t.dp_exposed_s * 1e3)} ms exposed"))
+    reasons.append((t.update_s - b.update_s, f"update {plain(t.update_s * 1e3)} ms"))
     return max(reasons)[1] if reasons else ""
 
 
@@ -40,17 +49,20 @@ def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Calla
     """[(grid, Prediction or None, note)], fastest first; a grid with no legal plan or none that fits last, its
     note saying why."""
 
-    shape = shape_of(cfg)
+    shape = None  # once some grid passes the run's checks: a shape the checks refuse is said in their words
     rows = []
     for dp, pp, mp in grids_of(world):
         c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp))
         try:
             grid = c.validate(world, device_type, model_rules)
+            shape = shape or shape_of(cfg)
             choice = plan_for(c, grid, card, device_type, model_rules, shape)
         except (ConfigError, NoPlanFits) as exc:
             rows.append(((dp, pp, mp), None, str(exc)))
             continue
         rows.append(((dp, pp, mp), choice.chosen, ""))
+    if all(p is None for _, p, _ in rows) and len({note for _, _, note in rows}) == 1:
+        raise ConfigError(rows[0][2])  # every grid refused alike: the input's mistake, not a grid's
     ranked = sorted((r for r in rows if r[1] is not None), key=lambda r: r[1].step_s)
     if ranked:
         best = ranked[0][1]
@@ -58,23 +70,69 @@ def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Calla
     return ranked + [r for r in rows if r[1] is None]
 
 
-def grid_table(cfg, world: int, device_type: str, model_rules: Callable, card: Card | None = None) -> str:
-    """The ranked table, one line per grid."""
+def plain(x: float) -> str:
+    """x to 3 significant figures in plain digits, never an exponent (1290, 5.97, 0.0123): every number of the
+    table in one form."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def winner_command(world: int, grid: tuple[int, int, int], p: Prediction, user_flags: Sequence[str]) -> str:
+    """The driver's command line that runs the first row: its grid and plan, and the user's other flags."""
+    kept = without_flags(user_flags, DECIDED_FLAGS)
+    launch = f"torchrun --nproc_per_node={world} hybrid_engine.py" if world > 1 else "python hybrid_engine.py"
+    return " ".join([launch, f"--dp {grid[0]} --pp {grid[1]} --mp {grid[2]}", p.plan.flags(), *map(shlex.quote, kept)])
+
+
+# flag -> whether it takes a value: what the table decides (the grid, the plan) and the commands' own, left out of
+# the winner's command line
+DECIDED_FLAGS = {"--dp": True, "--pp": True, "--mp": True, "--schedule": True, "--micro-batches": True,
+                 "--virtual-stages": True, "--lookahead": True, "--merge-wgrad": False, "--no-merge-wgrad": False,
+                 "--plan-only": False, "--no-plan-only": False, "--world-size": True, "--calibrate": False}
+
+
+def without_flags(argv: Sequence[str], dropped: dict[str, bool]) -> list[str]:
+    """argv without the flags of `dropped` (flag -> whether it takes a value) and their values."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in dropped:
+            skip = dropped[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def grid_table(cfg, world: int, device_type: str, model_rules: Callable, card: Card | None = None,
+               user_flags: Sequence[str] = ()) -> str:
+    """The ranked table, one line per grid, then the first row's command line (user_flags: the flags the table
+    was asked with, which it keeps). A world beyond MAX_RANKS, or a mistake every grid finds alike, is one
+    ConfigError."""
+    if not 1 <= world <= MAX_RANKS:
+        raise ConfigError(f"the world size to plan for must be a number of ranks in [1, {MAX_RANKS}], got {world}")
     card = card or this_device(cfg.plan.card, device_type)
+    rows = rank_grids(cfg, world, card, device_type, model_rules)
     shape = shape_of(cfg)
     cap = cfg.parallel.memory_cap_gib * GIB if cfg.parallel.memory_cap_gib is not None else card.memory_bytes
-    head = (f"plans for {world} rank{'s' if world > 1 else ''} of {card.name} ({cap / GIB:.0f} GiB each), model "
+    per = "GPU" if device_type == "cuda" or card.search else "rank"
+    head = (f"plans for {world} rank{'s' if world > 1 else ''} of {card.name} ({plain(cap / GIB)} GiB each), model "
             f"{shape.name}, batch {cfg.data.batch_size}" +
             ("" if card.search else "; the CPU keeps the plan nearest 1f1b x 4 micro-batches (--plan-card h100|h200 "
                                     "ranks by time)"))
-    lines = [head, f"{'rank':>4}  {'grid':<14} {'plan':<46} {'ms/step':>9} {shape.unit:>12} {'GiB/GPU':>8}  why not"]
-    for n, (grid, p, note) in enumerate(rank_grids(cfg, world, card, device_type, model_rules), 1):
+    lines = [head, f"{'rank':>4}  {'grid':<14} {'plan':<46} {'ms/step':>9} {shape.unit:>12} {'GiB/' + per:>8}  why not"]
+    for n, (grid, p, note) in enumerate(rows, 1):
         name = f"{grid[0]}x{grid[1]}x{grid[2]}"
         if p is None:
             lines.append(f"{'-':>4}  {name:<14} {'':<46} {'':>9} {'':>12} {'':>8}  {note}")
             continue
         rate = cfg.data.batch_size * shape.tokens_per_sample / p.step_s
-        lines.append(f"{n:>4}  {name:<14} {p.plan.describe():<46} {p.step_s * 1e3:>9.3g} {rate:>12.4g} "
+        lines.append(f"{n:>4}  {name:<14} {p.plan.describe():<46} {plain(p.step_s * 1e3):>9} {plain(rate):>12} "
                      f"{p.peak / GIB:>8.1f}  {note}")
-    lines.append("grid: dp x pp x mp (order mp-dp-pp); give the driver the first line's --dp, --pp, --mp and flags")
+    lines.append("grid: dp x pp x mp (order mp-dp-pp)")
+    if rows[0][1] is not None:
+        lines.append(f"run the first: {winner_command(world, rows[0][0], rows[0][1], user_flags)}")
     return "\n".join(lines)

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from .peer_processes import end_if_frozen, identity
+from .peer_processes import FrozenPeers, identity
 
 
 def say(line: str) -> None:
@@ -176,6 +176,7 @@ class Heartbeat:
         self._exited: list[int] = [0] * world_size  # each peer's exit note (EXIT_*; 0: none)
         self._last_read = 0.0  # when the store last answered (monotonic)
         self._procs: list[str] = [""] * world_size  # each rank's process (peer_processes.identity)
+        self._frozen = FrozenPeers()  # the stopped peers describe_loss named
 
     def _client(self, timeout_s: float = 5.0):
         return store_client(self.host, int(self.port), self.world_size, timeout_s)
@@ -317,9 +318,12 @@ class Heartbeat:
         return None
 
     def _end_frozen(self, ranks: list[int]) -> str:
-        """End those of `ranks` whose process is stopped on this machine (runtime/peer_processes.py); what was done."""
-        ended = [(r, pid) for r in ranks if (pid := end_if_frozen(self._procs[r])) is not None]
-        return "".join(f"; ended frozen rank {r} (pid {pid}, stopped on this machine) with SIGKILL" for r, pid in ended)
+        """Those of `ranks` whose process is stopped on this machine, to be ended by end_frozen; what will be done."""
+        return self._frozen.name(ranks, self._procs)
+
+    def end_frozen(self) -> None:
+        """End the stopped peers describe_loss named, as this rank leaves, its line said."""
+        self._frozen.end()
 
     def linger(self) -> None:
         """Before leaving after a failure: if this process serves the store, give the others a moment to read it."""
@@ -382,4 +386,6 @@ class SigtermReporter:
             why += f" while {where[0]}"
         say(f"hybrid_engine: rank {self.rank}: stopped: {why}")
         sys.stdout.flush()
+        if self.heartbeat is not None:
+            self.heartbeat.end_frozen()
         os._exit(143)

@@ -16,6 +16,7 @@ never come. Under torchrun (RANK and WORLD_SIZE set, e.g. one agent per node sta
 from __future__ import annotations
 
 import os
+import socket
 from typing import MutableMapping
 
 from hybrid_engine.config import ConfigError
@@ -23,6 +24,7 @@ from hybrid_engine.config import ConfigError
 from .hostlist import HostlistError, first_host
 
 PORT_BASE, PORT_SPAN = 20000, 20000
+MAX_TASKS = 2**20  # beyond any allocation: a larger SLURM_NTASKS is damaged
 
 
 def is_srun_task(environ: MutableMapping[str, str]) -> bool:
@@ -39,6 +41,44 @@ def _int(environ: MutableMapping[str, str], name: str) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer (srun sets it)") from None
 
 
+def _task_number(environ: MutableMapping[str, str]) -> tuple[int, int]:
+    """(SLURM_PROCID, SLURM_NTASKS), each a number and the task one of the tasks, or one ConfigError."""
+    rank, world = _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")
+    if not 1 <= world <= MAX_TASKS:
+        raise ConfigError(f"environment variable SLURM_NTASKS={world} is not a number of tasks in [1, {MAX_TASKS}] "
+                          "(srun sets it)")
+    if not 0 <= rank < world:
+        raise ConfigError(f"environment variable SLURM_PROCID={rank} is not a task of SLURM_NTASKS={world} (0 to "
+                          f"{world - 1}; srun sets it)")
+    return rank, world
+
+
+def speaks_for_error(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether this task says an error found before any rank exists: task 0 what every task finds alike; a task
+    whose own SLURM_PROCID cannot be read or names no task what no other task finds."""
+    try:
+        rank = int(environ.get("SLURM_PROCID", "0"))
+    except ValueError:
+        return True
+    try:
+        world = int(environ.get("SLURM_NTASKS", ""))
+    except ValueError:
+        return rank == 0
+    return rank == 0 or (world >= 1 and not 0 <= rank < world)
+
+
+def check_rendezvous_host(environ: MutableMapping[str, str] = os.environ) -> None:
+    """MASTER_ADDR resolves, or one ConfigError at once: else every task waits out the rendezvous timeout and ends in
+    a wrong diagnosis. For an srun task, once adopt_srun_environment has set it."""
+    host = environ.get("MASTER_ADDR", "")
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"the rendezvous host MASTER_ADDR={host!r} (task 0's: the first host of the node list "
+                          f"unless set) does not resolve ({getattr(exc, 'strerror', None) or exc}): set MASTER_ADDR "
+                          "to task 0's host") from None
+
+
 def rendezvous_port(job_id: int) -> int:
     """The port every task of a job derives alike; two jobs sharing a first node differ unless their ids are
     PORT_SPAN apart."""
@@ -52,8 +92,11 @@ def adopt_srun_environment(environ: MutableMapping[str, str] = os.environ, visib
     the task to its own GPU (srun --gpus-per-task=1, --gpu-bind), which is then cuda:0 whatever SLURM_LOCALID."""
     if not is_srun_task(environ):
         return None
-    rank, world = _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")
+    rank, world = _task_number(environ)
     local = _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ and visible_gpus != 1 else 0
+    if local < 0:
+        raise ConfigError(f"environment variable SLURM_LOCALID={local} is negative (srun sets it: the task's index on "
+                          "its node)")
     nodelist_var = "SLURM_STEP_NODELIST" if environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodelist = environ.get(nodelist_var, "")
     if "MASTER_ADDR" not in environ:

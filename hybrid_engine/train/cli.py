@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_engine import checkpoint
-from hybrid_engine.runtime import comm_check, faults, hang_report, slurm
+from hybrid_engine.runtime import comm_check, entry, faults, hang_report, slurm
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
 from hybrid_engine.runtime.exit_together import agree_on_error
 from hybrid_engine.runtime.fault_plan import FaultPlan
@@ -36,7 +36,7 @@ from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
 from hybrid_engine.planner.grids import grid_table
-from .lr_schedule import LRSchedule
+from .update_settings import update_settings
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 
@@ -112,9 +112,12 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     env = LaunchEnv.from_environ()
     if cfg.plan.only:  # the planner's ranked grids and plans for this world size and model; no training
         world = env.world_size if env.launched else (cfg.parallel.dp or 1) * cfg.parallel.pp * cfg.parallel.mp
-        table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model)
+        table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model, user_flags=argv)
         if env.rank == 0:
-            print(table, flush=True)
+            try:
+                print(table, flush=True)
+            except BrokenPipeError:  # its reader left (--plan-only | head): nothing more to say
+                return entry.pipe_closed()
         return 0
     grid = validate_launch(cfg, env, device_type(cfg.parallel.device), argv, prog)  # what the user gave
     device = pick_device(cfg.parallel.device, env.local_rank)
@@ -124,10 +127,9 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
     check_output_paths(cfg, flags.config_file(argv))
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
-    lr_schedule = LRSchedule.of(cfg.optimizer, cfg.training.steps).as_dict()
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
     start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0,
-                                          lr_schedule=lr_schedule)
+                                          settings=update_settings(cfg, registry.entry(cfg.model.name).clip_grad))
     fault_plan = FaultPlan.from_test_environ()  # the documented test hooks, read here and nowhere else
 
     # 2. processes and groups
@@ -195,8 +197,10 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         gpus = torch.cuda.device_count() if slurm.is_srun_task(os.environ) else 0
         srun = slurm.adopt_srun_environment(visible_gpus=gpus)
-    except ConfigError as exc:  # before any rank exists; every task finds it alike: task 0 says it
-        if os.environ.get("SLURM_PROCID", "0") == "0":
+        if srun:
+            slurm.check_rendezvous_host()
+    except ConfigError as exc:  # before any rank exists: task 0 says what every task finds alike
+        if slurm.speaks_for_error(os.environ):
             faults.say(f"hybrid_engine: error: {exc}")
         return 2
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
@@ -270,10 +274,12 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         where = state.where()  # inside a step: the stage, action, peer and collective it waited on
         stalled = f"{where[0]}; " if where else ""
         faults.say(f"hybrid_engine: rank {rank}: {lost + '; ' if lost else ''}{stalled}{what}")
-        if where and world > 1 and hang_report.is_timeout(first):  # rank 0 lines up every rank's wait
+        if where and world > 1 and hang_report.is_timeout(first) and heartbeat.store_answers():
+            # rank 0 lines up every rank's wait, at a store that still answers
             summary = hang_report.check_in(rank, world, where[1], heartbeat.departed(), min(10.0, heartbeat.timeout_s))
             if summary:
                 faults.say(summary)
+        heartbeat.end_frozen()  # a stopped peer this rank's line named
         reporter.reported()
         if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
             heartbeat.linger()

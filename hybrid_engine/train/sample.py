@@ -163,6 +163,9 @@ class Codec:
         return self.tokenizer.decode(ids) if self.tokenizer else bytes(ids).decode("utf-8", errors="replace")
 
 
+MAX_NEW_TOKENS = 2**20  # a model's forward per token: a million is hours on a CPU already
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybrid_engine.sample",
                                      description="Continue a prompt with a GPT or Llama checkpoint (any grid).")
@@ -181,6 +184,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.tokens < 0 or not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--tokens must be >= 0 and --temperature a finite number >= 0, got {args.tokens} and "
                              f"{args.temperature}")
+        if args.tokens > MAX_NEW_TOKENS:  # one forward each: before the checkpoint is read, not hours into it
+            raise ValueError(f"--tokens {args.tokens} is too large (at most {MAX_NEW_TOKENS} a call)")
         tokenizer = args.tokenizer
         if tokenizer is not None and os.path.isdir(tokenizer):  # a Hugging Face model directory
             tokenizer = os.path.join(tokenizer, "tokenizer.json")

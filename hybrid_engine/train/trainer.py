@@ -33,6 +33,7 @@ from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .lr_schedule import LRSchedule
+from .update_settings import update_settings
 from .progress import Progress, flops_text, summary_line
 from hybrid_engine.planner.run_plan import compare_text
 from hybrid_engine.checkpoint.runs import RunCheckpoints
@@ -145,7 +146,7 @@ class Trainer:
         self.state.save = cfg.checkpoint.save
         schedule = LRSchedule.of(cfg.optimizer, steps)
         ckpts = RunCheckpoints(cfg, engine, self.workload, self.state, progress, self.rank, self.faults,
-                               lr_schedule=schedule.as_dict())
+                               settings=update_settings(cfg, registry.entry(cfg.model.name).clip_grad))
         first_step = ckpts.start(start_from)
         if schedule.warmup or schedule.decay != "constant":
             progress.say(f"lr schedule: {schedule.describe()}")

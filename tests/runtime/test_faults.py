@@ -262,10 +262,11 @@ def test_frozen_rank_without_a_launcher_ends_the_others_naming_it():
         in lines[0], err
 
 
-def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
+@pytest.mark.parametrize("grid", [(), ("--pp", "2")])  # dp 2; pp 2, whose stalled step is also named
+def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store(grid):
     # rank 0 serves the store, so the store freezes too; no survivor may wait on it (a TCPStore call
     # on a server that never answers blocks whatever its timeout)
-    procs = _plain_ranks(2, (*HANG_MODEL, "--comm-timeout", str(TIMEOUT)), _env())
+    procs = _plain_ranks(2, (*HANG_MODEL, *grid, "--comm-timeout", str(TIMEOUT)), _env())
     try:
         assert "step    2" in _read_until(procs[0], "step    2", timeout=90)
         os.kill(procs[0].pid, signal.SIGSTOP)
@@ -281,6 +282,8 @@ def test_frozen_rank_0_without_a_launcher_ends_the_others_naming_the_store():
                                                    "(without torchrun it lives in rank 0, so rank 0 was probably "
                                                    "lost); ended frozen rank 0"), err
     assert frozen_ended
+    # and nothing after it: no client of the dead store, no C++ stack of c10d's from the connections it reset
+    assert "frame #" not in err and "[c10d]" not in err, err
 
 
 def test_killed_torchrun_leaves_no_rank_running(tmp_path):

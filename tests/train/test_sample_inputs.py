@@ -107,6 +107,11 @@ def test_a_temperature_that_is_not_a_number_is_one_line(tmp_path, capsys):
         "error: --tokens must be >= 0 and --temperature a finite number >= 0, got 200 and nan")
 
 
+def test_a_number_of_tokens_beyond_the_bound_is_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    assert _fails(capsys, "--load", str(tmp_path / "nowhere"), "--prompt", "ab", "--tokens", "1000000000") == (
+        "error: --tokens 1000000000 is too large (at most 1048576 a call)")
+
+
 @pytest.mark.parametrize("key, value, param, there, here", [
     ("vocab_size", 300, "0.word", [256, 32], [300, 32]),
     ("seq_len", 64, "0.position", [16, 32], [64, 32]),

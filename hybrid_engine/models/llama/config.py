@@ -77,7 +77,7 @@ class LlamaConfig:
                 raise ValueError(f"Llama hidden {self.hidden} is not divisible by heads {self.heads} (give head-dim)")
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.head_dim % 2:
-            raise ValueError(f"Llama head dim {self.head_dim} is odd: RoPE rotates pairs of features")
+            raise ValueError(f"Llama head-dim {self.head_dim} is odd: RoPE rotates pairs of features")
         if self.heads % self.kv_heads:
             raise ValueError(f"Llama heads {self.heads} is not divisible by kv-heads {self.kv_heads}")
         if not self.max_positions:

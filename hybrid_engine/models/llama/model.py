@@ -47,7 +47,7 @@ def check_split(cfg: LlamaConfig, mp_size: int) -> None:
         raise ValueError(f"Llama heads {cfg.heads} is not divisible by the model-parallel size {mp_size}")
     if cfg.kv_heads % mp_size and mp_size % cfg.kv_heads:
         raise ValueError(f"Llama kv-heads {cfg.kv_heads} and the model-parallel size {mp_size}: one must divide the "
-                         "other (kv heads split whole, or replicated on the ranks that share one)")
+                         "other (each rank holds whole key/value groups, or ranks share a replicated one)")
     if cfg.ffn_hidden % mp_size:
         raise ValueError(f"Llama ffn-hidden {cfg.ffn_hidden} is not divisible by the model-parallel size {mp_size}")
 

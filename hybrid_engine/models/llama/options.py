@@ -48,8 +48,10 @@ class LlamaOptions(DecoderOptions):
                             ("--vocab-size", self.vocab_size)):
             if value < 0:
                 raise ConfigError(f"{flag} must be >= 0 (0: its default), got {value}")
-        if self.max_positions > 2**31 - 1 or self.vocab_size > 2**32:
-            raise ConfigError(f"--max-positions {self.max_positions} or --vocab-size {self.vocab_size} is too large")
+        for flag, value, most in (("--max-positions", self.max_positions, 2**31 - 1),
+                                  ("--vocab-size", self.vocab_size, 2**32)):
+            if value > most:
+                raise ConfigError(f"{flag} {value} is too large (at most {most})")
         for flag, value in (("--rope-theta", self.rope_theta), ("--norm-eps", self.norm_eps)):
             if not 0 < value < float("inf"):
                 raise ConfigError(f"{flag} must be a positive number, got {value}")

@@ -4,6 +4,7 @@ shape as the planner sees it."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -101,6 +102,17 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
                           recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size)
 
 
+# The shape's names in LlamaConfig's and check_split's messages (each spelled as its flag, without the dashes).
+_SHAPE_WORDS = re.compile(r"(?<![\w-])(vocab-size|layers|hidden|heads|kv-heads|ffn-hidden|seq-len|head-dim|"
+                          r"rope-theta|norm-eps|max-positions)(?![\w-])")
+
+
+def as_flags(message: str) -> str:
+    """A shape message of the Llama's in the flags' words: every field named as the flag a user typed."""
+    message = message.replace("the model-parallel size", "--mp").removeprefix("Llama ")
+    return _SHAPE_WORDS.sub(r"--\1", message)
+
+
 def check(cfg, grid, device_type: str) -> None:
     """The Llama's rules on this grid and its data, before any collective; one ConfigError line each."""
     m, mp, pp = cfg.model.options, grid.mp_size, grid.pp_size
@@ -112,7 +124,7 @@ def check(cfg, grid, device_type: str) -> None:
         shape = config_of_options(m, cfg.model.seed, 1)
         check_split(shape, mp)
     except ValueError as exc:
-        raise ConfigError(str(exc).replace("Llama ", "--").replace("the model-parallel size", "--mp")) from None
+        raise ConfigError(as_flags(str(exc))) from None
     if m.sequence_parallel and m.seq_len % mp:
         raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
     if m.seq_len > shape.max_positions:
