@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import hybrid_engine._C as _C
-from .engine import AUTO, ConfigError, ScheduleConfig
+from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
@@ -139,21 +139,10 @@ def check_training(
     merge_weight_grads: bool | None = False,
 ) -> None:
     """Everything about batch and schedule that can be wrong before training starts (each model checks its own
-    shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.validate); the two
-    checked here first keep their flag-naming lines. A field left to the planner (auto: 'auto' or None) is not
+    shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.check_rules), the
+    same that `python -m hybrid_engine.schedule` asks. A field left to the planner (auto: 'auto' or None) is not
     checked here: the planner's plan is, through this same function."""
-    if schedule == "interleaved" and virtual_stages is not None and virtual_stages < 2:
-        raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
-    if lookahead and schedule not in ("1f1b", "zb1", AUTO):
-        raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
-    requested = ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads)
-    requested.check_merge()
-    if schedule != AUTO and micro_batches is not None:
-        # the C++ core's rules for what is given; a count the planner has still to choose asked at its least
-        ScheduleConfig(schedule, micro_batches, virtual_stages or (2 if schedule == "interleaved" else 1),
-                       lookahead or 0, bool(merge_weight_grads)).validate(grid.pp_size)
-    if schedule not in ("interleaved", AUTO) and virtual_stages not in (1, None):
-        raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
+    ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads).check_rules(grid.pp_size)
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if micro_batches and batch_size % (grid.dp_size * micro_batches) != 0:  # < 1: the C++ core's to refuse

@@ -72,14 +72,17 @@ class GridGroups:
 
 
 def pipeline_channel_pairs(pp: int) -> list[tuple[int, int]]:
-    """Ordered (src, dst) pp-rank pairs that may carry traffic: neighbours both ways, the ring closed so
-    that interleaved schedules can pass the last rank's chunk output on to the first rank's next chunk."""
-    pairs: list[tuple[int, int]] = []
-    for src in range(pp):
-        for dst in ((src + 1) % pp, (src - 1) % pp):
-            if dst != src and (src, dst) not in pairs:
-                pairs.append((src, dst))
-    return pairs
+    """Ordered (src, dst) pp-rank pairs that may carry traffic, ascending: every hop between consecutive stages
+    of every stage placement (csrc/schedule/placement.h), both ways. Loop's two chunks per rank give the
+    neighbours and the ring's closing hop (the last rank's chunk output on to the first rank's next chunk), which
+    cover v's hops and those of any chunk count."""
+    pairs: set[tuple[int, int]] = set()
+    for placement in _C.schedule.placement_names():
+        ranks = [_C.schedule.stage_rank(s, pp, 2 * pp, placement) for s in range(2 * pp)]
+        for src, dst in zip(ranks, ranks[1:]):
+            if src != dst:
+                pairs |= {(src, dst), (dst, src)}
+    return sorted(pairs)
 
 
 def world_timeout() -> datetime.timedelta:
