@@ -107,19 +107,24 @@ def check_optimizer(o, steps: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ grid and training
-def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int) -> _C.ProcessGrid:
-    """The grid for this launch; dp defaults to world / (pp * mp)."""
-    for name, value in (("pp", pp), ("mp", mp)):
-        if value < 1:
-            raise ConfigError(f"--{name} must be >= 1, got {value}")
-    if dp is None:
-        if world_size % (pp * mp) != 0:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by pp x mp = {pp} x {mp} = {pp * mp}; set --dp explicitly"
-            )
-        dp = world_size // (pp * mp)
+def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int, cp: int = 1) -> _C.ProcessGrid:
+    """The grid for this launch; dp defaults to world / (cp * pp * mp). The sizes' and the order's rules are the
+    C++ grid's (csrc/grid/process_grid.h), asked before dp is derived from the others."""
     try:
-        grid = _C.ProcessGrid(dp, pp, mp, order)
+        _C.ProcessGrid(1 if dp is None else dp, pp, mp, order, cp=cp)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if dp is None:
+        named = [(name, value) for name, value in (("cp", cp), ("pp", pp), ("mp", mp)) if name != "cp" or cp > 1]
+        others = math.prod(value for _, value in named)
+        if world_size % others != 0:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by {' x '.join(n for n, _ in named)} = "
+                f"{' x '.join(str(v) for _, v in named)} = {others}; set --dp explicitly"
+            )
+        dp = world_size // others
+    try:
+        grid = _C.ProcessGrid(dp, pp, mp, order, cp=cp)
         grid.check_world_size(world_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

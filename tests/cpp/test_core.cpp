@@ -47,6 +47,29 @@ void test_grid_worked_example() {
   check(grid.model_parallel_group_of(7) == std::vector<int>({2, 3, 6, 7}), "model-parallel group of 7");
   check(grid.pp_next(2) == 6 && grid.pp_prev(2) == -1, "pipeline neighbours of rank 2");
   check(throws([] { hybrid::ProcessGrid(0, 1, 1); }), "dp=0 is rejected");
+  check(grid.order() == "mp-dp-pp" && grid.stride(hybrid::Axis::TP) == 1, "the default order, tp adjacent");
+}
+
+void test_grid_with_a_cp_axis() {
+  // process_grid.h's second example: dp=2 pp=2 tp=2 cp=2, order "mp-dp-pp", so cp sits right after tp.
+  using hybrid::Axis;
+  hybrid::ProcessGrid grid(2, 2, 2, "mp-dp-pp", /*cp=*/2);
+  check(grid.world_size() == 16 && grid.order() == "mp-cp-dp-pp", "cp shows in the order: " + grid.order());
+  const hybrid::GridCoord c = grid.coords(11);  // 11 = 1 + 2 * 1 + 4 * 0 + 8 * 1
+  check(c.mp == 1 && c.cp == 1 && c.dp == 0 && c.pp == 1, "rank 11 is (tp1, cp1, dp0, pp1)");
+  check(grid.group_of(0, Axis::CP) == std::vector<int>({0, 2}), "CP group of 0 is [0,2]");
+  check(grid.group_of(0, Axis::DP) == std::vector<int>({0, 4}), "DP group of 0 is [0,4]");
+  check(grid.group_of(2, {Axis::DP, Axis::CP}) == std::vector<int>({0, 4, 2, 6}), "DP x CP group of 2, dp fastest");
+  check(grid.groups({Axis::DP, Axis::CP}).size() == 4, "four DP x CP groups");
+  check(grid.model_parallel_group_of(0) == std::vector<int>({0, 1, 8, 9}), "model-parallel group of 0 is PP x TP");
+  // With cp = 1 the layout is the three-axis grid's, whatever the order.
+  for (const char* order : {"mp-dp-pp", "dp-pp-tp", "pp-mp-dp", "cp-dp-pp-mp"}) {
+    hybrid::ProcessGrid three(2, 3, 2, order), with_cp(2, 3, 2, order, 1);
+    for (int r = 0; r < 12; ++r) check(three.coords(r) == with_cp.coords(r), std::string("cp=1 keeps ") + order);
+  }
+  check(hybrid::ProcessGrid(1, 1, 1, "tp-dp-pp").order() == "tp-dp-pp", "tp keeps its spelling");
+  check(throws([] { hybrid::ProcessGrid(1, 1, 1, "mp-dp"); }), "an order without pp is refused");
+  check(throws([] { hybrid::ProcessGrid(1, 1, 1, "mp-dp-pp", 0); }), "cp=0 is refused");
 }
 
 void test_action_round_trip() {
@@ -202,6 +225,7 @@ void test_v_lowering() {
 
 int main() {
   test_grid_worked_example();
+  test_grid_with_a_cp_axis();
   test_action_round_trip();
   test_1f1b_bubble();
   test_every_schedule_runs();
