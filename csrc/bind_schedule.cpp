@@ -126,6 +126,8 @@ void bind_schedule(py::module_& root) {
         "The stages pipeline rank `rank` runs, ascending.");
   m.def("schedule_placement", [](const std::string& name) { return to_string(schedule_placement(name)); },
         py::arg("name"), "Where the named schedule puts its stages: 'loop' or 'v'.");
+  m.def("splits_backward", &splits_backward, py::arg("name"),
+        "Whether the named schedule splits the backward into I and W (what --merge-wgrad merges).");
   m.def("least_virtual_stages", &least_virtual_stages, py::arg("name"),
         "The fewest model chunks per rank the named schedule runs (a count left to the planner is asked at it).");
   m.def("check_schedule_request", &check_schedule_request, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),

@@ -102,6 +102,8 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+bool splits_backward(const std::string& name) { return name == "zb1"; }
+
 int least_virtual_stages(const std::string& name) { return name == "interleaved" ? 2 : 1; }
 
 void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {

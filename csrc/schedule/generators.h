@@ -25,6 +25,10 @@ namespace hybrid {
 // The names make_schedule accepts, in order of decreasing bubble.
 const std::vector<std::string>& schedule_names();
 
+// Whether the named schedule splits the backward into I and W (zb1): only then are there W actions to defer
+// or merge (--merge-wgrad).
+bool splits_backward(const std::string& name);
+
 // The fewest model chunks per rank a schedule runs: 2 for interleaved (it interleaves chunks), else 1.
 int least_virtual_stages(const std::string& name);
 

@@ -106,7 +106,7 @@ class ScheduleConfig:
 
     def check_merge(self) -> None:
         """--merge-wgrad only with zb1 (or a schedule left to the planner, which then picks zb1)."""
-        if self.merge_weight_grads and self.name not in ("zb1", AUTO):
+        if self.merge_weight_grads and self.name != AUTO and not _C.schedule.splits_backward(self.name):
             raise ConfigError(f"merging weight gradients applies to the zb1 schedule only (got {self.name}): it "
                               "merges the deferred W actions, which only zb1 has")
 
