@@ -84,8 +84,7 @@ class Engine(EngineState):
         self.precision, self.data_parallel, self._trace = precision, data_parallel, trace
         self.micro_batches = schedule.micro_batches
         self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
-        self.num_stages = self.pp_size * schedule.virtual_stages
-        self.placement = schedule.placement
+        self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
         layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
