@@ -106,11 +106,15 @@ bool splits_backward(const std::string& name) { return name == "zb1"; }
 
 int least_virtual_stages(const std::string& name) { return name == "interleaved" ? 2 : 1; }
 
-void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+void check_schedule_name(const std::string& name) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b, interleaved or zb1)");
   }
+}
+
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+  check_schedule_name(name);
   if (pp < 1) throw std::invalid_argument("pp must be >= 1 (got " + std::to_string(pp) + ")");
   if (micro_batches < 1) {
     throw std::invalid_argument("micro-batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
@@ -214,8 +218,7 @@ Schedule make_compute_schedule(const std::string& name, int pp, int micro_batche
 }
 
 Placement schedule_placement(const std::string& name) {
-  const auto& names = schedule_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) check_schedule_request(name, 1, 1, 1);
+  check_schedule_name(name);
   return Placement::Loop;  // every generator here runs chunk c of rank r as stage r + c pp
 }
 

@@ -24,6 +24,7 @@ namespace hybrid {
 
 // The names make_schedule accepts, in order of decreasing bubble.
 const std::vector<std::string>& schedule_names();
+void check_schedule_name(const std::string& name);  // throws std::invalid_argument naming the unknown schedule
 
 // Whether the named schedule splits the backward into I and W (zb1): only then are there W actions to defer
 // or merge (--merge-wgrad).
