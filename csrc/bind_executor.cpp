@@ -169,12 +169,14 @@ void bind_executor(py::module_& m) {
                        std::vector<at::Tensor> input_specs, std::vector<at::Tensor> output_specs,
                        const std::string& device, GradBufferPtr grads, std::shared_ptr<DpGradSync> dp_sync,
                        std::map<int, std::vector<int>> stage_buckets, bool merge_weight_grads, bool record_trace,
-                       bool overwrite_weight_grads, std::shared_ptr<CommTrace> comm_trace) {
+                       bool overwrite_weight_grads, std::shared_ptr<CommTrace> comm_trace,
+                       const std::string& placement) {
              ExecutorConfig config;
              config.pp_rank = pp_rank;
              config.pp_size = pp_size;
              config.num_stages = num_stages;
              config.num_micro = num_micro;
+             config.placement = parse_placement(placement);
              config.merge_weight_grads = merge_weight_grads;
              config.record_trace = record_trace;
              config.overwrite_weight_grads = overwrite_weight_grads;
@@ -197,8 +199,8 @@ void bind_executor(py::module_& m) {
            py::arg("grads"), py::arg("dp_sync") = nullptr,
            py::arg("stage_buckets") = std::map<int, std::vector<int>>{}, py::arg("merge_weight_grads") = false,
            py::arg("record_trace") = false, py::arg("overwrite_weight_grads") = false,
-           py::arg("comm_trace") = nullptr,
-           "programs: {stage: StageProgram} for this rank's stages; loss_fn: a callable (output, target) -> scalar, "
+           py::arg("comm_trace") = nullptr, py::arg("placement") = "loop",
+           "placement: the schedule's stage placement ('loop' | 'v', csrc/schedule/placement.h). programs: {stage: StageProgram} for this rank's stages; loss_fn: a callable (output, target) -> scalar, "
            "or None with builtin_mse (the C++ mean squared error).")
       .def("run", &PipelineExecutor::run, py::arg("inputs"), py::arg("targets"), py::arg("loss_multiplier"),
            py::call_guard<py::gil_scoped_release>())

@@ -6,6 +6,7 @@
 #include "schedule/action.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
+#include "schedule/placement.h"
 #include "schedule/simulate.h"
 #include "schedule/validate.h"
 
@@ -19,6 +20,10 @@ std::string costs_repr(const Costs& c) {
   auto num = [](double x) { return py::str(py::float_(x)).cast<std::string>(); };
   return "Costs(F=" + num(c.forward) + ", B=" + num(c.backward) + ", I=" + num(c.backward_input) +
          ", W=" + num(c.backward_weight) + ", latency=" + num(c.latency) + ")";
+}
+
+StagePlacement placement_of(int pp, int num_stages, const std::string& placement) {
+  return StagePlacement(pp, num_stages, parse_placement(placement));
 }
 
 }  // namespace
@@ -101,16 +106,54 @@ void bind_schedule(py::module_& root) {
   py::register_exception<DeadlockError>(m, "ScheduleDeadlockError", PyExc_RuntimeError);
 
   m.def("schedule_names", &schedule_names);
+  m.def("placement_names", &placement_names);
+  m.def("check_placement",
+        [](int pp, int num_stages, const std::string& placement) { placement_of(pp, num_stages, placement); },
+        py::arg("pp"), py::arg("num_stages"), py::arg("placement") = "loop",
+        "Raise ValueError unless the placement can put num_stages stages on pp ranks.");
+  m.def("stage_rank",
+        [](int stage, int pp, int num_stages, const std::string& placement) {
+          return placement_of(pp, num_stages, placement).rank_of(stage);
+        },
+        py::arg("stage"), py::arg("pp"), py::arg("num_stages"), py::arg("placement") = "loop",
+        "The pipeline rank that runs `stage` (csrc/schedule/placement.h): loop = stage mod pp, v = stage s and "
+        "2 pp - 1 - s on one rank.");
+  m.def("rank_stages",
+        [](int rank, int pp, int num_stages, const std::string& placement) {
+          return placement_of(pp, num_stages, placement).stages_of(rank);
+        },
+        py::arg("rank"), py::arg("pp"), py::arg("num_stages"), py::arg("placement") = "loop",
+        "The stages pipeline rank `rank` runs, ascending.");
+  m.def("schedule_placement", [](const std::string& name) { return to_string(schedule_placement(name)); },
+        py::arg("name"), "Where the named schedule puts its stages: 'loop' or 'v'.");
+  m.def("splits_backward", &splits_backward, py::arg("name"),
+        "Whether the named schedule splits the backward into I and W (what --merge-wgrad merges).");
+  m.def("least_virtual_stages", &least_virtual_stages, py::arg("name"),
+        "The fewest model chunks per rank the named schedule runs (a count left to the planner is asked at it).");
   m.def("check_schedule_request", &check_schedule_request, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("lookahead") = 0);
   m.def("make_compute_schedule", &make_compute_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("lookahead") = 0, "Compute-only program (F, B, I, W) of every rank.");
   m.def("make_schedule", &make_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("lookahead") = 0, "Program of every rank, with sends and receives.");
-  m.def("add_communication", &add_communication, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"));
-  m.def("validate", &validate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("micro_batches"));
-  m.def("simulate", &simulate, py::arg("schedule"), py::arg("pp"), py::arg("num_stages"),
-        py::arg("costs") = Costs(), py::arg("stage_costs") = std::vector<Costs>{},
+  m.def("add_communication",
+        [](const Schedule& schedule, int pp, int num_stages, const std::string& placement) {
+          return add_communication(schedule, placement_of(pp, num_stages, placement));
+        },
+        py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("placement") = "loop");
+  m.def("validate",
+        [](const Schedule& schedule, int pp, int num_stages, int micro_batches, const std::string& placement) {
+          validate(schedule, placement_of(pp, num_stages, placement), micro_batches);
+        },
+        py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("micro_batches"),
+        py::arg("placement") = "loop");
+  m.def("simulate",
+        [](const Schedule& schedule, int pp, int num_stages, const Costs& costs, const std::vector<Costs>& stage_costs,
+           const std::string& placement) {
+          return simulate(schedule, placement_of(pp, num_stages, placement), costs, stage_costs);
+        },
+        py::arg("schedule"), py::arg("pp"), py::arg("num_stages"), py::arg("costs") = Costs(),
+        py::arg("stage_costs") = std::vector<Costs>{}, py::arg("placement") = "loop",
         "stage_costs: per stage, the durations of its actions instead of costs' (latency stays costs').");
 }
 

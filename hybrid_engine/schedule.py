@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import NoReturn, Optional, Sequence
 
 from hybrid_engine.parallel.pipeline.schedule import (SCHEDULES, Costs, Schedule, SimResult, format_grid,
-                                                      make_schedule, simulate, timeline_rows)
+                                                      make_schedule, schedule_placement, simulate, timeline_rows)
 
 
 def _fraction_text(x: float) -> str:
@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Same model, same work per rank: a chunk holds 1/v of the rank's layers, so makespans compare across v.
         costs = Costs(F=rank_costs.F / v, B=rank_costs.B / v, I=rank_costs.I / v, W=rank_costs.W / v,
                       latency=args.latency)
-        result = simulate(schedule, costs)
+        result = simulate(schedule, costs, placement=schedule_placement(args.schedule))
     except (ValueError, RuntimeError) as exc:
         parser.error(str(exc))
     print(_report(args.schedule, args.pp, args.micro_batches, v, costs, rank_costs, schedule, result, args.comms))

@@ -17,7 +17,7 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
     engine = make_engine(model, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
                          virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"],
                          merge_weight_grads=cfg.get("merge_weight_grads", False) and schedule == "zb1",
-                         lookahead=cfg.get("lookahead", 0))
+                         lookahead=cfg.get("lookahead", 0), stage_impl=cfg.get("stage_impl", "auto"))
     data = SyntheticRegression(cfg["dim"], cfg.get("seed", 0), "cpu")
     per_dp = cfg["batch_size"] // dp
     d = groups.coords.dp

@@ -48,6 +48,7 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
                                    std::shared_ptr<CommTrace> comm_trace)
     : actions_(std::move(actions)),
       config_(config),
+      placement_(config.pp_size, config.num_stages, config.placement),
       programs_(std::move(programs)),
       loss_(std::move(loss)),
       send_channels_(std::move(send_channels)),
@@ -69,9 +70,12 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
   bool has_w = false;
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
-    if (stage_owner(a.stage, config_.pp_size) != config_.pp_rank) {
+    if (a.stage < 0 || a.stage >= config_.num_stages) {
+      throw std::invalid_argument(where(a) + ": stage outside 0.." + std::to_string(config_.num_stages - 1));
+    }
+    if (placement_.rank_of(a.stage) != config_.pp_rank) {
       throw std::invalid_argument(where(a) + ": stage is owned by pipeline rank " +
-                                  std::to_string(stage_owner(a.stage, config_.pp_size)));
+                                  std::to_string(placement_.rank_of(a.stage)));
     }
     if (is_backward_type(a.type)) last_grad_action_[a.stage] = i;
     if (a.type == ActionType::W) {
@@ -80,7 +84,7 @@ PipelineExecutor::PipelineExecutor(std::vector<Action> actions, ExecutorConfig c
     }
   }
   for (int stage = 0; stage < config_.num_stages; ++stage) {
-    const bool mine = stage_owner(stage, config_.pp_size) == config_.pp_rank;
+    const bool mine = placement_.rank_of(stage) == config_.pp_rank;
     auto it = programs_.find(stage);
     if (mine && (it == programs_.end() || !it->second)) {
       throw std::invalid_argument("no stage program for stage " + std::to_string(stage) + " of pipeline rank " +
@@ -260,8 +264,9 @@ void PipelineExecutor::execute(const Action& a) {
 
 void PipelineExecutor::forward(const Action& a) {
   MicroState& s = state(a.stage, a.micro);
-  const at::Tensor input =
-      is_first_stage(a.stage) ? (*step_.inputs)(a.micro) : take_recv(a, TensorKind::Activation);
+  const at::Tensor input = is_first_stage(a.stage)                   ? (*step_.inputs)(a.micro)
+                           : placement_.local_handoff(a.stage - 1) ? take_local_input(a)
+                                                                   : take_recv(a, TensorKind::Activation);
   program(a).forward(s, a.micro, input, is_first_stage(a.stage), is_last_stage(a.stage) ? step_.loss : nullptr);
   s.forwarded = true;
 }
@@ -269,7 +274,9 @@ void PipelineExecutor::forward(const Action& a) {
 void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   MicroState& s = state(a.stage, a.micro);
   if (!s.forwarded) throw std::runtime_error(where(a) + ": backward before forward");
-  const at::Tensor output_grad = is_last_stage(a.stage) ? at::Tensor() : take_recv(a, TensorKind::Gradient);
+  const at::Tensor output_grad = is_last_stage(a.stage)               ? at::Tensor()
+                                 : placement_.local_handoff(a.stage) ? take_local_output_grad(a)
+                                                                     : take_recv(a, TensorKind::Gradient);
   std::optional<DeferWeightGrads> defer;
   if (defer_weight_grads) defer.emplace(grads_->wgrad(), WgradKey{a.stage, a.micro});
   std::optional<OverwriteWeightGrads> overwrite;
@@ -277,6 +284,28 @@ void PipelineExecutor::backward(const Action& a, bool defer_weight_grads) {
   at::Tensor input_grad = program(a).backward(s, a.micro, output_grad, is_first_stage(a.stage),
                                               is_last_stage(a.stage) ? step_.loss : nullptr);
   if (!is_first_stage(a.stage)) s.input_grad = std::move(input_grad);
+}
+
+at::Tensor PipelineExecutor::take_local_input(const Action& a) {
+  MicroState& before = state(a.stage - 1, a.micro);
+  if (!before.output.defined()) {
+    throw std::runtime_error(where(a) + ": stage " + std::to_string(a.stage - 1) + " has no output to hand on (no F ran)");
+  }
+  // Detached as a send would: the stage's input is a leaf of its own, whose gradient goes back the same way.
+  at::Tensor input = before.output.detach();
+  if (!program(Action{a.stage - 1, a.type, a.micro}).needs_output_for_backward()) before.output.reset();
+  return input;
+}
+
+at::Tensor PipelineExecutor::take_local_output_grad(const Action& a) {
+  MicroState& after = state(a.stage + 1, a.micro);
+  if (!after.input_grad.defined()) {
+    throw std::runtime_error(where(a) + ": stage " + std::to_string(a.stage + 1) +
+                             " has no input gradient to hand back (no backward ran)");
+  }
+  at::Tensor grad = std::move(after.input_grad);
+  after.input_grad = at::Tensor();
+  return grad;
 }
 
 void PipelineExecutor::weight_grads(const Action& a) {

@@ -9,6 +9,10 @@
 // Lifetime: a micro-batch's stage input and output are dropped by the backward that last needs them; the
 // gradient sent upstream is dropped once its send completes.
 //
+// Two consecutive stages on this rank (the v placement's turn, or every stage with pp = 1) hand off without a
+// channel: the later stage's F takes the earlier one's output, the earlier one's backward takes the later one's
+// input gradient.
+//
 // Files: pipeline_executor.cpp runs the step and its compute actions; pipeline_p2p.cpp posts and waits for the
 // channel traffic. Every action and every wait is recorded in `activity_` (executor/activity.h), so a step stuck
 // on a peer can be named from another thread, or after the timeout threw.
@@ -33,6 +37,7 @@
 #include "executor/step_loss.h"
 #include "grad/grad_buffer.h"
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
@@ -52,6 +57,7 @@ struct ExecutorConfig {
   int pp_rank = 0;
   int pp_size = 1;
   int num_stages = 1;  // pp * virtual stages
+  Placement placement = Placement::Loop;  // which rank runs which stage: the schedule's (placement.h)
   int num_micro = 1;
   // zb1 only: W actions of a stage are gathered into one weight-gradient GEMM per layer at the stage's last
   // W (K = all micro-batches' rows) instead of one small GEMM per micro-batch.
@@ -151,11 +157,16 @@ class PipelineExecutor {
   bool is_first_stage(int stage) const { return stage == 0; }
   bool is_last_stage(int stage) const { return stage == config_.num_stages - 1; }
   // Whether this rank holds the first / last stage (and so consumes inputs / targets).
-  bool holds_first_stage() const { return stage_owner(0, config_.pp_size) == config_.pp_rank; }
-  bool holds_last_stage() const { return stage_owner(config_.num_stages - 1, config_.pp_size) == config_.pp_rank; }
+  bool holds_first_stage() const { return placement_.first_rank() == config_.pp_rank; }
+  bool holds_last_stage() const { return placement_.last_rank() == config_.pp_rank; }
+  // The input of forward `a` when stage a.stage - 1 runs here too (its output, handed on), and the output gradient
+  // of backward `a` when stage a.stage + 1 runs here (its input gradient).
+  at::Tensor take_local_input(const Action& a);
+  at::Tensor take_local_output_grad(const Action& a);
 
   std::vector<Action> actions_;
   ExecutorConfig config_;
+  StagePlacement placement_;
   std::map<int, std::shared_ptr<StageProgram>> programs_;
   LossSpec loss_;
   std::map<ChannelKey, Channel> send_channels_;

@@ -23,7 +23,7 @@ Action PipelineExecutor::recv_action(const Action& a, TensorKind kind) const {
 }
 
 int PipelineExecutor::recv_peer(const Action& a, TensorKind kind) const {
-  return stage_owner(kind == TensorKind::Activation ? a.stage - 1 : a.stage + 1, config_.pp_size);
+  return placement_.rank_of(kind == TensorKind::Activation ? a.stage - 1 : a.stage + 1);
 }
 
 void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {
@@ -34,7 +34,7 @@ void PipelineExecutor::post_recv(const Action& a, TensorKind kind) {
   }
   const TensorSpec& spec = activation ? input_specs_.at(a.stage) : output_specs_.at(a.stage);
   at::Tensor buffer = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype).device(device_));
-  const Channel& ch = channel(recv_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
+  const Channel& ch = channel(recv_channels_, placement_.rank_of(peer_stage), kind, a);
   std::vector<at::Tensor> tensors{buffer};
   auto key = std::make_tuple(a.stage, a.micro, static_cast<int>(kind));
   if (recvs_.count(key)) throw std::runtime_error(where(a) + ": receive posted twice");
@@ -85,11 +85,11 @@ void PipelineExecutor::post_send(const Action& a, TensorKind kind, const at::Ten
         << " (stage outputs must keep the shape and dtype seen on the first step)";
     throw std::runtime_error(msg.str());
   }
-  const Channel& ch = channel(send_channels_, stage_owner(peer_stage, config_.pp_size), kind, a);
+  const Channel& ch = channel(send_channels_, placement_.rank_of(peer_stage), kind, a);
   at::Tensor payload = tensor.contiguous();
   std::vector<at::Tensor> tensors{payload};
   sends_.push_back(PendingSend{ch.group->send(tensors, ch.peer_group_rank, /*tag=*/0), payload, a,
-                               stage_owner(peer_stage, config_.pp_size)});
+                               placement_.rank_of(peer_stage)});
 }
 
 void PipelineExecutor::reap_sends(bool wait_all) {

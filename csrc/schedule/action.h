@@ -43,7 +43,4 @@ Action parse_action(const std::string& text);           // throws std::invalid_a
 bool is_compute(ActionType type);  // F, B, I, W
 bool is_comm(ActionType type);     // SEND_*, RECV_*
 
-// The rank that owns a stage: stage s lives on rank s mod pp (interleaved placement; with v = 1, rank s).
-inline int stage_owner(int stage, int pp) { return stage % pp; }
-
 }  // namespace hybrid

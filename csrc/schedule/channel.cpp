@@ -9,27 +9,25 @@ std::string to_string(const Channel& channel) {
          (channel.kind == ChannelKind::Activation ? " (activations)" : " (gradients)");
 }
 
-std::optional<Action> recv_consumed_by(const Action& compute, int pp, int num_stages) {
+std::optional<Action> recv_consumed_by(const Action& compute, const StagePlacement& placement) {
   const int s = compute.stage;
-  const int here = stage_owner(s, pp);
-  if (compute.type == ActionType::F && s > 0 && stage_owner(s - 1, pp) != here) {
+  if (compute.type == ActionType::F && s > 0 && !placement.local_handoff(s - 1)) {
     return Action{s, ActionType::RECV_F, compute.micro};
   }
   const bool input_grad = compute.type == ActionType::B || compute.type == ActionType::I;
-  if (input_grad && s < num_stages - 1 && stage_owner(s + 1, pp) != here) {
+  if (input_grad && s < placement.num_stages - 1 && !placement.local_handoff(s)) {
     return Action{s, ActionType::RECV_B, compute.micro};
   }
   return std::nullopt;
 }
 
-std::optional<Action> send_produced_by(const Action& compute, int pp, int num_stages) {
+std::optional<Action> send_produced_by(const Action& compute, const StagePlacement& placement) {
   const int s = compute.stage;
-  const int here = stage_owner(s, pp);
-  if (compute.type == ActionType::F && s < num_stages - 1 && stage_owner(s + 1, pp) != here) {
+  if (compute.type == ActionType::F && s < placement.num_stages - 1 && !placement.local_handoff(s)) {
     return Action{s, ActionType::SEND_F, compute.micro};
   }
   const bool input_grad = compute.type == ActionType::B || compute.type == ActionType::I;
-  if (input_grad && s > 0 && stage_owner(s - 1, pp) != here) {
+  if (input_grad && s > 0 && !placement.local_handoff(s - 1)) {
     return Action{s, ActionType::SEND_B, compute.micro};
   }
   return std::nullopt;
@@ -46,12 +44,12 @@ Action peer_of(const Action& comm) {
   throw std::invalid_argument("peer_of: " + to_string(comm) + " is not a send or receive");
 }
 
-Channel channel_of(const Action& comm, int pp) {
+Channel channel_of(const Action& comm, const StagePlacement& placement) {
   const bool is_send = comm.type == ActionType::SEND_F || comm.type == ActionType::SEND_B;
   const Action send = is_send ? comm : peer_of(comm);
   const Action recv = is_send ? peer_of(comm) : comm;
   const bool forward = send.type == ActionType::SEND_F;
-  return {stage_owner(send.stage, pp), stage_owner(recv.stage, pp),
+  return {placement.rank_of(send.stage), placement.rank_of(recv.stage),
           forward ? ChannelKind::Activation : ChannelKind::Gradient};
 }
 

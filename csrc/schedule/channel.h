@@ -10,6 +10,7 @@
 #include <string>
 
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
@@ -32,16 +33,16 @@ std::string to_string(const Channel& channel);  // "rank 0 -> rank 1 (activation
 
 // The receive a compute action consumes: RECV_F for an F whose input comes from another rank, RECV_B for a
 // B or I whose output gradient comes from another rank; nothing at the pipeline ends or within one rank.
-std::optional<Action> recv_consumed_by(const Action& compute, int pp, int num_stages);
+std::optional<Action> recv_consumed_by(const Action& compute, const StagePlacement& placement);
 
 // The send that ships a compute action's result: SEND_F after an F, SEND_B after a B or I, when the
 // consumer lives on another rank.
-std::optional<Action> send_produced_by(const Action& compute, int pp, int num_stages);
+std::optional<Action> send_produced_by(const Action& compute, const StagePlacement& placement);
 
 // The other end of a message: SEND_F of stage s <-> RECV_F of stage s + 1, SEND_B of s <-> RECV_B of s - 1.
 Action peer_of(const Action& comm);
 
 // The channel a SEND_* or RECV_* travels on.
-Channel channel_of(const Action& comm, int pp);
+Channel channel_of(const Action& comm, const StagePlacement& placement);
 
 }  // namespace hybrid

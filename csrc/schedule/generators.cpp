@@ -58,10 +58,16 @@ std::vector<Action> one_f_one_b_rank(const std::vector<Action>& forwards, const 
   return ops;
 }
 
+// The stages rank r runs under the loop placement every generator here uses, in model order.
+std::vector<int> loop_stages(int rank, int pp, int virtual_stages) {
+  return rank_stages(rank, pp, pp * virtual_stages, Placement::Loop);
+}
+
 // Forward (stage, micro) of a rank's single stage, micro-batches in order; backwards likewise.
-std::vector<Action> one_stage_sequence(int rank, int micro_batches, ActionType type) {
+std::vector<Action> one_stage_sequence(int rank, int pp, int micro_batches, ActionType type) {
+  const int stage = loop_stages(rank, pp, 1).front();
   std::vector<Action> seq;
-  for (int k = 0; k < micro_batches; ++k) seq.push_back({rank, type, k});
+  for (int k = 0; k < micro_batches; ++k) seq.push_back({stage, type, k});
   return seq;
 }
 
@@ -82,8 +88,8 @@ Schedule one_stage_1f1b(int pp, int micro_batches, bool zero_bubble, int lookahe
   Schedule schedule(pp);
   for (int r = 0; r < pp; ++r) {
     const int warmup = pp - r - 1 + (r < pp - 1 ? lookahead : 0);
-    schedule[r] = one_f_one_b_rank(one_stage_sequence(r, micro_batches, ActionType::F),
-                                   one_stage_sequence(r, micro_batches, ActionType::B), warmup, zero_bubble,
+    schedule[r] = one_f_one_b_rank(one_stage_sequence(r, pp, micro_batches, ActionType::F),
+                                   one_stage_sequence(r, pp, micro_batches, ActionType::B), warmup, zero_bubble,
                                    zero_bubble ? r : 0);
   }
   return schedule;
@@ -96,11 +102,19 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
-void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+bool splits_backward(const std::string& name) { return name == "zb1"; }
+
+int least_virtual_stages(const std::string& name) { return name == "interleaved" ? 2 : 1; }
+
+void check_schedule_name(const std::string& name) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b, interleaved or zb1)");
   }
+}
+
+void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+  check_schedule_name(name);
   if (pp < 1) throw std::invalid_argument("pp must be >= 1 (got " + std::to_string(pp) + ")");
   if (micro_batches < 1) {
     throw std::invalid_argument("micro-batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
@@ -111,15 +125,16 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
   if (static_cast<long long>(pp) * virtual_stages * micro_batches > kMaxComputeActions) {
     throw std::invalid_argument("schedule too large: " + sizes_text(pp, micro_batches, virtual_stages));
   }
-  if (lookahead < 0) throw std::invalid_argument("lookahead must be >= 0 (got " + std::to_string(lookahead) + ")");
+  if (lookahead < 0) throw std::invalid_argument("--lookahead must be >= 0 (got " + std::to_string(lookahead) + ")");
   if (lookahead > 0 && name != "1f1b" && name != "zb1") {
-    throw std::invalid_argument("lookahead applies to 1f1b and zb1 only (got schedule '" + name + "')");
+    throw std::invalid_argument("--lookahead applies to --schedule 1f1b and zb1 only (got " + name + ")");
+  }
+  if (virtual_stages < least_virtual_stages(name)) {
+    throw std::invalid_argument("the " + name + " schedule needs --virtual-stages >= " +
+                                std::to_string(least_virtual_stages(name)) + " (it interleaves model chunks; got " +
+                                std::to_string(virtual_stages) + "); with one stage per rank use 1f1b");
   }
   if (name == "interleaved") {
-    if (virtual_stages < 2) {
-      throw std::invalid_argument("interleaved needs virtual stages >= 2 (got " + std::to_string(virtual_stages) +
-                                  "); with one stage per rank use 1f1b");
-    }
     if (pp < 2) throw std::invalid_argument("interleaved needs pp >= 2 (got " + std::to_string(pp) + ")");
     if (micro_batches % pp != 0) {
       // Megatron's order runs micro-batches through the chunks in rounds of pp; a partial round would
@@ -128,8 +143,8 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
                                   std::to_string(micro_batches) + ", pp=" + std::to_string(pp) + ")");
     }
   } else if (name != "gpipe" && virtual_stages != 1) {
-    throw std::invalid_argument(name + " runs one stage per rank (virtual stages must be 1, got " +
-                                std::to_string(virtual_stages) + "); use interleaved or gpipe for v > 1");
+    throw std::invalid_argument(name + " runs one stage per rank (--virtual-stages must be 1, got " +
+                                std::to_string(virtual_stages) + "); use interleaved or gpipe for more");
   }
 }
 
@@ -138,9 +153,10 @@ Schedule naive_compute(int pp, int micro_batches) {
   // the next F on rank 0 waits for that B, which waits for the whole pipeline's backward.
   Schedule schedule(pp);
   for (int r = 0; r < pp; ++r) {
+    const int stage = loop_stages(r, pp, 1).front();
     for (int k = 0; k < micro_batches; ++k) {
-      schedule[r].push_back({r, ActionType::F, k});
-      schedule[r].push_back({r, ActionType::B, k});
+      schedule[r].push_back({stage, ActionType::F, k});
+      schedule[r].push_back({stage, ActionType::B, k});
     }
   }
   return schedule;
@@ -149,11 +165,12 @@ Schedule naive_compute(int pp, int micro_batches) {
 Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages) {
   Schedule schedule(pp);
   for (int r = 0; r < pp; ++r) {
+    const std::vector<int> stages = loop_stages(r, pp, virtual_stages);
     for (int c = 0; c < virtual_stages; ++c) {
-      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({c * pp + r, ActionType::F, k});
+      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({stages[c], ActionType::F, k});
     }
     for (int c = virtual_stages - 1; c >= 0; --c) {
-      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({c * pp + r, ActionType::B, k});
+      for (int k = 0; k < micro_batches; ++k) schedule[r].push_back({stages[c], ActionType::B, k});
     }
   }
   return schedule;
@@ -172,12 +189,13 @@ Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages) {
   const int per_round = pp * virtual_stages;
   const int total = micro_batches * virtual_stages;
   for (int r = 0; r < pp; ++r) {
+    const std::vector<int> stages = loop_stages(r, pp, virtual_stages);
     std::vector<Action> forwards, backwards;
     for (int j = 0; j < total; ++j) {
       const int chunk = (j % per_round) / pp;
       const int micro = (j / per_round) * pp + j % pp;
-      forwards.push_back({chunk * pp + r, ActionType::F, micro});
-      backwards.push_back({(virtual_stages - 1 - chunk) * pp + r, ActionType::B, micro});
+      forwards.push_back({stages[chunk], ActionType::F, micro});
+      backwards.push_back({stages[virtual_stages - 1 - chunk], ActionType::B, micro});
     }
     const int warmup = (pp - r - 1) * 2 + (virtual_stages - 1) * pp;
     schedule[r] = one_f_one_b_rank(forwards, backwards, warmup, /*split_backward=*/false, 0);
@@ -199,9 +217,19 @@ Schedule make_compute_schedule(const std::string& name, int pp, int micro_batche
   return zb1_compute(pp, micro_batches, lookahead);
 }
 
+Placement schedule_placement(const std::string& name) {
+  check_schedule_name(name);
+  return Placement::Loop;  // every generator here runs chunk c of rank r as stage r + c pp
+}
+
+StagePlacement schedule_stage_placement(const std::string& name, int pp, int virtual_stages) {
+  return StagePlacement(pp, pp * virtual_stages, schedule_placement(name));
+}
+
 Schedule make_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
-  return add_communication(make_compute_schedule(name, pp, micro_batches, virtual_stages, lookahead), pp,
-                           pp * virtual_stages);
+  // The request's own checks first (their lines name the flag at fault), then the placement's.
+  const Schedule compute = make_compute_schedule(name, pp, micro_batches, virtual_stages, lookahead);
+  return add_communication(compute, schedule_stage_placement(name, pp, virtual_stages));
 }
 
 }  // namespace hybrid

@@ -2,8 +2,8 @@
 //
 // Each generator returns the compute-only program of every rank (F, B, I, W in execution order); the
 // lowering pass (lower.h) adds the sends and receives. Stages are global virtual stage indices
-// 0 .. pp * v - 1 and stage s runs on rank s % pp, so with v chunks per rank, rank r owns stages
-// r, r + pp, ..., r + (v - 1) * pp.
+// 0 .. pp * v - 1; which rank runs which is the schedule's placement (placement.h), loop for every schedule
+// here: with v chunks per rank, rank r owns stages r, r + pp, ..., r + (v - 1) * pp.
 //
 //   naive        stop-and-wait, the course base code: micro-batch k + 1 enters only after k's backward left.
 //   gpipe        all forwards, then all backwards (GPipe, arXiv 1811.06965); with v > 1 the same breadth-first
@@ -18,11 +18,20 @@
 #include <vector>
 
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
 // The names make_schedule accepts, in order of decreasing bubble.
 const std::vector<std::string>& schedule_names();
+void check_schedule_name(const std::string& name);  // throws std::invalid_argument naming the unknown schedule
+
+// Whether the named schedule splits the backward into I and W (zb1): only then are there W actions to defer
+// or merge (--merge-wgrad).
+bool splits_backward(const std::string& name);
+
+// The fewest model chunks per rank a schedule runs: 2 for interleaved (it interleaves chunks), else 1.
+int least_virtual_stages(const std::string& name);
 
 // Throws std::invalid_argument with one clear sentence if (name, pp, micro_batches, virtual_stages) is not a
 // schedule we can build: sizes < 1, an unknown name, v > 1 for a one-chunk schedule, interleaved with v < 2,
@@ -36,6 +45,12 @@ Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages = 1);
 Schedule one_f_one_b_compute(int pp, int micro_batches, int lookahead = 0);
 Schedule interleaved_compute(int pp, int micro_batches, int virtual_stages);
 Schedule zb1_compute(int pp, int micro_batches, int lookahead = 0);
+
+// Where a named schedule puts its stages (what lowering, validation, simulation and the executor are told).
+Placement schedule_placement(const std::string& name);
+
+// The placement of a request check_schedule_request accepts: pp ranks, pp * virtual_stages stages.
+StagePlacement schedule_stage_placement(const std::string& name, int pp, int virtual_stages);
 
 // Compute-only program of a named schedule, after check_schedule_request.
 Schedule make_compute_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1,

@@ -32,20 +32,17 @@ bool has_communication(const Schedule& schedule) {
   return false;
 }
 
-void check_pipeline_shape(const Schedule& schedule, int pp, int num_stages) {
-  if (pp < 1) throw std::invalid_argument("pp must be >= 1 (got " + std::to_string(pp) + ")");
-  if (num_stages < pp || num_stages % pp != 0) {
-    throw std::invalid_argument("num_stages must be a positive multiple of pp (got num_stages=" +
-                                std::to_string(num_stages) + ", pp=" + std::to_string(pp) + ")");
-  }
-  if (static_cast<int>(schedule.size()) != pp) {
+void check_pipeline_shape(const Schedule& schedule, const StagePlacement& placement) {
+  if (static_cast<int>(schedule.size()) != placement.pp) {
     throw std::invalid_argument("schedule has " + std::to_string(schedule.size()) + " rank lists, expected pp=" +
-                                std::to_string(pp));
+                                std::to_string(placement.pp));
   }
 }
 
-Schedule add_communication(const Schedule& compute, int pp, int num_stages) {
-  check_pipeline_shape(compute, pp, num_stages);
+Schedule add_communication(const Schedule& compute, const StagePlacement& placement) {
+  check_pipeline_shape(compute, placement);
+  const int pp = placement.pp;
+  const int num_stages = placement.num_stages;
   // Every send's position in its channel's FIFO, in the order the sending rank issues them.
   std::map<ActionKey, int> send_order;
   std::map<Channel, int> channel_sends;
@@ -56,11 +53,11 @@ Schedule add_communication(const Schedule& compute, int pp, int num_stages) {
         throw std::invalid_argument("add_communication expects compute-only lists, but " + where +
                                     " is already a send/receive");
       }
-      if (a.stage < 0 || a.stage >= num_stages || stage_owner(a.stage, pp) != r) {
+      if (a.stage < 0 || a.stage >= num_stages || placement.rank_of(a.stage) != r) {
         throw std::invalid_argument("add_communication: " + where + " is not a stage of rank " + std::to_string(r));
       }
-      if (auto send = send_produced_by(a, pp, num_stages)) {
-        send_order[key_of(*send)] = channel_sends[channel_of(*send, pp)]++;
+      if (auto send = send_produced_by(a, placement)) {
+        send_order[key_of(*send)] = channel_sends[channel_of(*send, placement)]++;
       }
     }
   }
@@ -72,14 +69,14 @@ Schedule add_communication(const Schedule& compute, int pp, int num_stages) {
     // be posted later than the one after it (suffix minimum), which keeps the channel FIFO.
     std::map<Channel, std::vector<PlannedRecv>> by_channel;
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
-      if (auto recv = recv_consumed_by(actions[i], pp, num_stages)) {
+      if (auto recv = recv_consumed_by(actions[i], placement)) {
         auto it = send_order.find(key_of(peer_of(*recv)));
         if (it == send_order.end()) {
           throw std::invalid_argument("add_communication: rank " + std::to_string(r) + " (" +
                                       to_string(actions[i]) + ") consumes " + to_string(peer_of(*recv)) +
                                       ", which no rank produces");
         }
-        by_channel[channel_of(*recv, pp)].push_back({*recv, i, it->second});
+        by_channel[channel_of(*recv, placement)].push_back({*recv, i, it->second});
       }
     }
     std::vector<PlannedRecv> planned;
@@ -101,7 +98,7 @@ Schedule add_communication(const Schedule& compute, int pp, int num_stages) {
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
       while (next_recv < planned.size() && planned[next_recv].slot == i) out.push_back(planned[next_recv++].recv);
       out.push_back(actions[i]);
-      if (auto send = send_produced_by(actions[i], pp, num_stages)) out.push_back(*send);
+      if (auto send = send_produced_by(actions[i], placement)) out.push_back(*send);
     }
   }
   return lowered;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
@@ -13,13 +14,14 @@ namespace hybrid {
 //
 // The result is deadlock-free whenever the compute order is (no rank waits for data whose producer waits
 // on it). Throws std::invalid_argument if the input already holds communication, has the wrong number of
-// ranks, places a stage on the wrong rank, or consumes a message that no rank produces.
-Schedule add_communication(const Schedule& compute, int pp, int num_stages);
+// ranks, places a stage on a rank `placement` does not give it, or consumes a message that no rank produces.
+// A hand-off between two stages of one rank (the v placement's turn) is no message: the executor passes it on.
+Schedule add_communication(const Schedule& compute, const StagePlacement& placement);
 
 // True if any rank's list holds a SEND_* or RECV_*.
 bool has_communication(const Schedule& schedule);
 
-// Throws std::invalid_argument unless pp >= 1, num_stages a positive multiple of pp and schedule has pp lists.
-void check_pipeline_shape(const Schedule& schedule, int pp, int num_stages);
+// Throws std::invalid_argument unless the schedule has one list per pipeline rank of `placement`.
+void check_pipeline_shape(const Schedule& schedule, const StagePlacement& placement);
 
 }  // namespace hybrid

@@ -50,8 +50,10 @@ double Costs::of(ActionType type) const {
   }
 }
 
-SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs,
+SimResult simulate(const Schedule& schedule, const StagePlacement& placement, const Costs& costs,
                    const std::vector<Costs>& stage_costs) {
+  const int pp = placement.pp;
+  const int num_stages = placement.num_stages;
   for (double c : {costs.forward, costs.backward, costs.backward_input, costs.backward_weight, costs.latency}) {
     if (!(c >= 0.0)) throw std::invalid_argument("costs and latency must be >= 0");
   }
@@ -67,7 +69,7 @@ SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs
   auto cost_of = [&](const Action& a) {
     return stage_costs.empty() ? costs.of(a.type) : stage_costs[a.stage].of(a.type);
   };
-  validate(schedule, pp, num_stages, infer_micro_batches(schedule));
+  validate(schedule, placement, infer_micro_batches(schedule));
   if (pp > 1 && !has_communication(schedule)) {
     throw std::invalid_argument("simulate needs the sends and receives of a pp > 1 schedule; "
                                 "lower it with add_communication first");
@@ -93,12 +95,12 @@ SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs
       const Action& a = actions[st.pos];
       double start = st.clock;
       if (a.type == ActionType::SEND_F || a.type == ActionType::SEND_B) {
-        channels[channel_of(a, pp)].send_times.push_back(st.clock);
+        channels[channel_of(a, placement)].send_times.push_back(st.clock);
       } else if (a.type == ActionType::RECV_F || a.type == ActionType::RECV_B) {
-        const Channel ch = channel_of(a, pp);
+        const Channel ch = channel_of(a, placement);
         posted[key(a)] = {ch, channels[ch].posted++, r, static_cast<int>(result.timeline[r].size())};
       } else {
-        if (auto recv = recv_consumed_by(a, pp, num_stages)) {
+        if (auto recv = recv_consumed_by(a, placement)) {
           const PostedRecv& in = posted.at(key(*recv));  // validate() guarantees it was posted earlier
           const auto& sent = channels[in.channel].send_times;
           if (in.index >= static_cast<int>(sent.size())) break;  // blocked: the data is not sent yet
@@ -127,10 +129,10 @@ SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs
   for (int r = 0; r < pp; ++r) {
     if (ranks[r].pos == schedule[r].size()) continue;
     const Action& a = schedule[r][ranks[r].pos];
-    const Action send = peer_of(*recv_consumed_by(a, pp, num_stages));
+    const Action send = peer_of(*recv_consumed_by(a, placement));
     stuck += "\n  rank " + std::to_string(r) + " is stuck at " + to_string(a) + " (action #" +
              std::to_string(ranks[r].pos) + "), waiting for " + to_string(send) + " from rank " +
-             std::to_string(stage_owner(send.stage, pp));
+             std::to_string(placement.rank_of(send.stage));
   }
   if (!stuck.empty()) throw DeadlockError("schedule deadlocks: no rank can make progress." + stuck);
 

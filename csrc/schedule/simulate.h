@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
@@ -53,7 +54,7 @@ class DeadlockError : public std::runtime_error {
 // or until its W when the backward is split (W still needs the stashed inputs).
 // stage_costs (optional, one per stage): the durations of that stage's actions instead of `costs`'s, e.g. the
 // medians measured in a trace (a "calibrated" simulation); the latency stays `costs.latency`.
-SimResult simulate(const Schedule& schedule, int pp, int num_stages, const Costs& costs = Costs(),
+SimResult simulate(const Schedule& schedule, const StagePlacement& placement, const Costs& costs = Costs(),
                    const std::vector<Costs>& stage_costs = {});
 
 }  // namespace hybrid

@@ -52,14 +52,15 @@ struct Located {
   int pos;
 };
 
-void check_channels(const Schedule& schedule, int pp) {
+void check_channels(const Schedule& schedule, const StagePlacement& placement) {
+  const int pp = placement.pp;
   std::map<Channel, std::vector<Located>> sends, recvs;
   for (int r = 0; r < pp; ++r) {
     for (int i = 0; i < static_cast<int>(schedule[r].size()); ++i) {
       const Action& a = schedule[r][i];
       if (!is_comm(a.type)) continue;
       const bool is_send = a.type == ActionType::SEND_F || a.type == ActionType::SEND_B;
-      (is_send ? sends : recvs)[channel_of(a, pp)].push_back({a, r, i});
+      (is_send ? sends : recvs)[channel_of(a, placement)].push_back({a, r, i});
     }
   }
   for (const auto& [channel, out] : sends) {
@@ -77,8 +78,10 @@ void check_channels(const Schedule& schedule, int pp) {
 
 }  // namespace
 
-void validate(const Schedule& schedule, int pp, int num_stages, int micro_batches) {
-  check_pipeline_shape(schedule, pp, num_stages);
+void validate(const Schedule& schedule, const StagePlacement& placement, int micro_batches) {
+  check_pipeline_shape(schedule, placement);
+  const int pp = placement.pp;
+  const int num_stages = placement.num_stages;
   if (micro_batches < 1) {
     throw std::invalid_argument("micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")");
   }
@@ -98,9 +101,10 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
       if (a.micro < 0 || a.micro >= micro_batches) {
         fail(r, i, a, "micro-batch out of range 0.." + std::to_string(micro_batches - 1));
       }
-      if (stage_owner(a.stage, pp) != r) {
+      if (placement.rank_of(a.stage) != r) {
         fail(r, i, a, "stage " + std::to_string(a.stage) + " belongs to rank " +
-                          std::to_string(stage_owner(a.stage, pp)));
+                          std::to_string(placement.rank_of(a.stage)) + " (" + to_string(placement.kind) +
+                          " placement)");
       }
       if (seen.has(a)) fail(r, i, a, "already listed at action #" + std::to_string(seen.at(a)));
       auto require = [&](const Action& before, const std::string& why) {
@@ -109,7 +113,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
       switch (a.type) {
         case ActionType::F:
           if (a.stage > 0) {
-            if (auto recv = recv_consumed_by(a, pp, num_stages)) {
+            if (auto recv = recv_consumed_by(a, placement)) {
               if (with_comms) require(*recv, "the receive of its input must be posted before it is consumed");
             } else {
               require({a.stage - 1, ActionType::F, a.micro}, "forward goes through the stages in order");
@@ -122,7 +126,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
           const ActionType other = a.type == ActionType::B ? ActionType::I : ActionType::B;
           if (seen.has(with_type(a, other))) fail(r, i, a, "a stage's backward is either B or I + W, not both");
           if (a.stage < last) {
-            if (auto recv = recv_consumed_by(a, pp, num_stages)) {
+            if (auto recv = recv_consumed_by(a, placement)) {
               if (with_comms) require(*recv, "the receive of its gradient must be posted before it is consumed");
             } else if (!seen.has({a.stage + 1, ActionType::B, a.micro}) &&
                        !seen.has({a.stage + 1, ActionType::I, a.micro})) {
@@ -139,7 +143,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
         case ActionType::SEND_B: {
           const Action producer = with_type(a, a.type == ActionType::SEND_F ? ActionType::F : ActionType::B);
           const Action split = with_type(a, ActionType::I);
-          if (send_produced_by(producer, pp, num_stages) != a) fail(r, i, a, "no other rank needs this tensor");
+          if (send_produced_by(producer, placement) != a) fail(r, i, a, "no other rank needs this tensor");
           if (!seen.has(producer) && !(a.type == ActionType::SEND_B && seen.has(split))) {
             fail(r, i, a, "sent before the compute that produces it");
           }
@@ -148,7 +152,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
         case ActionType::RECV_F:
         case ActionType::RECV_B: {
           const Action consumer = with_type(a, a.type == ActionType::RECV_F ? ActionType::F : ActionType::B);
-          if (recv_consumed_by(consumer, pp, num_stages) != a) fail(r, i, a, "no other rank sends this tensor");
+          if (recv_consumed_by(consumer, placement) != a) fail(r, i, a, "no other rank sends this tensor");
           break;
         }
       }
@@ -158,7 +162,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
 
   // Counts: each action is listed at most once (checked above), so "present" is "exactly once".
   for (int s = 0; s < num_stages; ++s) {
-    const int r = stage_owner(s, pp);
+    const int r = placement.rank_of(s);
     for (int k = 0; k < micro_batches; ++k) {
       const Action f{s, ActionType::F, k};
       if (!seen.has(f)) fail_missing(r, f, "every micro-batch goes forward through every stage");
@@ -170,7 +174,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
       if (seen.has(w) && !seen.has(in)) fail_missing(r, in, "every W needs its I");
       if (!with_comms) continue;
       for (const Action& compute : {f, seen.has(b) ? b : in}) {
-        for (auto comm : {recv_consumed_by(compute, pp, num_stages), send_produced_by(compute, pp, num_stages)}) {
+        for (auto comm : {recv_consumed_by(compute, placement), send_produced_by(compute, placement)}) {
           if (comm && !seen.has(*comm)) {
             fail_missing(r, *comm, to_string(compute) + " exchanges data with another rank");
           }
@@ -178,7 +182,7 @@ void validate(const Schedule& schedule, int pp, int num_stages, int micro_batche
       }
     }
   }
-  if (with_comms) check_channels(schedule, pp);
+  if (with_comms) check_channels(schedule, placement);
 }
 
 }  // namespace hybrid

@@ -2,13 +2,14 @@
 #pragma once
 
 #include "schedule/action.h"
+#include "schedule/placement.h"
 
 namespace hybrid {
 
 // Throws std::invalid_argument naming the rank, the action's position in its list and the action, for the
 // first of these problems:
 //   - a stage outside 0 .. num_stages - 1, a micro-batch outside 0 .. micro_batches - 1, a stage on a rank
-//     that does not own it, an action listed twice;
+//     the placement does not give it, an action listed twice;
 //   - order within a rank: F of stage s after F of stage s - 1 when both live here; B/I after the F of the
 //     same stage and after the backward of stage s + 1 when that lives here; W after its I; B never mixed
 //     with I/W for one (stage, micro-batch);
@@ -18,6 +19,6 @@ namespace hybrid {
 //     that consumes it, and on every channel the k-th send pairs with the k-th receive.
 // Forward-in-order and backward-in-reverse across ranks follow from the last group: a compute can only use
 // data that the previous stage sent. A compute-only list with pp > 1 is checked without that group.
-void validate(const Schedule& schedule, int pp, int num_stages, int micro_batches);
+void validate(const Schedule& schedule, const StagePlacement& placement, int micro_batches);
 
 }  // namespace hybrid

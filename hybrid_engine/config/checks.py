@@ -7,7 +7,7 @@ import math
 import re
 
 import hybrid_engine._C as _C
-from .engine import AUTO, ConfigError, ScheduleConfig
+from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
@@ -124,19 +124,24 @@ def check_optimizer(o, steps: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ grid and training
-def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int) -> _C.ProcessGrid:
-    """The grid for this launch; dp defaults to world / (pp * mp)."""
-    for name, value in (("pp", pp), ("mp", mp)):
-        if value < 1:
-            raise ConfigError(f"--{name} must be >= 1, got {value}")
-    if dp is None:
-        if world_size % (pp * mp) != 0:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by pp x mp = {pp} x {mp} = {pp * mp}; set --dp explicitly"
-            )
-        dp = world_size // (pp * mp)
+def resolve_grid(dp: int | None, pp: int, mp: int, order: str, world_size: int, cp: int = 1) -> _C.ProcessGrid:
+    """The grid for this launch; dp defaults to world / (cp * pp * mp). The sizes' and the order's rules are the
+    C++ grid's (csrc/grid/process_grid.h), asked before dp is derived from the others."""
     try:
-        grid = _C.ProcessGrid(dp, pp, mp, order)
+        _C.ProcessGrid(1 if dp is None else dp, pp, mp, order, cp=cp)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if dp is None:
+        named = [(name, value) for name, value in (("cp", cp), ("pp", pp), ("mp", mp)) if name != "cp" or cp > 1]
+        others = math.prod(value for _, value in named)
+        if world_size % others != 0:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by {' x '.join(n for n, _ in named)} = "
+                f"{' x '.join(str(v) for _, v in named)} = {others}; set --dp explicitly"
+            )
+        dp = world_size // others
+    try:
+        grid = _C.ProcessGrid(dp, pp, mp, order, cp=cp)
         grid.check_world_size(world_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -156,21 +161,10 @@ def check_training(
     merge_weight_grads: bool | None = False,
 ) -> None:
     """Everything about batch and schedule that can be wrong before training starts (each model checks its own
-    shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.validate); the two
-    checked here first keep their flag-naming lines. A field left to the planner (auto: 'auto' or None) is not
+    shape: models/registry.py). The schedule's own rules are the C++ core's (ScheduleConfig.check_rules), the
+    same that `python -m hybrid_engine.schedule` asks. A field left to the planner (auto: 'auto' or None) is not
     checked here: the planner's plan is, through this same function."""
-    if schedule == "interleaved" and virtual_stages is not None and virtual_stages < 2:
-        raise ConfigError("the interleaved schedule needs --virtual-stages >= 2 (it interleaves model chunks)")
-    if lookahead and schedule not in ("1f1b", "zb1", AUTO):
-        raise ConfigError(f"--lookahead applies to --schedule 1f1b and zb1 only (got {schedule})")
-    requested = ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads)
-    requested.check_merge()
-    if schedule != AUTO and micro_batches is not None:
-        # the C++ core's rules for what is given; a count the planner has still to choose asked at its least
-        ScheduleConfig(schedule, micro_batches, virtual_stages or (2 if schedule == "interleaved" else 1),
-                       lookahead or 0, bool(merge_weight_grads)).validate(grid.pp_size)
-    if schedule not in ("interleaved", AUTO) and virtual_stages not in (1, None):
-        raise ConfigError(f"--virtual-stages {virtual_stages} needs --schedule interleaved (got {schedule})")
+    ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads).check_rules(grid.pp_size)
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if micro_batches and batch_size % (grid.dp_size * micro_batches) != 0:  # < 1: the C++ core's to refuse

@@ -67,6 +67,11 @@ class ScheduleConfig:
         return self.virtual_stages or 1
 
     @property
+    def placement(self) -> str:
+        """Which pipeline rank runs which stage: the named schedule's ('loop' | 'v', csrc/schedule/placement.h)."""
+        return _C.schedule.schedule_placement(self.name)
+
+    @property
     def unset(self) -> tuple[str, ...]:
         """The fields left to the planner."""
         return tuple(name for name, value in (("name", self.name), ("micro_batches", self.micro_batches),
@@ -77,19 +82,31 @@ class ScheduleConfig:
 
     def validate(self, pp: int) -> None:
         """The C++ core's rules for this request (one line each), and the flags that only some schedules use."""
-        self.check_merge()
         if self.unset:
+            self.check_merge()
             raise ConfigError(f"schedule: {', '.join(self.unset)} left to auto: the driver's planner fills them "
                               "(an Engine takes a concrete schedule)")
+        self.check_rules(pp)
+
+    def check_rules(self, pp: int) -> None:
+        """The C++ core's rules for what this request fixes (csrc/schedule/generators.h check_schedule_request),
+        never restated here; its line names the flag at fault. A schedule left to the planner is checked once the
+        planner has named one; a count left to it is asked at a value every schedule takes (micro-batches: pp,
+        virtual stages: the schedule's least, lookahead: 0), so only what the user fixed can be refused."""
+        self.check_merge()
+        if self.name == AUTO:
+            return
+        micro = pp if self.micro_batches is None else self.micro_batches
+        chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None
+                  else self.virtual_stages)
         try:
-            _C.schedule.check_schedule_request(self.name, pp, self.micro_batches, self.virtual_stages,
-                                               self.lookahead)
+            _C.schedule.check_schedule_request(self.name, pp, micro, chunks, self.lookahead or 0)
         except ValueError as exc:
-            raise ConfigError(f"schedule: {exc}") from None
+            raise ConfigError(str(exc)) from None
 
     def check_merge(self) -> None:
         """--merge-wgrad only with zb1 (or a schedule left to the planner, which then picks zb1)."""
-        if self.merge_weight_grads and self.name not in ("zb1", AUTO):
+        if self.merge_weight_grads and self.name != AUTO and not _C.schedule.splits_backward(self.name):
             raise ConfigError(f"merging weight gradients applies to the zb1 schedule only (got {self.name}): it "
                               "merges the deferred W actions, which only zb1 has")
 

@@ -84,7 +84,7 @@ class Engine(EngineState):
         self.precision, self.data_parallel, self._trace = precision, data_parallel, trace
         self.micro_batches = schedule.micro_batches
         self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
-        self.num_stages = self.pp_size * schedule.virtual_stages
+        self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
         layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
@@ -92,7 +92,7 @@ class Engine(EngineState):
         self.layout = layout
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages,
                                  tp_chains=parallelize is parallelize_mlp)
-        self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages)
+        self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages, self.placement)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
         self._stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
@@ -108,7 +108,7 @@ class Engine(EngineState):
                    for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
         # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (parallel/data_parallel/tied.py).
-        self._tied = TiedGradients(model, layout, groups, self._stages)
+        self._tied = TiedGradients(model, layout, groups, self._stages, self.placement)
         self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
                                                pad_to=self.dp_size if sharded else 1,
@@ -169,7 +169,8 @@ class Engine(EngineState):
     # ----------------------------------------------------------------------------------------------- setup
     def stage_specs(self, micro_input: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Every stage's input and output shape and dtype (meta tensors); all ranks of the pipeline join."""
-        return probe_stage_specs(self._stages, self.groups, self.num_stages, self.precision, self.device, micro_input)
+        return probe_stage_specs(self._stages, self.groups, self.num_stages, self.placement, self.precision,
+                                 self.device, micro_input)
 
     def _build_executor(self, micro_input: torch.Tensor | None) -> _C.PipelineExecutor:
         inputs, outputs = self.stage_specs(micro_input)
@@ -190,7 +191,8 @@ class Engine(EngineState):
             loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
             input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
             stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
-            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace)
+            record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace,
+            placement=self.placement)
 
     # ----------------------------------------------------------------------------------------- the step
     @property

@@ -18,6 +18,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+import hybrid_engine._C as _C
+
 from hybrid_engine.models import losses
 
 
@@ -81,14 +83,15 @@ def _outputs(engine, inputs: torch.Tensor | None, micro_batches: int) -> list[to
     in_specs, _ = engine.stage_specs(micro_in[0] if micro_in else None)
     autocast = (torch.autocast(engine.device.type, dtype=engine.precision.half_dtype)
                 if engine.precision.autocast else contextlib.nullcontext())
+    owners = [_C.schedule.stage_rank(s, pp_size, engine.num_stages, engine.placement) for s in range(engine.num_stages)]
     outputs = []
     with autocast:
         for micro in range(micro_batches):
             x = micro_in[micro] if micro_in else None
             for s in range(engine.num_stages):
-                owner = s % pp_size
-                if s > 0 and owner != (s - 1) % pp_size:
-                    x = _pass(x, in_specs[s], (s - 1) % pp_size, owner, engine)
+                owner, before = owners[s], owners[s - 1] if s > 0 else None
+                if s > 0 and owner != before:
+                    x = _pass(x, in_specs[s], before, owner, engine)
                 if owner == pp_rank:
                     x = engine.stages[s](x)
             if engine.holds_last_stage:

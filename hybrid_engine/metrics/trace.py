@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import statistics
 
-from hybrid_engine.parallel.pipeline.schedule import Costs, make_schedule, simulate, timeline_rows
+from hybrid_engine.parallel.pipeline.schedule import Costs, make_schedule, schedule_placement, simulate, timeline_rows
 from .timeline import draw_timeline
 
 Span = tuple[str, int, int, float, float]  # (type, stage, micro, start_us, end_us)
@@ -78,7 +78,8 @@ def calibrated_bubble(rows: list[list[Span]], schedule: str, micro_batches: int,
     """The schedule's simulated bubble with each stage's measured action durations (no transfer time)."""
     program = make_schedule(schedule, len(rows), micro_batches, virtual_stages, lookahead)
     num_stages = len(rows) * virtual_stages
-    return simulate(program, num_stages=num_stages, stage_costs=stage_costs(rows, num_stages)).bubble
+    return simulate(program, num_stages=num_stages, stage_costs=stage_costs(rows, num_stages),
+                    placement=schedule_placement(schedule)).bubble
 
 
 def _read_trace(path: str) -> tuple[list[dict], float]:
@@ -157,7 +158,8 @@ def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches:
     if len(processes) > 1:
         events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}} for pid, name in processes]
     measured = measured_bubble(rows)
-    sim = simulate(make_schedule(schedule, len(rows), micro_batches, virtual_stages, lookahead))
+    sim = simulate(make_schedule(schedule, len(rows), micro_batches, virtual_stages, lookahead),
+                   placement=schedule_placement(schedule))
     summary = {"schedule": schedule, "pp": len(rows), "micro_batches": micro_batches,
                "measured_bubble": measured, "simulated_bubble": sim.bubble,
                "calibrated_bubble": calibrated_bubble(rows, schedule, micro_batches, virtual_stages, lookahead),

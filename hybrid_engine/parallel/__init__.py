@@ -1,7 +1,7 @@
-"""The grid and its three axes.
+"""The grid, a mesh of named axes (dp, cp, pp, mp alias tp, ep; csrc/grid/process_grid.h).
 
-    grid.py          build_groups: this rank's DP, PP (one two-rank group per channel) and MP process groups; the
-                     mapping table and the grid picture
+    grid.py          build_groups: this rank's DP, PP (one two-rank group per channel), MP, and with cp > 1 CP and
+                     DP x CP process groups; the mapping table and the grid picture
     nodes.py         which ranks share a host; MP groups kept inside a node
     pipeline/        schedules, stage programs (native or autograd), the cut of a model into stages, balancing
     tensor/          tensor-parallel layers (Megatron column/row), sequence parallelism, vocab-parallel loss

@@ -12,6 +12,7 @@ for `new_group` (30 minutes): a frozen peer must end the others within the timeo
 from __future__ import annotations
 
 import datetime
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -45,10 +46,19 @@ class GridGroups:
     pp_ranks: list[int]  # global ranks of this rank's pipeline, by pp coordinate
     # (src pp rank, dst pp rank, kind) -> channel, only for channels this rank sends or receives on
     channels: dict[tuple[int, int, str], Channel] = field(default_factory=dict)
+    # The context-parallel group (None while cp = 1), and the DP x CP group gradients reduce over: the dp group
+    # itself while cp = 1 (no group of its own: creating one is a collective every rank pays for).
+    cp: dist.ProcessGroup | None = None
+    dp_cp: dist.ProcessGroup | None = None
+
+    def __post_init__(self):
+        if self.dp_cp is None:
+            self.dp_cp = self.dp
 
     def destroy(self) -> None:
         """Release every group this rank belongs to (each holds threads and sockets); all ranks call it."""
         groups = [self.dp, self.pp, self.mp, self.model_parallel] + [c.group for c in self.channels.values()]
+        groups += [g for g in (self.cp, self.dp_cp) if g is not None and g is not self.dp]
         for group in groups:
             dist.destroy_process_group(group)
         self.channels.clear()
@@ -65,6 +75,8 @@ class GridGroups:
         named = [("mp", self.mp, g.group_of(r, "mp")), ("dp", self.dp, g.group_of(r, "dp")),
                  ("pp", self.pp, g.group_of(r, "pp")),
                  ("model-parallel", self.model_parallel, g.model_parallel_group_of(r))]
+        if self.cp is not None:
+            named += [("cp", self.cp, g.group_of(r, "cp")), ("dp x cp", self.dp_cp, g.group_of(r, "dp-cp"))]
         for (src, dst, kind), channel in sorted(self.channels.items()):
             ranks = [self.pp_ranks[src], self.pp_ranks[dst]]
             named.append((f"pp {kind} channel {src}->{dst}", channel.group, ranks))
@@ -72,14 +84,17 @@ class GridGroups:
 
 
 def pipeline_channel_pairs(pp: int) -> list[tuple[int, int]]:
-    """Ordered (src, dst) pp-rank pairs that may carry traffic: neighbours both ways, the ring closed so
-    that interleaved schedules can pass the last rank's chunk output on to the first rank's next chunk."""
-    pairs: list[tuple[int, int]] = []
-    for src in range(pp):
-        for dst in ((src + 1) % pp, (src - 1) % pp):
-            if dst != src and (src, dst) not in pairs:
-                pairs.append((src, dst))
-    return pairs
+    """Ordered (src, dst) pp-rank pairs that may carry traffic, ascending: every hop between consecutive stages
+    of every stage placement (csrc/schedule/placement.h), both ways. Loop's two chunks per rank give the
+    neighbours and the ring's closing hop (the last rank's chunk output on to the first rank's next chunk), which
+    cover v's hops and those of any chunk count."""
+    pairs: set[tuple[int, int]] = set()
+    for placement in _C.schedule.placement_names():
+        ranks = [_C.schedule.stage_rank(s, pp, 2 * pp, placement) for s in range(2 * pp)]
+        for src, dst in zip(ranks, ranks[1:]):
+            if src != dst:
+                pairs |= {(src, dst), (dst, src)}
+    return sorted(pairs)
 
 
 def world_timeout() -> datetime.timedelta:
@@ -111,6 +126,12 @@ def build_groups(grid: _C.ProcessGrid, rank: int, *, timeout_s: float | None = N
         group = new_group(ranks)
         if rank in ranks:
             mine["model_parallel"] = group
+    if grid.cp_size > 1:  # with cp = 1 the DP x CP group is the dp group, and there is no cp group to make
+        for axes, key in (("cp", "cp"), ("dp-cp", "dp_cp")):
+            for ranks in grid.groups(axes):
+                group = new_group(sorted(ranks))
+                if rank in ranks:
+                    mine[key] = group
 
     channels: dict[tuple[int, int, str], Channel] = {}
     for pp_ranks in grid.groups("pp"):
@@ -131,32 +152,49 @@ def build_groups(grid: _C.ProcessGrid, rank: int, *, timeout_s: float | None = N
         model_parallel=mine["model_parallel"],
         pp_ranks=grid.group_of(rank, "pp"),
         channels=channels,
+        cp=mine.get("cp"),
+        dp_cp=mine.get("dp_cp"),
     )
 
 
+# The axes besides dp, pp and mp that the table and the picture show, when they take part (size > 1).
+OPTIONAL_AXES = ("cp", "ep")
+
+
+def _shown_axes(grid: _C.ProcessGrid) -> list[str]:
+    """dp, then cp and ep where > 1, then pp and mp: every axis of the grid that tells ranks apart."""
+    return ["dp", *(a for a in OPTIONAL_AXES if grid.size(a) > 1), "pp", "mp"]
+
+
 def mapping_table(grid: _C.ProcessGrid, nodes: NodeMap, devices: list[str]) -> str:
-    """Rank -> (dp, pp, mp, device), grouped by host (hosts in the order of their lowest rank)."""
+    """Rank -> (dp, [cp, ep,] pp, mp, device), grouped by host (hosts in the order of their lowest rank)."""
+    axes = _shown_axes(grid)
     lines = [f"ranks by host, {nodes.host_summary()}"]
     for host in nodes.names:
         lines.append(f"{host}:")
-        lines.append(f"  {'rank':>4} {'dp':>3} {'pp':>3} {'mp':>3}  device")
+        lines.append(f"  {'rank':>4} " + " ".join(f"{a:>3}" for a in axes) + "  device")
         for rank in nodes.ranks_on(host):
             c = grid.coords(rank)
-            lines.append(f"  {rank:>4} {c.dp:>3} {c.pp:>3} {c.mp:>3}  {devices[rank]}")
+            lines.append(f"  {rank:>4} " + " ".join(f"{c.get(a):>3}" for a in axes) + f"  {devices[rank]}")
     return "\n".join(lines)
 
 
 def grid_picture(grid: _C.ProcessGrid, nodes: NodeMap | None = None) -> str:
-    """ASCII picture of the 3-D grid: one box per pipeline stage, DP replicas as rows, MP ranks as columns. With
-    several hosts, each row names its node (n0, n1, ...) and a '|' inside [..] marks where an MP group crosses
-    from one node to the next."""
-    lines = [f"grid dp={grid.dp_size} x pp={grid.pp_size} x mp={grid.mp_size}  (order {grid.order}, fastest first)"]
+    """ASCII picture of the grid: one box per pipeline stage, data-parallel replicas (and their cp and ep peers,
+    when those axes are > 1) as rows, MP ranks as columns. With several hosts, each row names its node (n0, n1,
+    ...) and a '|' inside [..] marks where an MP group crosses from one node to the next."""
+    axes = _shown_axes(grid)
+    lines = ["grid " + " x ".join(f"{a}={grid.size(a)}" for a in axes) +
+             f"  (order {grid.order}, fastest first)"]
     cell = max(len(str(grid.world_size - 1)), 2)
     several = nodes is not None and len(nodes.names) > 1
+    row_axes = axes[:-2]  # dp and any cp, ep: one row per combination, dp slowest
     for pp in range(grid.pp_size):
-        row_cells = []
-        for dp in range(grid.dp_size):
-            ranks = [grid.rank_of(dp, pp, mp) for mp in range(grid.mp_size)]
+        row_cells, labels = [], []
+        for values in itertools.product(*(range(grid.size(a)) for a in row_axes)):
+            where = dict(zip(row_axes, values))
+            ranks = [grid.rank_of(where["dp"], pp, mp, cp=where.get("cp", 0), ep=where.get("ep", 0))
+                     for mp in range(grid.mp_size)]
             text = f"{ranks[0]:>{cell}}"
             for before, rank in zip(ranks, ranks[1:]):
                 crosses = several and nodes.node_of(before) != nodes.node_of(rank)
@@ -164,12 +202,13 @@ def grid_picture(grid: _C.ProcessGrid, nodes: NodeMap | None = None) -> str:
             if several:
                 text += "]  " + "|".join(dict.fromkeys(f"n{nodes.node_of(r)}" for r in ranks))
             row_cells.append(text)
-        width = max(len(r) for r in row_cells)
+            labels.append(" ".join(f"{a}={v}" for a, v in where.items()))
+        width = max(len(r) for r in row_cells) + max(len(label) for label in labels) - len("dp=0")
         title = f" stage pp={pp} "
         inner = max(width + 12, len(title) + 2)
         lines.append("+" + title.center(inner, "-") + "+")
-        for dp, cells in enumerate(row_cells):
-            body = f" dp={dp}: [{cells}" + ("" if several else "]")
+        for label, cells in zip(labels, row_cells):
+            body = f" {label}: [{cells}" + ("" if several else "]")
             lines.append("|" + body.ljust(inner) + "|")
         lines.append("+" + "-" * inner + "+")
         if pp < grid.pp_size - 1:

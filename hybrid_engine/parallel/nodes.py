@@ -79,7 +79,7 @@ def check_mp_within_nodes(grid, nodes: NodeMap, allow: bool) -> str | None:
     per_node = min(len(nodes.ranks_on(h)) for h in nodes.names)
     if grid.mp_size > per_node:
         why = f"--mp {grid.mp_size} is more than the {per_node} rank{'s' if per_node > 1 else ''} of a node"
-    elif not grid.order.startswith("mp"):
+    elif grid.stride("mp") != 1:
         why = f"--order {grid.order} does not put MP peers on adjacent ranks (mp-dp-pp does)"
     elif per_node % grid.mp_size:
         why = f"a node's {per_node} ranks are not a multiple of --mp {grid.mp_size}"

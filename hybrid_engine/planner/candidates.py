@@ -78,7 +78,8 @@ def candidates(request: Request, per_dp: int, legal: Callable[[Plan], bool]) -> 
     names = [request.schedule] if request.schedule else list(_C.schedule.schedule_names())
     counts = [request.micro_batches] if request.micro_batches is not None else micro_batch_counts(per_dp)
     for name in names:
-        vs = [request.virtual_stages] if request.virtual_stages is not None else (VIRTUAL_STAGES if name == "interleaved" else (1,))
+        # every chunk count; the schedule's own rule (the C++ core's, through legal) keeps the ones it runs
+        vs = [request.virtual_stages] if request.virtual_stages is not None else (1, *VIRTUAL_STAGES)
         merges = [request.merge_wgrad] if request.merge_wgrad is not None else (False, True)
         aheads = [request.lookahead] if request.lookahead is not None else LOOKAHEADS
         for v in vs:

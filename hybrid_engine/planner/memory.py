@@ -9,6 +9,8 @@ on one card. The same rules as experiments/bench/memory_model.py, per layer inst
 """
 from __future__ import annotations
 
+from hybrid_engine.parallel.pipeline.schedule import rank_stages, schedule_placement, stage_rank
+
 from .candidates import Plan
 from .model_shape import ModelShape
 from .setting import Setting
@@ -22,9 +24,11 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, peak_in_flight: list[i
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
     tokens = s.per_dp / m * shape.tokens_per_sample
     cut = shape.cut(s.pp * v)
+    placement = schedule_placement(plan.schedule)
+    first_rank, last_rank = (stage_rank(st, s.pp, s.pp * v, placement) for st in (0, s.pp * v - 1))
     out = []
     for r in range(s.pp):
-        chunks = [cut[st] for st in range(r, s.pp * v, s.pp)]
+        chunks = [cut[st] for st in rank_stages(r, s.pp, s.pp * v, placement)]
         layers = [shape.layers[i] for chunk in chunks for i in chunk]
         params = sum(layer.params for layer in layers) / mp
         state = STATE_BYTES.get(s.optimizer, 8.0)
@@ -44,7 +48,7 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, peak_in_flight: list[i
             rebuilt = 0.0
         activations = peak_in_flight[r] * per_micro * tokens + rebuilt
         stash = (sum(layer.stash / mp for layer in layers) * e * tokens * m) if plan.merge_wgrad else 0.0
-        first, last = r == 0, r == s.pp - 1
+        first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
         backward = 3 * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
         out.append(weights + activations + stash + data + backward)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid_engine.parallel.pipeline.schedule import Costs, SimResult, make_schedule, simulate
+from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_schedule, rank_stages, schedule_placement,
+                                                      simulate, stage_rank)
 
 from .candidates import Plan
 from .card import Card
@@ -97,11 +98,12 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     return costs, merged, mp_s, mp_count
 
 
-def rank_params(shape: ModelShape, s: Setting, virtual_stages: int) -> list[float]:
+def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: str = "loop") -> list[float]:
     """Parameters held by each pipeline rank (its share of MP)."""
     out = [0.0] * s.pp
-    for stage, layers in enumerate(shape.cut(s.pp * virtual_stages)):
-        out[stage % s.pp] += sum(shape.layers[i].params for i in layers) / s.mp
+    num_stages = s.pp * virtual_stages
+    for stage, layers in enumerate(shape.cut(num_stages)):
+        out[stage_rank(stage, s.pp, num_stages, placement)] += sum(shape.layers[i].params for i in layers) / s.mp
     return out
 
 
@@ -111,14 +113,15 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
     latency = card.latency_s + tokens * shape.hidden * s.elem / card.p2p_bytes_s if s.pp > 1 else 0.0
     schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
-    sim = simulate(schedule, Costs(latency=latency), stage_costs=costs)
-    stages = s.pp * plan.virtual_stages
-    per_rank_merged = [sum(merged[st] for st in range(r, stages, s.pp)) for r in range(s.pp)]
-    params = rank_params(shape, s, plan.virtual_stages)
+    placement = schedule_placement(plan.schedule)
+    sim = simulate(schedule, Costs(latency=latency), stage_costs=costs, placement=placement)
+    held = [rank_stages(r, s.pp, s.pp * plan.virtual_stages, placement) for r in range(s.pp)]
+    per_rank_merged = [sum(merged[st] for st in held[r]) for r in range(s.pp)]
+    params = rank_params(shape, s, plan.virtual_stages, placement)
     worst = 0.0
     dp_worst = update_worst = 0.0
     for r in range(s.pp):
-        last_backward = sum(costs[st].B for st in range(r, stages, s.pp)) + per_rank_merged[r]
+        last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
         dp_s, dp_exposed = 0.0, 0.0
         if s.dp > 1:
             nbytes = params[r] * s.grad_wire_bytes

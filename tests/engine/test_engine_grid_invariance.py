@@ -85,3 +85,20 @@ def test_lookahead_trains_the_same_model(reference):
                 assert results[r][index]["losses"] == pytest.approx(ref_losses, rel=1e-5), (run, r)
                 state.update({k: torch.from_numpy(v) for k, v in results[r][index]["state"].items()})
             assert max(_rel(state[k], ref_state[k]) for k in ref_state) < 1e-5, (run, cfg["lookahead"])
+
+
+@pytest.mark.parametrize("stage_impl", ["auto", "autograd"])
+def test_stages_handed_on_within_a_rank_and_looped_gpipe(reference, stage_impl):
+    """Several stages per rank outside interleaved: gpipe's looped order over 2 and 3 chunks on pp=2 (the last rank
+    hands its chunk's output back to rank 0 on the ring), and pp=1 with 2 stages, where the hand-off from stage 0
+    to stage 1 never leaves the rank (no channel: the executor passes the output on and the gradient back), through
+    the native chains and through autograd."""
+    ref_losses, ref_state = reference
+    for world, runs in ((1, [(1, 1, 1, "gpipe", 2)]), (2, [(1, 2, 1, "gpipe", 2), (1, 2, 1, "gpipe", 3)])):
+        results = run_ranks(world, sweep, runs, dict(CFG, stage_impl=stage_impl), timeout=300)
+        for index, run in enumerate(runs):
+            state = {}
+            for r in range(world):
+                assert results[r][index]["losses"] == pytest.approx(ref_losses, rel=1e-5), (run, r)
+                state.update({k: torch.from_numpy(v) for k, v in results[r][index]["state"].items()})
+            assert max(_rel(state[k], ref_state[k]) for k in ref_state) < 1e-5, run

@@ -44,7 +44,8 @@ def test_cli_bad_input_is_one_line_and_exit_2():
     (["--schedule", "1f1b", "--pp", "2", "--micro-batches", "4", "--latency", "-1"], "--latency must be >= 0"),
     (["--schedule", "1f1b", "--pp", "two", "--micro-batches", "4"], "invalid int value: 'two'"),
     (["--pp", "2", "--micro-batches", "4"], "the following arguments are required: --schedule"),
-    (["--schedule", "gpipe", "--pp", "2", "--micro-batches", "4", "--lookahead", "1"], "applies to 1f1b and zb1 only"),
+    (["--schedule", "gpipe", "--pp", "2", "--micro-batches", "4", "--lookahead", "1"],
+     "--lookahead applies to --schedule 1f1b and zb1 only (got gpipe)"),
 ])
 def test_cli_rejects_bad_arguments_in_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_:

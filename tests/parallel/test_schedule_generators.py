@@ -114,7 +114,7 @@ def test_one_rank_needs_no_communication(name):
     (("1f1b", 2, 4, 2), "1f1b runs one stage per rank"),
     (("zb1", 2, 4, 2), "zb1 runs one stage per rank"),
     (("naive", 2, 4, 2), "naive runs one stage per rank"),
-    (("interleaved", 2, 4, 1), "interleaved needs virtual stages >= 2"),
+    (("interleaved", 2, 4, 1), "the interleaved schedule needs --virtual-stages >= 2"),
     (("interleaved", 1, 4, 2), "interleaved needs pp >= 2"),
     (("interleaved", 4, 6, 2), "interleaved needs micro-batches to be a multiple of pp (got micro-batches=6, pp=4)"),
     (("gpipe", 1024, 1 << 20, 4), "schedule too large"),

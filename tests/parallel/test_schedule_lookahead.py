@@ -51,5 +51,5 @@ def test_hides_the_round_trip_once_sends_take_time(name, gain_per_latency):
 def test_bad_requests_name_the_problem():
     with pytest.raises(ValueError, match="lookahead must be >= 0"):
         make_schedule("1f1b", 2, 4, 1, -1)
-    with pytest.raises(ValueError, match="applies to 1f1b and zb1 only"):
+    with pytest.raises(ValueError, match="--lookahead applies to --schedule 1f1b and zb1 only \\(got gpipe\\)"):
         make_schedule("gpipe", 2, 4, 1, 1)

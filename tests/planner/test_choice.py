@@ -84,7 +84,7 @@ def test_nothing_fits_is_one_line():
 
 
 def test_every_plan_is_legal_for_the_grid():
-    cfg = parse_config(["--dim", "64", "--depth", "6", "--batch-size", "24"])
+    cfg = parse_config(["--dim", "64", "--depth", "6", "--batch-size", "24", "--pp", "2"])  # the Setting's grid
     grid = resolve_grid(None, 2, 1, cfg.parallel.order, 2)
     legal = legality(cfg, 2, "cpu", registry.check_model)
     choice = choose(mlp_shape(64, 6), CARDS["h100"], Setting(1, 2, 1, 24), Request(), legal)

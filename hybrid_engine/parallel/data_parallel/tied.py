@@ -5,9 +5,10 @@ token embedding and the LM head as "word_embeddings"); they start equal. Each co
 use; the weight's true gradient is their sum. Megatron's embedding all-reduce: after the DP sync and before the
 overflow check, clipping and the update, each copy's gradient becomes the sum --
 
-    one stage holds both (pp = 1)   added locally
-    first and last stage differ     all-reduce over a two-rank group {pp rank 0, pp rank pp-1} of the same
-                                    (dp, mp) coordinates (with MP, both copies are the same vocabulary shard)
+    one rank holds both             added locally (pp = 1, or a placement with both ends on one rank)
+    first and last stage differ     all-reduce over a two-rank group {the first stage's pp rank, the last
+                                    stage's} of the same (dp, mp) coordinates, found through the schedule's
+                                    placement (with MP, both copies are the same vocabulary shard)
 
 -- so both copies take the same update and stay equal. In the global gradient norm the weight counts once: the
 copy on stage 0 counts, the others do not (`not_counted`).
@@ -29,6 +30,7 @@ import torch.nn as nn
 
 from typing import Callable
 
+import hybrid_engine._C as _C
 from hybrid_engine.parallel.grid import GridGroups
 
 
@@ -60,17 +62,20 @@ def _default_timeout() -> datetime.timedelta | None:
 
 class TiedGradients:
     """Sums the gradients of this rank's tied copies (see the module docstring). Construct it on every rank, in
-    the same order relative to other group creation: it creates one group per (dp, mp) pipeline when pp > 1."""
+    the same order relative to other group creation: it creates one group per (dp, mp) pipeline when the first
+    and the last stage sit on different pipeline ranks. placement: the schedule's (csrc/schedule/placement.h)."""
 
     def __init__(self, model: nn.Sequential, layout: list[list[int]], groups: GridGroups,
-                 stages: dict[int, nn.Module]):
+                 stages: dict[int, nn.Module], placement: str = "loop"):
         self.tags = tied_stages(model, layout)
         self.group: dist.ProcessGroup | None = None
         self._groups_made: list[dist.ProcessGroup] = []
-        if self.tags and groups.grid.pp_size > 1:
+        pp, num_stages = groups.grid.pp_size, len(layout)
+        ends = {_C.schedule.stage_rank(s, pp, num_stages, placement) for s in (0, num_stages - 1)}
+        if self.tags and len(ends) > 1:
             timeout = _default_timeout()
             for pp_ranks in groups.grid.groups("pp"):
-                members = sorted({pp_ranks[0], pp_ranks[-1]})
+                members = sorted(pp_ranks[end] for end in ends)
                 group = dist.new_group(members, timeout=timeout) if timeout else dist.new_group(members)
                 if groups.rank in members:
                     self.group = group

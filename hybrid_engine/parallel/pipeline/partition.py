@@ -7,11 +7,13 @@ Linear is never split from its ReLU. Blocks are then cut into `num_stages` conti
     stage i gets floor(n / S) blocks, and the first (n mod S) stages get one more.
 
 Earlier stages take the extra block because the last stage also computes the loss. With virtual stages,
-S = pp * v and stage s lives on pipeline rank s mod pp (interleaved placement).
+S = pp * v; which pipeline rank holds which stage is the schedule's placement (csrc/schedule/placement.h).
 """
 from __future__ import annotations
 
 import torch.nn as nn
+
+import hybrid_engine._C as _C
 
 
 def _has_params(module: nn.Module) -> bool:
@@ -62,6 +64,6 @@ def check_layout(layout: list[list[int]], num_modules: int, num_stages: int) -> 
     return lists
 
 
-def stages_of_rank(pp_rank: int, pp_size: int, virtual_stages: int) -> list[int]:
-    """Global stage indices held by a pipeline rank (stage s on rank s mod pp)."""
-    return [pp_rank + chunk * pp_size for chunk in range(virtual_stages)]
+def stages_of_rank(pp_rank: int, pp_size: int, virtual_stages: int, placement: str = "loop") -> list[int]:
+    """Global stage indices held by a pipeline rank, ascending (the placement's, csrc/schedule/placement.h)."""
+    return _C.schedule.rank_stages(pp_rank, pp_size, pp_size * virtual_stages, placement)
