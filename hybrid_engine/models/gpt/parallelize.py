@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 from hybrid_engine.models.decoder import exclude_from_weight_decay
 from .model import TIED_EMBEDDINGS, Block, Embedding, GPTConfig, Head, LayerNorm, layer_norm, residual_stream
 from hybrid_engine.parallel.tensor.sequence_parallel import (_sp_param, gather_along_sequence,
@@ -242,11 +242,11 @@ class ParallelBlock(Block):
         return layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
 
     def _sp_column(self, x: torch.Tensor, layer: ColumnParallelLinear) -> torch.Tensor:
-        return _C.column_parallel_linear(x, layer.weight, layer.bias, layer.grad_buffer, self.mp_group, True,
+        return ops.column_parallel_linear(x, layer.weight, layer.bias, layer.grad_buffer, self.mp_group, True,
                                          layer.comm_trace, layer.trace_layer)
 
     def _sp_row(self, x: torch.Tensor, layer: RowParallelLinear) -> torch.Tensor:
-        summed = _C.row_parallel_linear(x, layer.weight, layer.grad_buffer, self.mp_group, True, layer.comm_trace,
+        summed = ops.row_parallel_linear(x, layer.weight, layer.grad_buffer, self.mp_group, True, layer.comm_trace,
                                         layer.trace_layer)
         return summed + _sp_param(layer.bias, self.mp_group)
 
@@ -330,7 +330,7 @@ class ParallelHead(Head):
         ln = self.ln_f
         x = layer_norm(x, _sp_param(ln.weight, self.mp_group), _sp_param(ln.bias, self.mp_group))
         head = self.lm_head
-        return _C.column_parallel_linear(x, head.weight, None, head.grad_buffer, self.mp_group, True, head.comm_trace,
+        return ops.column_parallel_linear(x, head.weight, None, head.grad_buffer, self.mp_group, True, head.comm_trace,
                                          self.index)
 
     def extra_repr(self) -> str:
@@ -343,7 +343,7 @@ def parallelize_gpt(model: nn.Sequential, mp_group: Optional[dist.ProcessGroup],
     """A new Sequential with each GPT layer of `model` (the whole GPT or any contiguous stage of it) replaced by
     its tensor-parallel twin holding this rank's slices; same module names. Works on the meta device too: the
     twins are then empty and `models.materialize` draws each one's full layer from its seed and slices it.
-    With mp_group None (or of size 1) the layers still compute through `_C.linear` (deferrable weight
+    With mp_group None (or of size 1) the layers still compute through `ops.linear` (deferrable weight
     gradients) and hold the full tensors. Other modules are deep-copied and marked replicated."""
     modules: "OrderedDict[str, nn.Module]" = OrderedDict()
     for name, layer in model.named_children():

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 from hybrid_engine.models.decoder import (INIT_STD, TIED_EMBEDDINGS, draw_full, exclude_from_weight_decay,
                                           maybe_recompute)
 from hybrid_engine.models.mlp.model import _generator, stream_seed
@@ -257,19 +257,19 @@ class Block(_Layer):
         MP backward (Megatron's f); under SP the sequence all-gathered (backward: reduce-scatter)."""
         if self.sequence_parallel:
             return gather_along_sequence(x, self.mp_group)
-        return _C.copy_to_mp_region(x, self.mp_group)
+        return ops.copy_to_mp_region(x, self.mp_group)
 
     def _row(self, x: torch.Tensor, layer: RowParallelLinear) -> torch.Tensor:
-        return _C.row_parallel_linear(x, layer.weight, layer.grad_buffer, self.mp_group, self.sequence_parallel,
+        return ops.row_parallel_linear(x, layer.weight, layer.grad_buffer, self.mp_group, self.sequence_parallel,
                                       layer.comm_trace, layer.trace_layer)
 
     def _kv(self, x: torch.Tensor) -> torch.Tensor:
         kv = self.attn_kv
         if self.kv_split:
-            return _C.linear(x, kv.weight, kv.bias, kv.grad_buffer)
+            return ops.linear(x, kv.weight, kv.bias, kv.grad_buffer)
         # replicated: this rank's kv head only; every rank's partial gradient of the whole weight summed over MP
         rows = slice(self.kv_head * 2 * self.cfg.head_dim, (self.kv_head + 1) * 2 * self.cfg.head_dim)
-        weight, bias = (None if t is None else _C.copy_to_mp_region(t, self.mp_group)[rows]
+        weight, bias = (None if t is None else ops.copy_to_mp_region(t, self.mp_group)[rows]
                         for t in (kv.weight, kv.bias))
         return F.linear(x, weight, bias)
 
@@ -288,14 +288,14 @@ class Block(_Layer):
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         x = self._enter(self.norm_attn(x, self._sp(self.norm_attn.weight)))
-        q = _C.linear(x, self.attn_q.weight, self.attn_q.bias, self.attn_q.grad_buffer)
+        q = ops.linear(x, self.attn_q.weight, self.attn_q.bias, self.attn_q.grad_buffer)
         y = maybe_recompute(self.recompute_attention_core, self.attention_core, q, self._kv(x))
         return self._row(y, self.attn_out)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         x = self._enter(self.norm_mlp(x, self._sp(self.norm_mlp.weight)))
-        gate = _C.linear(x, self.mlp_gate.weight, None, self.mlp_gate.grad_buffer)
-        up = _C.linear(x, self.mlp_up.weight, None, self.mlp_up.grad_buffer)
+        gate = ops.linear(x, self.mlp_gate.weight, None, self.mlp_gate.grad_buffer)
+        up = ops.linear(x, self.mlp_up.weight, None, self.mlp_up.grad_buffer)
         return self._row(F.silu(gate) * up, self.mlp_down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -352,7 +352,7 @@ class Head(_Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x, self._sp(self.norm.weight))
         head = self.lm_head
-        return _C.column_parallel_linear(x, head.weight, None, head.grad_buffer, self.mp_group,
+        return ops.column_parallel_linear(x, head.weight, None, head.grad_buffer, self.mp_group,
                                          self.sequence_parallel, head.comm_trace, self.index)
 
 

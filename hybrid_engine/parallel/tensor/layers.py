@@ -5,12 +5,12 @@ through `copy_to_mp_region`, the paper's `f`) feeds, through an elementwise acti
 RowParallelLinear (weight split along input features, its partial outputs summed by `reduce_from_mp_region`, the
 paper's `g`, bias added after the sum). One all-reduce per pair forward, one backward.
 
-All layers compute through the C++ core: `Linear` through `_C.linear`, the parallel ones through
-`_C.column_parallel_linear` / `_C.row_parallel_linear`, which hold their MP collective inside the layer's autograd
-function, so the backward's input-gradient all-reduce runs under the weight gradient's GEMM (csrc/tp/parallel_linear.h).
-A layer's `grad_buffer` (None until an Engine hands it its `_C.GradBuffer`) decides where the weight gradient
+All layers compute through the C++ core's torch operators (ops.py): `Linear` through `ops.linear`, the parallel
+ones through `ops.column_parallel_linear` / `ops.row_parallel_linear`, which hold their MP collective inside the
+layer's autograd function, so the backward's input-gradient all-reduce runs under the weight gradient's GEMM
+(csrc/tp/parallel_linear.h). A layer's `grad_buffer` (None until an Engine hands it its GradBuffer) decides where the weight gradient
 goes: deferred for a zero-bubble W action while the buffer defers, or into an fp32 main grad for a half weight;
-without one it is nn.Linear's, through autograd. Its `comm_trace` (an Engine's `_C.CommTrace` under --trace)
+without one it is nn.Linear's, through autograd. Its `comm_trace` (an Engine's CommTrace under --trace)
 records the MP collectives, labelled `trace_layer`.
 
 Parameter placement. Every parameter these layers (and `parallelize_mlp`) create carries `param.mp_split`:
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 
 __all__ = [
     "Linear",
@@ -67,7 +67,7 @@ def is_mp_split(param: torch.Tensor) -> bool:
 def _rank_and_size(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     if group is None:
         return 0, 1
-    return tuple(_C.group_rank_and_size(group))
+    return group.rank(), group.size()
 
 
 def _shard(total: int, parts: int, what: str, layer: str) -> int:
@@ -128,12 +128,12 @@ def _dense_init(out_features: int, in_features: int, bias: bool, device, dtype) 
 
 
 class Linear(nn.Module):
-    """nn.Linear through `_C.linear` (bit-identical forward and backward) with a deferrable weight gradient."""
+    """nn.Linear through `ops.linear` (bit-identical forward and backward) with a deferrable weight gradient."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None,
                  init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
+        self.grad_buffer = None  # the owning Engine's GradBuffer (grad_buffer.attach)
         self.in_features, self.out_features = in_features, out_features
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -161,7 +161,7 @@ class Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _C.linear(x, self.weight, self.bias, self.grad_buffer)
+        return ops.linear(x, self.weight, self.bias, self.grad_buffer)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -176,8 +176,8 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
                  bias: bool = True, gather_output: bool = False, *, device=None, dtype=None, init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
-        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
+        self.grad_buffer = None  # the owning Engine's GradBuffer (grad_buffer.attach)
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -208,11 +208,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.gather_output:
-            return _C.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group, False,
+            return ops.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group, False,
                                              self.comm_trace, self.trace_layer)
-        x = _C.copy_to_mp_region(x, self.mp_group)
-        y = _C.linear(x, self.weight, self.bias, self.grad_buffer)
-        return _C.gather_from_mp_region(y, self.mp_group)
+        x = ops.copy_to_mp_region(x, self.mp_group)
+        y = ops.linear(x, self.weight, self.bias, self.grad_buffer)
+        return ops.gather_from_mp_region(y, self.mp_group)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on rank "
@@ -228,8 +228,8 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
                  bias: bool = True, *, device=None, dtype=None, init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
-        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
+        self.grad_buffer = None  # the owning Engine's GradBuffer (grad_buffer.attach)
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -257,7 +257,7 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _C.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, False, self.comm_trace,
+        y = ops.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, False, self.comm_trace,
                                    self.trace_layer)
         # After the sum, so the bias counts once, not MP times.
         return y + self.bias if self.bias is not None else y
