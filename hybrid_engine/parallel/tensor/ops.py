@@ -1,7 +1,8 @@
 """The tensor-parallel layer functions, called through torch's dispatcher (torch.ops.hybrid.*, csrc/tp/ops.cpp).
 
 A layer's forward calls these once per layer and micro-batch: through the dispatcher they cost what any torch
-operator costs, and their backward is C++ autograd (no Python). Each takes what the layers hold: a
+operator costs, and their backward is C++ autograd (no Python). Without a group the regions are the identity
+(x itself), decided here at no cost. Each takes what the layers hold: a
 torch.distributed process group or None (the operators receive its c10d name), the engine's GradBuffer and
 CommTrace (the torchbind forms `attach` hands the layers; the _C objects are turned into them here) or None.
 
@@ -64,35 +65,35 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, grads, group: Opt
 def copy_to_mp_region(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Megatron f: identity forward, all-reduce(sum) of the gradient over `group` backward. None or a group of one:
     identity (x itself)."""
-    return _copy_to_mp_region(x, _name(group))
+    return x if group is None else _copy_to_mp_region(x, group.group_name)
 
 
 def reduce_from_mp_region(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Megatron g: all-reduce(sum) over `group` forward, identity backward."""
-    return _reduce_from_mp_region(x, _name(group))
+    return x if group is None else _reduce_from_mp_region(x, group.group_name)
 
 
 def gather_from_mp_region(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """All-gather along the last dim forward (rank order); backward keeps this rank's slice of the gradient."""
-    return _gather_from_mp_region(x, _name(group))
+    return x if group is None else _gather_from_mp_region(x, group.group_name)
 
 
 def gather_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Sequence parallel: [b, s/p, ...] chunks -> [b, s, ...] on every rank (rank order); backward sums the
     gradient over `group` and keeps this rank's chunk."""
-    return _gather_along_sequence(x, _name(group))
+    return x if group is None else _gather_along_sequence(x, group.group_name)
 
 
 def reduce_scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Sequence parallel: [b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum over `group`;
     backward all-gathers along dim 1."""
-    return _reduce_scatter_along_sequence(x, _name(group))
+    return x if group is None else _reduce_scatter_along_sequence(x, group.group_name)
 
 
 def scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Sequence parallel: a [b, s, ...] tensor replicated over `group` -> this rank's chunk of dim 1; backward
     all-gathers along dim 1."""
-    return _scatter_along_sequence(x, _name(group))
+    return x if group is None else _scatter_along_sequence(x, group.group_name)
 
 
 def sequence_to_slabs(x: torch.Tensor, parts: int) -> torch.Tensor:
