@@ -8,6 +8,9 @@
 // What a schema cannot hold directly: the process group travels by its c10d name (resolved in c10d's registry,
 // where torch.distributed.new_group puts every group), the GradBuffer and the CommTrace as TorchScript custom
 // classes (torch.classes.hybrid.*). A missing group (None) is the trivial group: the region functions return x.
+// Under torch.compile the caller also passes its rank in the group: the graph traced through these kernels depends
+// on it (this rank's slice of a gather's gradient), and torch caches compiled graphs by the traced program's
+// arguments, across the processes of a machine.
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -30,9 +33,14 @@ using OptionalGrads = std::optional<GradBufferPtr>;
 using OptionalTrace = std::optional<c10::intrusive_ptr<CommTraceRef>>;
 using OptionalGroupName = std::optional<c10::string_view>;
 
-GroupPtr group_named(const OptionalGroupName& name) {
+// rank: the caller's rank in the group where it names it (under torch.compile, so that the traced graph, which
+// depends on it, is cached per rank), else -1.
+GroupPtr group_named(const OptionalGroupName& name, int64_t rank) {
   if (!name.has_value()) return GroupPtr();
-  return c10d::resolve_process_group(std::string(name->data(), name->size()));
+  GroupPtr group = c10d::resolve_process_group(std::string(name->data(), name->size()));
+  TORCH_CHECK(rank < 0 || rank == group->getRank(), "hybrid operators: rank ", rank, " is not this process's rank ",
+              group->getRank(), " in group ", group->getGroupName());
+  return group;
 }
 
 std::shared_ptr<CommTrace> shared_trace(const OptionalTrace& trace) {
@@ -47,21 +55,21 @@ at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const std::o
 at::Tensor column_parallel_linear_op(const at::Tensor& x, const at::Tensor& weight,
                                      const std::optional<at::Tensor>& bias, const OptionalGrads& grads,
                                      OptionalGroupName group, bool sequence_parallel, const OptionalTrace& trace,
-                                     int64_t layer) {
-  return column_parallel_linear(x, weight, bias, grads.value_or(GradBufferPtr()), group_named(group),
+                                     int64_t layer, int64_t rank) {
+  return column_parallel_linear(x, weight, bias, grads.value_or(GradBufferPtr()), group_named(group, rank),
                                 sequence_parallel, shared_trace(trace), layer);
 }
 
 at::Tensor row_parallel_linear_op(const at::Tensor& x, const at::Tensor& weight, const OptionalGrads& grads,
                                   OptionalGroupName group, bool sequence_parallel, const OptionalTrace& trace,
-                                  int64_t layer) {
-  return row_parallel_linear(x, weight, grads.value_or(GradBufferPtr()), group_named(group), sequence_parallel,
+                                  int64_t layer, int64_t rank) {
+  return row_parallel_linear(x, weight, grads.value_or(GradBufferPtr()), group_named(group, rank), sequence_parallel,
                              shared_trace(trace), layer);
 }
 
 template <at::Tensor (*Region)(const at::Tensor&, const GroupPtr&)>
-at::Tensor region_op(const at::Tensor& x, OptionalGroupName group) {
-  return Region(x, group_named(group));
+at::Tensor region_op(const at::Tensor& x, OptionalGroupName group, int64_t rank) {
+  return Region(x, group_named(group, rank));
 }
 
 // Every kernel of the layer functions, for one dispatch key.
@@ -87,14 +95,14 @@ TORCH_LIBRARY(hybrid, m) {
   const std::string schemas[] = {
       "linear(Tensor x, Tensor weight, Tensor? bias=None, " + grads + "=None) -> Tensor",
       "column_parallel_linear(Tensor x, Tensor weight, Tensor? bias, " + grads +
-          ", str? group, bool sequence_parallel=False, " + trace + ", int layer=0) -> Tensor",
+          ", str? group, bool sequence_parallel=False, " + trace + ", int layer=0, int rank=-1) -> Tensor",
       "row_parallel_linear(Tensor x, Tensor weight, " + grads + ", str? group, bool sequence_parallel=False, " +
-          trace + ", int layer=0) -> Tensor",
+          trace + ", int layer=0, int rank=-1) -> Tensor",
   };
   for (const std::string& schema : schemas) m.def(schema.c_str());
   for (const char* region : {"copy_to_mp_region", "reduce_from_mp_region", "gather_from_mp_region",
                              "gather_along_sequence", "reduce_scatter_along_sequence", "scatter_along_sequence"}) {
-    m.def((std::string(region) + "(Tensor x, str? group) -> Tensor").c_str());
+    m.def((std::string(region) + "(Tensor x, str? group, int rank=-1) -> Tensor").c_str());
   }
   // Plain tensor reshuffles with no autograd of their own: one kernel for every key.
   m.def("sequence_to_slabs(Tensor x, int parts) -> Tensor", TORCH_FN(sequence_to_slabs));
