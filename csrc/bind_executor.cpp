@@ -1,5 +1,6 @@
 // Python face of the pipeline executor and the DP gradient sync.
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <stdexcept>
@@ -7,6 +8,7 @@
 #include <tuple>
 
 #include "comm/comm_trace.h"
+#include "comm/comm_trace_ref.h"
 #include "executor/dp_grad_sync.h"
 #include "executor/dp_param_gather.h"
 #include "executor/pipeline_executor.h"
@@ -48,7 +50,13 @@ void bind_executor(py::module_& m) {
       .def(py::init([](const std::string& device) { return std::make_shared<CommTrace>(at::Device(device)); }),
            py::arg("device"))
       .def("take", &CommTrace::take, py::call_guard<py::gil_scoped_release>(),
-           "The completed collectives recorded since the last call, relative to the last step's start.");
+           "The completed collectives recorded since the last call, relative to the last step's start.")
+      .def_property_readonly(
+          "script_object",
+          [](const std::shared_ptr<CommTrace>& trace) {
+            return torch::jit::toPyObject(c10::IValue(c10::make_intrusive<CommTraceRef>(trace)));
+          },
+          "This trace as torch.classes.hybrid.CommTrace, the form torch.ops.hybrid's layer operators take.");
 
   py::class_<DpParamGather, std::shared_ptr<DpParamGather>>(
       m, "DpParamGather", "ZeRO-1: per-bucket asynchronous all-gathers of the updated parameters over DP.")

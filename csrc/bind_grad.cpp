@@ -1,11 +1,13 @@
 // Python face of the engine's gradient buffer (grad/grad_buffer.h): one object per engine, handed to its layers,
 // stage programs and executor.
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <tuple>
 #include <vector>
 
 #include "grad/grad_buffer.h"
+#include "grad/grad_hooks.h"
 
 namespace py = pybind11;
 
@@ -23,6 +25,20 @@ void bind_grad(py::module_& m) {
       .def("set_main_grad", &GradBuffer::set_main_grad, py::arg("param"), py::arg("buffer"),
            "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.")
       .def("has_main_grad", &GradBuffer::has_main_grad, py::arg("param"))
+      .def(
+          "install_grad_hooks",
+          [](GradBuffer& g, const std::vector<at::Tensor>& params) {
+            install_grad_hooks(GradBufferPtr::unsafe_reclaim_from_nonowning(&g), params);
+          },
+          py::arg("params"),
+          "Every parameter's gradient, once autograd has accumulated it into param.grad, goes to its fp32 main "
+          "grad (if routed) and is announced final, by a C++ hook (grad/grad_hooks.h).")
+      .def_property_readonly(
+          "script_object",
+          [](GradBuffer& g) {
+            return torch::jit::toPyObject(c10::IValue(GradBufferPtr::unsafe_reclaim_from_nonowning(&g)));
+          },
+          "This buffer as torch.classes.hybrid.GradBuffer, the form torch.ops.hybrid's layer operators take.")
       .def("grad_final", &GradBuffer::grad_final, py::arg("param"),
            "announce that param's gradient got its last write of this backward (a no-op unless the executor "
            "listens: during a stage's last gradient action)")

@@ -9,7 +9,6 @@ void bind_grid(py::module_& m);
 void bind_comm(py::module_& m, py::module_& testing);
 void bind_schedule(py::module_& m);
 void bind_grad(py::module_& m);
-void bind_tp(py::module_& m);
 void bind_amp(py::module_& m, py::module_& testing);
 void bind_executor(py::module_& m);
 }  // namespace hybrid
@@ -26,7 +25,6 @@ PYBIND11_MODULE(_C, m) {
   hybrid::bind_comm(m, testing);
   hybrid::bind_schedule(m);
   hybrid::bind_grad(m);
-  hybrid::bind_tp(m);
   hybrid::bind_amp(m, testing);
   hybrid::bind_executor(m);
 }

@@ -14,6 +14,12 @@ namespace hybrid {
 
 using GroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
+// While torch traces a graph (torch.compile: dynamo's FakeTensors, AOTAutograd's functional tensors) a collective
+// must be an operator of the graph that names its group: there, the helpers below call c10d's functional
+// collectives (waited at once, the result assigned to the output argument; the work they return is null) instead
+// of the ProcessGroup. Outside tracing they call the ProcessGroup directly, asynchronously where they say so.
+bool is_traced(const at::Tensor& tensor);
+
 // In-place sum over the group; waits for completion. A null group or a group of one is a no-op.
 void all_reduce_sum(at::Tensor& tensor, const GroupPtr& group);
 
@@ -31,6 +37,13 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_sum_async(at::Tensor& tensor, cons
 // Asynchronous in-place all-gather: this member's equal piece of `tensor` (1-D, the piece at rank * numel / size)
 // is written into every member's `tensor`; the caller waits on the returned work (null for a trivial group).
 c10::intrusive_ptr<c10d::Work> all_gather_in_place_async(at::Tensor& tensor, const GroupPtr& group);
+
+// Into `out` (size x in's elements, rank order), every member's `in`; asynchronous (the caller waits on the work).
+c10::intrusive_ptr<c10d::Work> all_gather_into_async(at::Tensor& out, const at::Tensor& in, const GroupPtr& group);
+// Into `out` (in's shape, its first dim divided by the group size), this member's piece of the sum of every member's
+// `in` (split along its first dim); asynchronous. Needs a backend with a reduce-scatter (has_reduce_scatter).
+c10::intrusive_ptr<c10d::Work> reduce_scatter_into_async(at::Tensor& out, const at::Tensor& in,
+                                                          const GroupPtr& group);
 
 // Whether the group's backend has a reduce-scatter (gloo has none: reduce_scatter_sum_async all-reduces there).
 bool has_reduce_scatter(const GroupPtr& group);

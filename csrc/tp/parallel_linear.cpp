@@ -23,7 +23,7 @@ struct LayerContext : torch::CustomClassHolder {
   bool deferrable = false;
 
   void launched(CommKind kind, const c10::intrusive_ptr<c10d::Work>& work) const {
-    if (trace) trace->launched(kind, static_cast<int>(layer), work, CommAxis::MP);
+    if (trace && work) trace->launched(kind, static_cast<int>(layer), work, CommAxis::MP);  // none: traced
   }
 };
 using LayerContextPtr = c10::intrusive_ptr<LayerContext>;

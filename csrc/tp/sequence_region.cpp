@@ -27,7 +27,7 @@ PendingCollective all_gather_seq_start(const at::Tensor& x, const GroupPtr& grou
   at::Tensor mine = x.contiguous();  // incoming gradients may be expanded views
   at::Tensor flat = at::empty({parts * mine.numel()}, mine.options());
   at::Tensor mine_flat = mine.view({-1});
-  auto work = group->_allgather_base(flat, mine_flat);
+  auto work = all_gather_into_async(flat, mine_flat, group);
   std::vector<int64_t> slab_shape{parts};
   slab_shape.insert(slab_shape.end(), mine.sizes().begin(), mine.sizes().end());
   return {work, [flat, slab_shape, mine] { return sequence_from_slabs(flat.view(slab_shape)); }};
@@ -46,9 +46,7 @@ PendingCollective reduce_scatter_seq_start(const at::Tensor& x, const GroupPtr& 
   }
   at::Tensor slabs = sequence_to_slabs(x, parts);
   at::Tensor out = at::empty_like(slabs[0]);
-  c10d::ReduceScatterOptions options;
-  options.reduceOp = c10d::ReduceOp::SUM;
-  auto work = group->_reduce_scatter_base(out, slabs, options);
+  auto work = reduce_scatter_into_async(out, slabs, group);
   return {work, [out, slabs] { return out; }};
 }
 

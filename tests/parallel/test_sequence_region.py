@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
 
-from hybrid_engine import _C
+from hybrid_engine.parallel.tensor import ops
 
 
 def _ints(seed: int, *shape: int) -> torch.Tensor:
@@ -25,7 +25,7 @@ def _sequence_regions_match_chunk_and_cat(rank: int, world_size: int, b: int) ->
     # gather: [b, s/p, ...] chunks -> the whole sequence; backward: the sum over ranks of their gradients, my chunk.
     full = _ints(1, b, s, *h)
     x = mine(full).clone().requires_grad_(True)
-    out = _C.gather_along_sequence(x, group)
+    out = ops.gather_along_sequence(x, group)
     assert out.shape == full.shape and torch.equal(out, full)
     grads = [_ints(100 + r, b, s, *h) for r in range(p)]
     out.backward(grads[rank])
@@ -34,7 +34,7 @@ def _sequence_regions_match_chunk_and_cat(rank: int, world_size: int, b: int) ->
     # reduce-scatter: per-rank partial sums -> my chunk of their sum; backward: every rank's gradient, in rank order.
     partials = [_ints(200 + r, b, s, *h) for r in range(p)]
     y = partials[rank].clone().requires_grad_(True)
-    out = _C.reduce_scatter_along_sequence(y, group)
+    out = ops.reduce_scatter_along_sequence(y, group)
     assert torch.equal(out, mine(sum(partials)))
     grads = [_ints(300 + r, b, chunk, *h) for r in range(p)]
     out.backward(grads[rank])
@@ -42,7 +42,7 @@ def _sequence_regions_match_chunk_and_cat(rank: int, world_size: int, b: int) ->
 
     # scatter: a replicated tensor -> my chunk; backward: every rank's gradient, in rank order.
     z = _ints(2, b, s, *h).requires_grad_(True)
-    out = _C.scatter_along_sequence(z, group)
+    out = ops.scatter_along_sequence(z, group)
     assert torch.equal(out, mine(z.detach()))
     grads = [_ints(400 + r, b, chunk, *h) for r in range(p)]
     out.backward(grads[rank])
@@ -50,11 +50,11 @@ def _sequence_regions_match_chunk_and_cat(rank: int, world_size: int, b: int) ->
 
     # An expanded gradient (what .sum() hands back) goes through the gather's reduce-scatter as well.
     x = mine(full).clone().requires_grad_(True)
-    _C.gather_along_sequence(x, group).sum().backward()
+    ops.gather_along_sequence(x, group).sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, float(p)))
 
     # A sequence that does not split raises ValueError on every rank, before any collective.
-    for fn in (_C.reduce_scatter_along_sequence, _C.scatter_along_sequence):
+    for fn in (ops.reduce_scatter_along_sequence, ops.scatter_along_sequence):
         with pytest.raises(ValueError, match=f"sequence length {s + 1} is not divisible by the model-parallel "
                                              f"size {p}"):
             fn(_ints(3, b, s + 1, *h), group)
@@ -70,5 +70,5 @@ def test_sequence_regions_match_chunk_and_cat(p, b):
 
 def test_sequence_regions_are_the_identity_without_a_group():
     x = torch.ones(2, 4, 3, requires_grad=True)
-    for fn in (_C.gather_along_sequence, _C.reduce_scatter_along_sequence, _C.scatter_along_sequence):
+    for fn in (ops.gather_along_sequence, ops.reduce_scatter_along_sequence, ops.scatter_along_sequence):
         assert fn(x, None) is x

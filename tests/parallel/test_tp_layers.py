@@ -1,6 +1,6 @@
 """Tensor-parallel autograd (C++) and layers: exact on one process, equal to the dense model on 2 and 4 ranks.
 
-One process: `_C.linear` is nn.Linear bit for bit; deferred weight gradients (zero-bubble W) flushed later equal
+One process: `ops.linear` is nn.Linear bit for bit; deferred weight gradients (zero-bubble W) flushed later equal
 the ordinary backward's, bit for bit for one micro-batch and to rounding over several; the merged flush (one GEMM
 for several micro-batches) likewise. Gloo ranks: the region functions sum exactly once each way, and a
 parallelized MLP (even and odd depth) reproduces the dense model's outputs, input gradients and weight gradients.
@@ -16,6 +16,7 @@ from dist_utils import run_ranks
 from torch import nn
 
 from hybrid_engine import _C
+from hybrid_engine.parallel.tensor import ops
 from hybrid_engine.parallel.tensor.layers import ColumnParallelLinear, Linear, RowParallelLinear, is_mp_split, parallelize_mlp
 
 DIM = 16
@@ -189,7 +190,7 @@ def test_non_leaf_weight_gets_its_gradient_immediately(grads):
     x = torch.randn(ROWS, DIM, requires_grad=True)
     grads.set_defer(True)
     grads.begin(0, 0)
-    _C.linear(x, weight * 2.0, None, grads).sum().backward()
+    ops.linear(x, weight * 2.0, None, grads).sum().backward()
     grads.set_defer(False)
     assert grads.pending == 0
     assert weight.grad is not None
@@ -211,7 +212,7 @@ def test_linear_under_cpu_autocast_computes_in_bf16_and_reaches_fp32_params():
 
 def test_regions_are_identity_without_a_group():
     x = torch.randn(3, 4)
-    for fn in (_C.copy_to_mp_region, _C.reduce_from_mp_region, _C.gather_from_mp_region):
+    for fn in (ops.copy_to_mp_region, ops.reduce_from_mp_region, ops.gather_from_mp_region):
         assert fn(x, None) is x
 
 
@@ -235,14 +236,14 @@ def _regions_sum_exactly_once(rank: int, world_size: int) -> None:
 
     # copy_to: forward identity; backward sums each rank's upstream gradient once.
     x = torch.ones(3, requires_grad=True)
-    y = _C.copy_to_mp_region(x, group)
+    y = ops.copy_to_mp_region(x, group)
     assert torch.equal(y, x)
     (y * (rank + 1)).sum().backward()
     assert torch.equal(x.grad, torch.full((3,), total)), x.grad
 
     # reduce_from: forward sums once; backward passes the rank's own upstream gradient through unchanged.
     x = torch.full((3,), float(rank + 1), requires_grad=True)
-    y = _C.reduce_from_mp_region(x, group)
+    y = ops.reduce_from_mp_region(x, group)
     assert torch.equal(y, torch.full((3,), total)), y
     assert torch.equal(x, torch.full((3,), float(rank + 1))), "the forward sum must not write into its input"
     (y * (rank + 1)).sum().backward()
@@ -250,7 +251,7 @@ def _regions_sum_exactly_once(rank: int, world_size: int) -> None:
 
     # gather: rank order along the last dim; backward takes this rank's slice.
     x = torch.full((2, 3), float(rank), requires_grad=True)
-    y = _C.gather_from_mp_region(x, group)
+    y = ops.gather_from_mp_region(x, group)
     assert y.shape == (2, 3 * world_size)
     for r in range(world_size):
         assert torch.equal(y[:, 3 * r:3 * (r + 1)], torch.full((2, 3), float(r)))

@@ -116,34 +116,21 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
     layout.grads = _C.GradBuffer(buckets)
     for param, view in routes:
         layout.grads.set_main_grad(param, view)
-    routed = {id(param): view for param, view in routes}
-    for members in layout.members:
-        for param, _ in members:
-            # hybrid_engine's layers write their main grads themselves (and announce them); any other module's
-            # parameter (a LayerNorm, an embedding) gets its gradient from autograd: a half one is folded into its
-            # fp32 main grad as soon as it lands, micro-batch by micro-batch, as Megatron's main_grad hook does.
-            param.register_post_accumulate_grad_hook(_on_autograd_grad(layout.grads, routed.get(id(param))))
+    # hybrid_engine's layers write their main grads themselves (and announce them); any other module's parameter
+    # (a norm, an embedding) gets its gradient from autograd, and a C++ hook on it (csrc/grad/grad_hooks.h) folds
+    # a half one into its fp32 main grad as soon as it lands, micro-batch by micro-batch, as Megatron's main_grad
+    # hook does, and announces it final: the DP sync may start the bucket's collective during the stage's last
+    # backward instead of after it.
+    layout.grads.install_grad_hooks([param for members in layout.members for param, _ in members])
     return layout
-
-
-def _on_autograd_grad(grads: _C.GradBuffer, main_grad: torch.Tensor | None):
-    """Autograd has accumulated a parameter's gradient of one backward (it sums a parameter's uses first, so this
-    runs once per backward): fold it into the fp32 main grad if there is one, then announce it final, which lets
-    the DP sync start the bucket's collective during the stage's last backward instead of after it."""
-    def on_grad(param: torch.Tensor) -> None:
-        if param.grad is None:  # the layer wrote its main grad itself
-            return
-        if main_grad is not None:
-            main_grad.add_(param.grad)
-            param.grad = None
-        grads.grad_final(param)
-
-    return on_grad
 
 
 def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer, comm_trace=None) -> None:
     """Hand the buffer to every layer that writes gradients through it (hybrid_engine.parallel.tensor.layers), and the
-    engine's collective trace (--trace, else None) to every layer that runs MP collectives."""
+    engine's collective trace (--trace, else None) to every layer that runs MP collectives: their torchbind forms,
+    which the layers' torch operators take as they are (parallel/tensor/ops.py)."""
+    grads = grads.script_object
+    comm_trace = None if comm_trace is None else comm_trace.script_object
     for stage in stages.values():
         for module in stage.modules():
             if hasattr(module, "grad_buffer"):

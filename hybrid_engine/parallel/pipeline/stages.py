@@ -53,7 +53,8 @@ class StagePlan:
             chunks = ("" if self.mp == 1 or stage_cfg.tp_chunks <= 1 else f", {stage_cfg.tp_chunks} row chunks")
             return f"stage {self.stage}: native {what}, {self.layers} Linear layer{'' if self.layers == 1 else 's'}{chunks}" + (
                 ", recomputed" if stage_cfg.full_recompute else "")
-        extras = [e for e, on in (("recomputed", stage_cfg.full_recompute), ("torch.compile", stage_cfg.compile)) if on]
+        extras = [e for e, on in (("recomputed", stage_cfg.full_recompute), (
+            "torch.compile (weight gradients through autograd's accumulation, never deferred)", stage_cfg.compile)) if on]
         return (f"stage {self.stage}: autograd, {self.modules} module{'' if self.modules == 1 else 's'} ({self.why})"
                 + (f", {', '.join(extras)}" if extras else ""))
 

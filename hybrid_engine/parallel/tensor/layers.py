@@ -12,12 +12,12 @@ gradient is summed over MP. `input_in_region`: the input already entered the MP 
 ReplicatedNorm entering it once for several projections that read it, a block's q and kv or gate and up), so the
 column-parallel layer is a local GEMM.
 
-All layers compute through the C++ core: `Linear` through `_C.linear`, the parallel ones through
-`_C.column_parallel_linear` / `_C.row_parallel_linear`, which hold their MP collective inside the layer's autograd
+All layers compute through the C++ core's torch operators (ops.py): `Linear` through `ops.linear`, the parallel
+ones through `ops.column_parallel_linear` / `ops.row_parallel_linear`, which hold their MP collective inside the layer's autograd
 function, so the backward's input-gradient all-reduce runs under the weight gradient's GEMM (csrc/tp/parallel_linear.h).
-A layer's `grad_buffer` (None until an Engine hands it its `_C.GradBuffer`) decides where the weight gradient
+A layer's `grad_buffer` (None until an Engine hands it its GradBuffer) decides where the weight gradient
 goes: deferred for a zero-bubble W action while the buffer defers, or into an fp32 main grad for a half weight;
-without one it is nn.Linear's, through autograd. Its `comm_trace` (an Engine's `_C.CommTrace` under --trace)
+without one it is nn.Linear's, through autograd. Its `comm_trace` (an Engine's CommTrace under --trace)
 records the MP collectives, labelled `trace_layer`.
 
 Parameter placement. Every parameter these layers (and `parallelize_mlp`) create carries `param.mp_split`:
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 
 __all__ = [
     "Linear",
@@ -74,7 +74,7 @@ def is_mp_split(param: torch.Tensor) -> bool:
 def _rank_and_size(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     if group is None:
         return 0, 1
-    return tuple(_C.group_rank_and_size(group))
+    return group.rank(), group.size()
 
 
 def _shard(total: int, parts: int, what: str, layer: str) -> int:
@@ -135,12 +135,12 @@ def _dense_init(out_features: int, in_features: int, bias: bool, device, dtype) 
 
 
 class Linear(nn.Module):
-    """nn.Linear through `_C.linear` (bit-identical forward and backward) with a deferrable weight gradient."""
+    """nn.Linear through `ops.linear` (bit-identical forward and backward) with a deferrable weight gradient."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None,
                  init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
+        self.grad_buffer = None  # the owning Engine's GradBuffer
         self.in_features, self.out_features = in_features, out_features
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -168,7 +168,7 @@ class Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _C.linear(x, self.weight, self.bias, self.grad_buffer)
+        return ops.linear(x, self.weight, self.bias, self.grad_buffer)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -184,8 +184,8 @@ class ColumnParallelLinear(nn.Module):
                  bias: bool = True, gather_output: bool = False, *, sequence_parallel: bool = False,
                  input_in_region: bool = False, device=None, dtype=None, init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
-        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
+        self.grad_buffer = None  # the owning Engine's GradBuffer
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -219,13 +219,13 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_in_region:  # x entered the MP region once for every GEMM that reads it: a local GEMM
-            return _C.linear(x, self.weight, self.bias, self.grad_buffer)
+            return ops.linear(x, self.weight, self.bias, self.grad_buffer)
         if not self.gather_output:
-            return _C.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group,
+            return ops.column_parallel_linear(x, self.weight, self.bias, self.grad_buffer, self.mp_group,
                                              self.sequence_parallel, self.comm_trace, self.trace_layer)
-        x = _C.copy_to_mp_region(x, self.mp_group)
-        y = _C.linear(x, self.weight, self.bias, self.grad_buffer)
-        return _C.gather_from_mp_region(y, self.mp_group)
+        x = ops.copy_to_mp_region(x, self.mp_group)
+        y = ops.linear(x, self.weight, self.bias, self.grad_buffer)
+        return ops.gather_from_mp_region(y, self.mp_group)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on rank "
@@ -242,8 +242,8 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, mp_group: Optional[dist.ProcessGroup],
                  bias: bool = True, *, sequence_parallel: bool = False, device=None, dtype=None, init: bool = True):
         super().__init__()
-        self.grad_buffer = None  # the owning Engine's _C.GradBuffer
-        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's _C.CommTrace under --trace
+        self.grad_buffer = None  # the owning Engine's GradBuffer
+        self.comm_trace, self.trace_layer = None, 0  # the owning Engine's CommTrace under --trace
         self.mp_group = mp_group
         self.mp_rank, self.mp_size = _rank_and_size(mp_group)
         self.in_features, self.out_features = in_features, out_features
@@ -275,12 +275,12 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _C.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, self.sequence_parallel,
+        y = ops.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, self.sequence_parallel,
                                    self.comm_trace, self.trace_layer)
         if self.bias is None:
             return y
         # After the sum, so the bias counts once, not MP times; on a sequence chunk its gradient is summed over MP.
-        return y + (_C.copy_to_mp_region(self.bias, self.mp_group) if self.sequence_parallel else self.bias)
+        return y + (ops.copy_to_mp_region(self.bias, self.mp_group) if self.sequence_parallel else self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_per_rank} on rank {self.mp_rank} of {self.mp_size}), "

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 
 from .layers import _mark, _rank_and_size
 
@@ -39,7 +39,7 @@ class ReplicatedHeadsLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = slice(self.head * self.width, (self.head + 1) * self.width)
-        weight, bias = (None if t is None else _C.copy_to_mp_region(t, self.mp_group)[rows]
+        weight, bias = (None if t is None else ops.copy_to_mp_region(t, self.mp_group)[rows]
                         for t in (self.weight, self.bias))
         return F.linear(x, weight, bias)
 

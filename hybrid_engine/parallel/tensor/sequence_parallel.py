@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 
 from .layers import _rank_and_size
 
@@ -33,28 +33,28 @@ def _check_divisible(length: int, mp_size: int) -> None:
 
 def gather_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """[b, s/p, ...] chunks -> [b, s, ...] on every rank; backward sums and keeps this rank's chunk."""
-    return _C.gather_along_sequence(x, group)
+    return ops.gather_along_sequence(x, group)
 
 
 def reduce_scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """[b, s, ...] partial sums -> this rank's chunk [b, s/p, ...] of their sum; backward all-gathers."""
-    return _C.reduce_scatter_along_sequence(x, group)
+    return ops.reduce_scatter_along_sequence(x, group)
 
 
 def scatter_along_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """A tensor replicated over MP -> this rank's chunk along dim 1 (e.g. a reference's input entering SP)."""
-    return _C.scatter_along_sequence(x, group)
+    return ops.scatter_along_sequence(x, group)
 
 
 # [b, s, ...] -> [p, b, s/p, ...], contiguous: rank r's sequence chunk is the r-th slab, the layout the flat
 # collectives read and write; sequence_from_slabs is its inverse.
-sequence_to_slabs = _C.sequence_to_slabs
-sequence_from_slabs = _C.sequence_from_slabs
+sequence_to_slabs = ops.sequence_to_slabs
+sequence_from_slabs = ops.sequence_from_slabs
 
 
 def _sp_param(param: torch.Tensor, group) -> torch.Tensor:
     """A parameter used on a sequence chunk: identity forward, its gradient summed over MP backward."""
-    return _C.copy_to_mp_region(param, group)
+    return ops.copy_to_mp_region(param, group)
 
 
 class ReplicatedNorm(nn.Module):
@@ -93,7 +93,7 @@ class ReplicatedNorm(nn.Module):
         y = self.norm(x, **params)
         if not self.enter_region:
             return y
-        return gather_along_sequence(y, self.mp_group) if self.sequence_parallel else _C.copy_to_mp_region(
+        return gather_along_sequence(y, self.mp_group) if self.sequence_parallel else ops.copy_to_mp_region(
             y, self.mp_group)
 
     def extra_repr(self) -> str:

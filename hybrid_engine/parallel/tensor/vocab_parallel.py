@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import hybrid_engine._C as _C
+from hybrid_engine.parallel.tensor import ops
 
 from .layers import ColumnParallelLinear, _mark, _rank_and_size
 from .sequence_parallel import _check_divisible, reduce_scatter_along_sequence
@@ -55,7 +55,7 @@ def vocab_parallel_lookup(tokens: torch.Tensor, table: torch.Tensor, vocab_start
     outside = (local < 0) | (local >= table.shape[0])
     rows = F.embedding(local.masked_fill(outside, 0), table).masked_fill(outside.unsqueeze(-1), 0.0)
     if not sequence_parallel:
-        return _C.reduce_from_mp_region(rows, mp_group)
+        return ops.reduce_from_mp_region(rows, mp_group)
     _check_divisible(tokens.shape[1], mp_size)
     return reduce_scatter_along_sequence(rows, mp_group)
 
