@@ -6,7 +6,7 @@
 #   PHASE=llama  hidden 2048, 16 layers, 32/8 heads, ffn 5632, seq 2048, 16 sequences in 8 micro-batches, bf16
 #   PHASE=gpt    hidden 2560, 12 layers, 20 heads, seq 1024, 32 sequences in 8 micro-batches, bf16
 #
-# each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
+# STEPS (default 16) steps of which WARMUP (5) are not timed, each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
 # new alternating, the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
 # beside its eager run (the Llama phase). Every run's median step goes to $OUT/engine_ab_<phase>.json with new/old.
 #
@@ -34,7 +34,7 @@ from hybrid_engine.data import write_token_file
 if not os.path.exists("/tmp/ab_tokens.bin"):
     write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
 PY
-RUN="--data /tmp/ab_tokens.bin --micro-batches 8 --steps 8 --warmup 3 --seed 0 --lr 3e-4 --amp bf16 --schedule 1f1b"
+RUN="--data /tmp/ab_tokens.bin --micro-batches 8 --steps ${STEPS:-16} --warmup ${WARMUP:-5} --seed 0 --lr 3e-4 --amp bf16 --schedule 1f1b"
 if [[ $PHASE == llama ]]; then
   M="--model llama --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632 --seq-len 2048"
   M="$M --batch-size 16 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 $RUN"
