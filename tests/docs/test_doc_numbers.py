@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from claims_text import CLAIMS as TEXT_CLAIMS
 from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP, PROFILE,
                          REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt, grid_mlp,
                          json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
@@ -298,7 +299,7 @@ CLAIMS = [
 ]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=lambda claim: f"{claim[0]}: {claim[1][:60]}")
+@pytest.mark.parametrize("claim", CLAIMS + TEXT_CLAIMS, ids=lambda claim: f"{claim[0]}: {claim[1][:60]}")
 def test_the_number_shown_is_its_results_files(claim):
     name, shown, *values = claim
     text = shown.format(*(value() for value in values))
