@@ -187,4 +187,12 @@ CLAIMS = [
     (LLAMA_DOC, "Sequence parallelism costs {}% here ({} against {})",
      lambda: pct(0)(1 - _llama4("llama_pp2tp2_sp")["per_s"] / _llama4("llama_pp2tp2")["per_s"]),
      lambda: comma(_llama4("llama_pp2tp2_sp")["per_s"]), lambda: comma(_llama4("llama_pp2tp2")["per_s"])),
+    # docs/gpt.md: the real-text curves' early agreement
+    ("docs/gpt.md", "The curves agree to {}% up to step 49;", lambda: pct()(max(
+        abs(b[1] / a[1] - 1) for a, b in zip(*(results("2026-11-26-1xH100-gpt-realtext.json")["runs"][p]["val_loss"]
+                                             for p in ("fp32", "bf16"))) if a[0] <= 49))),
+    # docs/llama.md: the CPU comparison's validation curves (the Llama's last point in bold)
+    *[(LLAMA_DOC, f"| {name} | {{}} | {{}} | {{}} | {{}} | {{}} | {bold}{{}}{bold} |",
+       *[lambda i=i, k=k: fixed(3)(results(LLAMA_TEXT)["target"]["val_loss_llama_gpt"][k][i]) for k in range(6)])
+      for name, i, bold in (("Llama", 1, "**"), ("GPT", 2, ""))],
 ]
