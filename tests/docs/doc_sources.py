@@ -156,6 +156,7 @@ def first_loss(i: int) -> str:
 
 
 JOB3, JOB7 = "raw/2026-11-26-2xH200-job3.json", "raw/2026-11-26-2xH200-job7.json"
+JOB9 = "2026-11-26-4xH200-job9-logs.tgz"
 ZERO_PASS, MAXBATCH = "2026-11-26-2xH200-zero.json", "2026-11-26-2xH200-maxbatch.jsonl"
 GRIDS_MLP_FIRST = "raw/2026-11-27-4xH200-grids-mlp-first-job.json"
 GRIDS_MLP_LOGS, COMPILE_AB = "2026-11-27-4xH200-grids-mlp-logs.tgz", "2026-11-26-1xH200-gpt-compile-ab-logs.tgz"
@@ -201,10 +202,10 @@ def gpu_idle_fraction(archive: str, log: str) -> float:
     return 1 - float(busy) / float(step)
 
 
-def timed_step_ms(archive: str, jsonl: str, warmup: int) -> list[float]:
-    """The step times after the warm-up of a run's metrics file in a job's archive."""
+def timed_step_ms(archive: str, jsonl: str) -> list[float]:
+    """Every step time of a run's metrics file in a job's archive, warm-up included, in ms."""
     lines = [json.loads(line) for line in archive_member(archive, jsonl).splitlines() if line.strip()]
-    return [1e3 * r["step_time_s"] for r in lines[warmup:]]
+    return [1e3 * r["step_time_s"] for r in lines]
 
 
 def mlp_l_bytes(bytes_per_value: int) -> float:

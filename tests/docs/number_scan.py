@@ -13,7 +13,8 @@ PAGES = ("README.md", "docs/api.md", "docs/architecture.md", "docs/checkpoints.m
          "docs/failures.md", "docs/gpt.md", "docs/llama.md", "docs/performance.md", "docs/planning.md")
 _NUM = r"\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?"
 _UNIT = r"(?:×|\s?%|\s?k\b|\s?(?:ms|µs|GiB|GB|MB|TFLOP/s)\b|\s(?:tokens|samples)/s|\s?MFU)"
-MEASURED = re.compile(rf"(?<![\w.\-/]){_NUM}(?:\s?[–-]\s?{_NUM}{_UNIT}?)?{_UNIT}|(?<![\w.\-/])\d+,\d{{3}}(?:,\d{{3}})*(?![\d,])"
+MEASURED = re.compile(rf"(?<![\w.\-/]){_NUM}(?:\s?[–-]\s?{_NUM}{_UNIT}?)?{_UNIT}"
+                      rf"|(?<![\w.\-/])\d+,\d{{3}}(?:,\d{{3}})*(?![\d,])"
                       rf"|(?<=\| )\**\d+\.\d+(?:–\d+\.\d+)?\**(?= \|)")
 _CODE = re.compile(r"```.*?```|`[^`]*`")
 _TARGET = re.compile(r"(?:≥|≤|\bgoal:?)\s*$")

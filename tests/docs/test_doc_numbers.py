@@ -17,9 +17,9 @@ import sys
 import pytest
 
 from claims_text import CLAIMS as TEXT_CLAIMS
-from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP, PROFILE,
-                         REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt, grid_mlp,
-                         json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
+from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP,
+                         PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
+                         grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
                          profile_calls, profile_cuda_percent, ratio, results, summary_ms, summary_rate, zero_scaling)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
@@ -28,7 +28,6 @@ def step_errors(prefix: str, four: bool) -> list[float]:
     return [r["step_error"] for name, r in results(PLAN4 if four else PLAN1)["runs"].items() if name.startswith(prefix)]
 
 
-JOB9 = "2026-11-26-4xH200-job9-logs.tgz"
 GPT1_H100, CONVERGENCE = "2026-11-26-1xH100-gpt.json", "2026-11-26-2xH200-convergence.json"
 
 
