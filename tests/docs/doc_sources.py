@@ -58,6 +58,17 @@ def profile_cuda_percent(archive: str, log: str, name: str) -> float:
     return float(row[6].rstrip("%"))
 
 
+def profile_host_us_per_call(archive: str, log: str, names: tuple[str, ...]) -> float:
+    """The host (CPU total) time per call of these rows of a torch.profiler table (its first, rank 0's), in µs."""
+    total, calls = 0.0, 0
+    for name in names:
+        row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
+        value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s)", row[3]).groups()
+        total += float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+        calls += int(row[-1])
+    return total / calls
+
+
 def profile_calls(archive: str, log: str, name: str) -> int:
     row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
     return int(row[-1])

@@ -12,6 +12,7 @@ NOT_MEASUREMENTS = [
     ("docs/performance.md", "each GPU capped at 8 GiB", SETTING + " (--memory-cap-gib 8)"),
     ("docs/failures.md", "Timed out waiting 8000ms", "the message quotes the --comm-timeout the example set"),
     ("docs/gpt.md", "a GELU MLP of 4× width", "the model's shape"),
+    ("docs/performance.md", "each of 8 MB took", "a message's size: a replica's 512 rows × 8192 fp16 activations"),
     ("docs/gpt.md", "The last ~1% of the tokens is held out", "how the data is split, a fixed rule of the loader"),
     ("docs/llama.md", "the GPT block's 196,608 weights", "arithmetic of the shape: 4·128² + 2·128·512"),
     ("docs/llama.md", "MFU over the 989 TFLOP/s bf16 datasheet peak", DATASHEET),
