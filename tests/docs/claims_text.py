@@ -14,6 +14,7 @@ from doc_sources import (CLEAN_CI, COMPILE_AB, GRIDS_MLP, GRIDS_MLP_FIRST, GRIDS
                          summary_rate, timed_step_ms)
 
 LLAMA_DOC = "docs/llama.md"
+COMMAND_TIMES = "cpu/2026-11-27-readme-command-times.json"
 ZB1_AHEAD1 = "engine_pp2_zb1m_ahead1"
 LLAMA4_GOAL = "pp2 x tp2 >= 2x Megatron-core on the same grid"
 
@@ -90,6 +91,10 @@ def _verdict(name: str, goal: str) -> str:
 def _llama4_timed_ms() -> list[float]:
     """The step times the 4-GPU engine run's median is taken over (its last `timed_steps`)."""
     return timed_step_ms(LLAMA4_LOGS, "llama_pp2tp2.jsonl")[-_llama4("llama_pp2tp2")["timed_steps"]:]
+
+
+def _command_s(run: str) -> str:
+    return rounded(results(COMMAND_TIMES)["runs"][run]["wall_s"], 0)
 
 
 def _text_run(model: str) -> dict:
@@ -241,4 +246,11 @@ CLAIMS = [
      lambda: rounded(max(r["wall_s"] for r in results(LLAMA_TEXT)["runs"].values()) / 60, 0)),
     (PERF, "1F1B: {}), the losses agreeing to {}", lambda: comma(summary_rate(JOB9, "engine_dp2pp2_1f1b.log")),
      _job9_loss_agreement),
+    # README.md: its short commands' times (each run once as written on 2 shared cores)
+    ("README.md", "lists every flag with its default (about {} s);", lambda: _command_s("help")),
+    ("README.md", "as bytes (vocabulary 256): ~{} s", lambda: _command_s("prepare")),
+    ("README.md", "in one process: ~{} s", lambda: _command_s("sample")),
+    ("README.md", "prints one and its simulated bubble (~{} s).", lambda: _command_s("schedule")),
+    ("README.md", "saying why the others lose (~{} s).", lambda: _command_s("plan")),
+    ("README.md", "(1, 2, 4 or 8 ranks; about {} s on 4 ranks on 2 cores)", lambda: _command_s("api4")),
 ]

@@ -6,11 +6,18 @@ from __future__ import annotations
 SETTING = "a setting of the run (a flag's value), not a result"
 DATASHEET = "the card's datasheet peak, the denominator of MFU"
 GOAL = "a goal the page measures against, not a result"
+BOUND = "the time bound the named test holds the failure to (its timeout), not a measurement"
 
 NOT_MEASUREMENTS = [
     ("README.md", "largest batch, pp=2, 8 GiB per GPU", SETTING + " (--memory-cap-gib 8)"),
     ("docs/performance.md", "each GPU capped at 8 GiB", SETTING + " (--memory-cap-gib 8)"),
     ("docs/failures.md", "Timed out waiting 8000ms", "the message quotes the --comm-timeout the example set"),
+    ("docs/failures.md", "SIGKILL, 3 ranks, under 60 s]", BOUND),
+    ("docs/failures.md", "each job bounded at 28 s after the freeze]", BOUND),
+    ("docs/failures.md", "all ranks gone within 28 s]", BOUND),
+    ("docs/failures.md", "--comm-timeout 5, bounded at 45 s]", BOUND),
+    ("docs/failures.md", "its SIGKILL comes 30 s later", "torchrun's fixed grace between its SIGTERM and SIGKILL"),
+    ("docs/failures.md", "at 127.0.0.1:29500 within 5 s", "the message quotes the rendezvous store's connect timeout"),
     ("docs/gpt.md", "a GELU MLP of 4× width", "the model's shape"),
     ("docs/performance.md", "each of 8 MB took", "a message's size: a replica's 512 rows × 8192 fp16 activations"),
     ("docs/gpt.md", "The last ~1% of the tokens is held out", "how the data is split, a fixed rule of the loader"),

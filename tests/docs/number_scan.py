@@ -1,8 +1,8 @@
-"""What in README.md and docs/ reads as a measurement: a number with a unit of time, rate, memory or a ratio (ms, µs,
-tokens/s, samples/s, GiB, GB, MB, TFLOP/s, MFU, ×, %, a `k` for thousands), a number with thousands separators, or
-a table cell that is a decimal number, in the pages' prose and tables. Code (fenced blocks and `inline` spans) is
-left out: it is a command, a flag or a transcript of what a command prints, held by the tests that run it. A number
-right after ≥, ≤ or `goal` is a target, not a measurement."""
+"""What in README.md and docs/ reads as a measurement: a number with a unit of time, rate, memory or a ratio (s,
+min, ms, µs, tokens/s, samples/s, GiB, GB, MB, TFLOP/s, MFU, ×, %, a `k` for thousands), a number with thousands
+separators, or a table cell that is a decimal number, in the pages' prose and tables. Code (fenced blocks and
+`inline` spans) is left out: it is a command, a flag or a transcript of what a command prints, held by the tests that
+run it. A number right after ≥, ≤ or `goal` is a target, not a measurement."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,7 @@ from doc_sources import page
 PAGES = ("README.md", "docs/api.md", "docs/architecture.md", "docs/checkpoints.md", "docs/cluster.md",
          "docs/failures.md", "docs/gpt.md", "docs/llama.md", "docs/performance.md", "docs/planning.md")
 _NUM = r"\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?"
-_UNIT = r"(?:×|\s?%|\s?k\b|\s?(?:ms|µs|GiB|GB|MB|TFLOP/s)\b|\s(?:tokens|samples)/s|\s?MFU)"
+_UNIT = r"(?:×|\s?%|\s?k\b|\s?(?:ms|µs|GiB|GB|MB|TFLOP/s)\b|\s(?:tokens|samples)/s|\s?MFU|\s(?:s|min)\b)"
 MEASURED = re.compile(rf"(?<![\w.\-/]){_NUM}(?:\s?[–-]\s?{_NUM}{_UNIT}?)?{_UNIT}"
                       rf"|(?<![\w.\-/])\d+,\d{{3}}(?:,\d{{3}})*(?![\d,])"
                       rf"|(?<=\| )\**\d+\.\d+(?:–\d+\.\d+)?\**(?= \|)")

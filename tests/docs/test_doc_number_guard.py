@@ -53,6 +53,8 @@ def test_every_excused_phrase_is_on_its_page_and_says_why():
 def test_the_scan_sees_a_new_number():
     """The scan's patterns catch the forms the pages write measurements in (and a hold excuses only its own span)."""
     import number_scan
-    text = "ran 12,345 tokens/s (41.2% MFU), 1.06× torch, 40.25 ms a step, 19.35 GiB, 64.9k samples/s, 250–410 µs"
+    text = ("ran 12,345 tokens/s (41.2% MFU), 1.06× torch, 40.25 ms a step, 19.35 GiB, 64.9k samples/s, 250–410 µs, "
+            "~9 s on 2 cores | 4.112 | in dp2 × pp2 with --steps 800")
     found = [m.group() for m in number_scan.MEASURED.finditer(text)]
-    assert found == ["12,345 tokens/s", "41.2%", "1.06×", "40.25 ms", "19.35 GiB", "64.9k", "250–410 µs"], found
+    assert found == ["12,345 tokens/s", "41.2%", "1.06×", "40.25 ms", "19.35 GiB", "64.9k", "250–410 µs", "9 s",
+                     "4.112"], found

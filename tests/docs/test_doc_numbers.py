@@ -19,9 +19,9 @@ import pytest
 from claims_text import CLAIMS as TEXT_CLAIMS
 from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP,
                          PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
-                         grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors, pptp,
-                         profile_calls, profile_cuda_percent, profile_host_us_per_call, ratio, results, summary_ms,
-                         summary_rate, zero_scaling)
+                         grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
+                         pptp, profile_calls, profile_cuda_percent, profile_host_us_per_call, ratio, results,
+                         summary_ms, summary_rate, zero_scaling)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 SP_COLLECTIVES = ("c10d::reduce_scatter_", "c10d::allgather_")  # the host-side ops of the sequence-parallel collectives
