@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import re
 
-from doc_sources import (CLEAN_CI, COMPILE_AB, GRIDS_MLP, GRIDS_MLP_FIRST, GRIDS_MLP_LOGS, JOB3, JOB9, LLAMA1, LLAMA4,
-                         LLAMA4_LOGS, LLAMA_TEXT, MAIN_JOB, MAXBATCH, PERF, PPTP, PROFILE, SP_AB, ZERO_OVERLAP,
-                         ZERO_PASS, archive_member, comma, fixed, forward_mp_all_reduces_us, gpu_idle_fraction,
-                         job7_efficiency, job_run, last_backward_ms, llama, mlp_l_bytes, mlp_ratios, pct, pptp,
-                         profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded, summary_ms,
-                         summary_rate, timed_step_ms)
+from doc_sources import (CLEAN_CI, COMPILE_AB, FIRST, GRIDS_MLP, GRIDS_MLP_FIRST, GRIDS_MLP_LOGS, JOB3, JOB9, LLAMA1,
+                         LLAMA4, LLAMA4_LOGS, LLAMA_TEXT, MAIN_JOB, MAXBATCH, PERF, PPTP, PROFILE, SP_AB, ZERO_OVERLAP,
+                         ZERO_PASS, archive_member, comma, first_median_step_ms, fixed, forward_mp_all_reduces_us,
+                         gpu_idle_fraction, job7_efficiency, job_run, last_backward_ms, llama, mlp_l_bytes,
+                         mlp_ratios, pct, pptp, profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded,
+                         summary_ms, summary_rate, timed_step_ms)
 
 LLAMA_DOC = "docs/llama.md"
 COMMAND_TIMES = "cpu/2026-11-27-readme-command-times.json"
+DOCS_COMMAND_TIMES = "cpu/2026-11-27-docs-command-times.json"
 ZB1_AHEAD1 = "engine_pp2_zb1m_ahead1"
 LLAMA4_GOAL = "pp2 x tp2 >= 2x Megatron-core on the same grid"
 
@@ -97,6 +98,10 @@ def _command_s(run: str) -> str:
     return rounded(results(COMMAND_TIMES)["runs"][run]["wall_s"], 0)
 
 
+def _docs_command_s(*runs: str) -> str:
+    return rounded(sum(results(DOCS_COMMAND_TIMES)["runs"][run]["wall_s"] for run in runs), 0)
+
+
 def _text_run(model: str) -> dict:
     return results(LLAMA_TEXT)["runs"][model]
 
@@ -111,10 +116,8 @@ CLAIMS = [
     ("README.md", "# 2. the tests (CI runs exactly this, .ci/run): ~{} min on 2 cores",
      lambda: str(results(CLEAN_CI)["tests_min"])),
     ("README.md", "~{} min on 2 cores # shared with other work (a median step of {} ms)",
-     lambda: rounded(800 * float(results("cpu/2026-11-27-first-ten-minutes.json")["summary"].split("median step ")[1]
-                                 .split()[0]) / 60e3, 0),
-     lambda: rounded(float(results("cpu/2026-11-27-first-ten-minutes.json")["summary"].split("median step ")[1]
-                           .split()[0]), 0)),
+     lambda: rounded(800 * first_median_step_ms() / 60e3, 0),
+     lambda: rounded(first_median_step_ms(), 0)),
     # docs/performance.md: sentences
     (PERF, "took zb1 at config L from {}k to {}k samples/s; lookahead 2 gave {}k "
      "(experiments/results/raw/2026-11-26-2xH200-job3.json)",
@@ -238,8 +241,7 @@ CLAIMS = [
        *[lambda i=i, k=k: fixed(3)(results(LLAMA_TEXT)["target"]["val_loss_llama_gpt"][k][i]) for k in range(6)])
       for name, i, bold in (("Llama", 1, "**"), ("GPT", 2, ""))],
     ("docs/gpt.md", "the 0.9M-parameter model above took a median {} ms a step",
-     lambda: rounded(float(results("cpu/2026-11-27-first-ten-minutes.json")["summary"].split("median step ")[1]
-                           .split()[0]), 0)),
+     lambda: rounded(first_median_step_ms(), 0)),
     (PERF, "Every engine and torch peer run's losses are within {} (relative) of the one-GPU engine run's",
      lambda: _loss_tolerance()),
     (LLAMA_DOC, "`bash experiments/passes/llama_text_cpu.sh` (~{} min on 2 cores;",
@@ -253,4 +255,20 @@ CLAIMS = [
     ("README.md", "prints one and its simulated bubble (~{} s).", lambda: _command_s("schedule")),
     ("README.md", "saying why the others lose (~{} s).", lambda: _command_s("plan")),
     ("README.md", "(1, 2, 4 or 8 ranks; about {} s on 4 ranks on 2 cores)", lambda: _command_s("api4")),
+    ("README.md", "(examples/data/code.txt.gz, {} MB:",
+     lambda: fixed(2)(results(FIRST)["text"]["bytes"] / 1e6)),
+    ("docs/gpt.md", "(the first-ten-minutes size: ~{} s a step on 2 cores)",
+     lambda: rounded(first_median_step_ms() / 1e3, 1)),
+    ("docs/checkpoints.md", "--tokens 300 # ~{} s for a small GPT", lambda: _command_s("sample")),
+    # docs/gpt.md's and docs/llama.md's CPU commands' times (each run once as written on 2 shared cores)
+    ("docs/gpt.md", "--dp 2 --pp 2 --mp 2 # ~{} s", lambda: _docs_command_s("gpt_cpu_8ranks")),
+    (LLAMA_DOC, "on the built-in corpus, 10 steps: ~{} s", lambda: _docs_command_s("llama_cpu_4ranks")),
+    (LLAMA_DOC, "# stand-in's tokenizer): ~{} s", lambda: _docs_command_s("hf_text", "hf_text_bpe")),
+    (LLAMA_DOC, "(config.json, model.safetensors, tokenizer.json): ~{} s", lambda: _docs_command_s("hf_stand_in")),
+    (LLAMA_DOC, "its tokenizer tokenizes the text (~{} s), the import writes a # checkpoint and its model.toml (~{} s)",
+     lambda: _docs_command_s("hf_tokenize"), lambda: _docs_command_s("hf_import")),
+    (LLAMA_DOC, "with the LLM recipe: ~{} s", lambda: _docs_command_s("hf_fine_tune")),
+    (LLAMA_DOC, "decoded with the model directory's tokenizer: ~{} s", lambda: _docs_command_s("hf_sample")),
+    (LLAMA_DOC, "copies its tokenizer files: ~{} s", lambda: _docs_command_s("hf_export")),
+    (LLAMA_DOC, "generates with it (greedy): ~{} s", lambda: _docs_command_s("hf_transformers_generate")),
 ]

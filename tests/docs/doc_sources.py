@@ -222,3 +222,8 @@ def timed_step_ms(archive: str, jsonl: str) -> list[float]:
 def mlp_l_bytes(bytes_per_value: int) -> float:
     """Config L's weights (16 layers of 8192 x 8192) at a width, in GB: what a step moves for one full copy."""
     return 16 * 8192 * 8192 * bytes_per_value / 1e9
+
+
+def first_median_step_ms() -> float:
+    """The first-ten-minutes run's median step (its summary line)."""
+    return float(re.search(r"median step ([0-9.]+) ms", results(FIRST)["summary"])[1])
