@@ -58,6 +58,17 @@ def profile_cuda_percent(archive: str, log: str, name: str) -> float:
     return float(row[6].rstrip("%"))
 
 
+def profile_host_us_per_call(archive: str, log: str, names: tuple[str, ...]) -> float:
+    """The host (CPU total) time per call of these rows of a torch.profiler table (its first, rank 0's), in µs."""
+    total, calls = 0.0, 0
+    for name in names:
+        row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
+        value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s)", row[3]).groups()
+        total += float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+        calls += int(row[-1])
+    return total / calls
+
+
 def profile_calls(archive: str, log: str, name: str) -> int:
     row = re.search(rf"^\s*{re.escape(name)}\s+(.*)$", archive_member(archive, log), re.M)[1].split()
     return int(row[-1])
@@ -153,3 +164,66 @@ def zero_scaling(schedule: str, strong: bool) -> float:
 
 def first_loss(i: int) -> str:
     return f"{results(FIRST)['validation_loss'][i][1]:.4f}"
+
+
+JOB3, JOB7 = "raw/2026-11-26-2xH200-job3.json", "raw/2026-11-26-2xH200-job7.json"
+JOB9 = "2026-11-26-4xH200-job9-logs.tgz"
+ZERO_PASS, MAXBATCH = "2026-11-26-2xH200-zero.json", "2026-11-26-2xH200-maxbatch.jsonl"
+GRIDS_MLP_FIRST = "raw/2026-11-27-4xH200-grids-mlp-first-job.json"
+GRIDS_MLP_LOGS, COMPILE_AB = "2026-11-27-4xH200-grids-mlp-logs.tgz", "2026-11-26-1xH200-gpt-compile-ab-logs.tgz"
+SP_AB, LLAMA4_LOGS = "2026-11-26-2xH100-sp-ab-logs.tgz", "2026-11-27-4xH200-llama-4gpu-logs.tgz"
+LLAMA_TEXT = "cpu/2026-11-27-llama-vs-gpt-text.json"
+MAIN_JOB, CLEAN_CI = "cpu/2026-11-27-main-job.json", "cpu/2026-11-27-clean-clone-ci.json"
+
+
+def job_run(job: str, config: str, mode: str, variant: str = "") -> dict:
+    """A run of one of the MLP jobs' own results files (each dp=2 run beside its 1-GPU run of the same job)."""
+    return next(r for r in results(job)["runs"] if (r["config"], r["mode"], r["variant"]) == (config, mode, variant))
+
+
+def job7_efficiency(config: str, variant: str) -> float:
+    """dp=2 samples/s over twice job 7's one GPU of the same schedule: strong at config L, weak at Lw."""
+    single = job_run(JOB7, "L", "single", "zb1m" if variant.startswith("zb1m") else "")
+    return job_run(JOB7, config, "dp", variant)["samples_s"] / (2 * single["samples_s"])
+
+
+def trace_events(archive: str, member: str) -> list[dict]:
+    return [e for e in json.loads(archive_member(archive, member))["traceEvents"] if e.get("ph") == "X"]
+
+
+def forward_mp_all_reduces_us(archive: str, member: str) -> list[float]:
+    """The forward's MP all-reduces of a traced step (those that start before its first backward), in µs, in order."""
+    events = trace_events(archive, member)
+    backward = min(e["ts"] for e in events if e.get("cat") == "B")
+    return [e["dur"] for e in sorted(events, key=lambda e: e["ts"]) if e["pid"] == 2 and e["ts"] < backward]
+
+
+def reduce_scatter_span_ms(archive: str, member: str) -> float:
+    rs = [e for e in trace_events(archive, member) if e.get("cat") == "reduce_scatter"]
+    return (max(e["ts"] + e["dur"] for e in rs) - min(e["ts"] for e in rs)) / 1e3
+
+
+def last_backward_ms(archive: str, member: str) -> float:
+    return [e for e in trace_events(archive, member) if e.get("cat") == "B"][-1]["dur"] / 1e3
+
+
+def gpu_idle_fraction(archive: str, log: str) -> float:
+    """1 - GPU busy / step of a profile's `GPU busy X ms per step of Y ms` line."""
+    busy, step = re.search(r"GPU busy ([0-9.]+) ms per step of ([0-9.]+) ms", archive_member(archive, log)).groups()
+    return 1 - float(busy) / float(step)
+
+
+def timed_step_ms(archive: str, jsonl: str) -> list[float]:
+    """Every step time of a run's metrics file in a job's archive, warm-up included, in ms."""
+    lines = [json.loads(line) for line in archive_member(archive, jsonl).splitlines() if line.strip()]
+    return [1e3 * r["step_time_s"] for r in lines]
+
+
+def mlp_l_bytes(bytes_per_value: int) -> float:
+    """Config L's weights (16 layers of 8192 x 8192) at a width, in GB: what a step moves for one full copy."""
+    return 16 * 8192 * 8192 * bytes_per_value / 1e9
+
+
+def first_median_step_ms() -> float:
+    """The first-ten-minutes run's median step (its summary line)."""
+    return float(re.search(r"median step ([0-9.]+) ms", results(FIRST)["summary"])[1])
