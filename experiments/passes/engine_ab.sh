@@ -7,7 +7,7 @@
 #   PHASE=gpt    hidden 2560, 12 layers, 20 heads, seq 1024, 32 sequences in 8 micro-batches, bf16
 #
 # STEPS (default 16) steps of which WARMUP (5) are not timed, each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
-# new alternating, the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
+# new alternating (REPEAT=1: new and old once more on the 4-GPU grids), the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
 # beside its eager run (the Llama phase). Every run's median step goes to $OUT/engine_ab_<phase>.json with new/old.
 #
 #   PHASE=llama bash experiments/passes/engine_ab.sh      # device kind nvidia-h100-x4, carry .ab
@@ -53,19 +53,21 @@ run() {  # version name gpus first-gpu driver-args...: one run of a tree, from i
      --metrics "$RES/$version-$name.jsonl" "$@" > "$RES/$version-$name.log" 2>&1) \
     || { echo "$version-$name FAILED"; grep -E -m2 'rror|out of memory' "$RES/$version-$name.log"; }
 }
-pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1)
+pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1);
+  # with REPEAT set, then new and old again (name_2): a drift of the machine over the pair shows as a disagreement
   local name=$1 n=$2; shift 2
   if (( n == 1 )); then
     run old "$name" 1 0 "$@" & run new "$name" 1 1 "$@"; wait
   else
     run old "$name" "$n" 0 "$@"; run new "$name" "$n" 0 "$@"
+    [[ -n ${REPEAT:-} ]] && { run new "${name}_2" "$n" 0 "$@"; run old "${name}_2" "$n" 0 "$@"; }
   fi
-  echo "$name: old $(grep -o 'median step [0-9.]* ms' "$RES/old-$name.log") | new $(grep -o 'median step [0-9.]* ms' "$RES/new-$name.log")"
+  echo "$name: old $(grep -ho 'median step [0-9.]* ms' "$RES"/old-$name*.log | tr '\n' ' ')| new $(grep -ho 'median step [0-9.]* ms' "$RES"/new-$name*.log | tr '\n' ' ')"
 }
 pair 1gpu 1 $M
 pair pp2tp2 4 $M --pp 2 --mp 2
-pair tp4 4 $M --mp 4
 pair pp4 4 $M --pp 4
+pair tp4 4 $M --mp 4
 if [[ $PHASE == llama ]]; then
   run new 1gpu_eager 1 0 $M & run new 1gpu_compile 1 1 $M --compile; wait
   echo "compile: eager $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_eager.log") | compiled $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_compile.log")"
@@ -81,8 +83,10 @@ for path in glob.glob(f"{res}/*.log"):
         steps[os.path.basename(path)[:-4]] = float(found.group(1))
 rows = {}
 for grid in ("1gpu", "pp2tp2", "tp4", "pp4"):
-    old, new = steps.get(f"old-{grid}"), steps.get(f"new-{grid}")
-    rows[grid] = {"old_ms": old, "new_ms": new, "old_over_new": round(old / new, 4) if old and new else None}
+    for run in (grid, f"{grid}_2"):
+        old, new = steps.get(f"old-{run}"), steps.get(f"new-{run}")
+        if old or new:
+            rows[run] = {"old_ms": old, "new_ms": new, "old_over_new": round(old / new, 4) if old and new else None}
 if phase == "llama":
     eager, compiled = steps.get("new-1gpu_eager"), steps.get("new-1gpu_compile")
     rows["compile_1gpu"] = {"eager_ms": eager, "compile_ms": compiled,
