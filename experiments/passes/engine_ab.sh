@@ -7,7 +7,7 @@
 #   PHASE=gpt    hidden 2560, 12 layers, 20 heads, seq 1024, 32 sequences in 8 micro-batches, bf16
 #
 # STEPS (default 16) steps of which WARMUP (5) are not timed, each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
-# new alternating (REPEAT=1: new and old once more on the 4-GPU grids), the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
+# new alternating (REPEAT="pp4 tp4": new and old once more on those grids), the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
 # beside its eager run (the Llama phase). Every run's median step goes to $OUT/engine_ab_<phase>.json with new/old.
 #
 #   PHASE=llama bash experiments/passes/engine_ab.sh      # device kind nvidia-h100-x4, carry .ab
@@ -54,24 +54,24 @@ run() {  # version name gpus first-gpu driver-args...: one run of a tree, from i
     || { echo "$version-$name FAILED"; grep -E -m2 'rror|out of memory' "$RES/$version-$name.log"; }
 }
 pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1);
-  # with REPEAT set, then new and old again (name_2): a drift of the machine over the pair shows as a disagreement
+  # for a grid REPEAT names, then new and old again (name_2): a drift of the machine over the pair shows as a disagreement
   local name=$1 n=$2; shift 2
   if (( n == 1 )); then
     run old "$name" 1 0 "$@" & run new "$name" 1 1 "$@"; wait
   else
     run old "$name" "$n" 0 "$@"; run new "$name" "$n" 0 "$@"
-    [[ -n ${REPEAT:-} ]] && { run new "${name}_2" "$n" 0 "$@"; run old "${name}_2" "$n" 0 "$@"; }
+    [[ " ${REPEAT:-} " == *" $name "* ]] && { run new "${name}_2" "$n" 0 "$@"; run old "${name}_2" "$n" 0 "$@"; }
   fi
   echo "$name: old $(grep -ho 'median step [0-9.]* ms' "$RES"/old-$name*.log | tr '\n' ' ')| new $(grep -ho 'median step [0-9.]* ms' "$RES"/new-$name*.log | tr '\n' ' ')"
 }
 pair 1gpu 1 $M
-pair pp2tp2 4 $M --pp 2 --mp 2
-pair pp4 4 $M --pp 4
-pair tp4 4 $M --mp 4
 if [[ $PHASE == llama ]]; then
   run new 1gpu_eager 1 0 $M & run new 1gpu_compile 1 1 $M --compile; wait
   echo "compile: eager $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_eager.log") | compiled $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_compile.log")"
 fi
+pair pp2tp2 4 $M --pp 2 --mp 2
+pair pp4 4 $M --pp 4
+pair tp4 4 $M --mp 4
 
 python3 - "$RES" "$PHASE" <<'PY' | tee "$OUT/engine_ab_$PHASE.json"
 import glob, json, os, re, sys
