@@ -53,9 +53,10 @@ run() {  # version name gpus first-gpu driver-args...: one run of a tree, from i
      --metrics "$RES/$version-$name.jsonl" "$@" > "$RES/$version-$name.log" 2>&1) \
     || { echo "$version-$name FAILED"; grep -E -m2 'rror|out of memory' "$RES/$version-$name.log"; }
 }
-pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1);
+pair() {  # name gpus driver-args...: only grids GRIDS names (default: all);: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1);
   # for a grid REPEAT names, then new and old again (name_2): a drift of the machine over the pair shows as a disagreement
   local name=$1 n=$2; shift 2
+  [[ -z ${GRIDS:-} || " $GRIDS " == *" $name "* ]] || return 0
   if (( n == 1 )); then
     run old "$name" 1 0 "$@" & run new "$name" 1 1 "$@"; wait
   else
@@ -65,7 +66,7 @@ pair() {  # name gpus driver-args...: old then new on the same GPUs (one-GPU run
   echo "$name: old $(grep -ho 'median step [0-9.]* ms' "$RES"/old-$name*.log | tr '\n' ' ')| new $(grep -ho 'median step [0-9.]* ms' "$RES"/new-$name*.log | tr '\n' ' ')"
 }
 pair 1gpu 1 $M
-if [[ $PHASE == llama ]]; then
+if [[ $PHASE == llama && -z ${GRIDS:-} ]]; then
   run new 1gpu_eager 1 0 $M & run new 1gpu_compile 1 1 $M --compile; wait
   echo "compile: eager $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_eager.log") | compiled $(grep -o 'median step [0-9.]* ms' "$RES/new-1gpu_compile.log")"
 fi
