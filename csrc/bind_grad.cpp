@@ -1,6 +1,5 @@
 // Python face of the engine's gradient buffer (grad/grad_buffer.h): one object per engine, handed to its layers,
 // stage programs and executor.
-#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <tuple>
@@ -34,11 +33,9 @@ void bind_grad(py::module_& m) {
           "Every parameter's gradient, once autograd has accumulated it into param.grad, goes to its fp32 main "
           "grad (if routed) and is announced final, by a C++ hook (grad/grad_hooks.h).")
       .def_property_readonly(
-          "script_object",
-          [](GradBuffer& g) {
-            return torch::jit::toPyObject(c10::IValue(GradBufferPtr::unsafe_reclaim_from_nonowning(&g)));
-          },
-          "This buffer as torch.classes.hybrid.GradBuffer, the form torch.ops.hybrid's layer operators take.")
+          "address", [](GradBuffer& g) { return reinterpret_cast<int64_t>(&g); },
+          "This buffer's address, the form torch.ops.hybrid's layer operators take (tp/ops.cpp says why); valid "
+          "while this object lives.")
       .def("grad_final", &GradBuffer::grad_final, py::arg("param"),
            "announce that param's gradient got its last write of this backward (a no-op unless the executor "
            "listens: during a stage's last gradient action)")

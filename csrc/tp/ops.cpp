@@ -6,8 +6,12 @@
 // Kernels: the Autograd key runs the layer function itself (it builds its C++ autograd node); the CPU and CUDA
 // keys (reached under inference mode, where autograd is off) run the same function, which then records nothing.
 // What a schema cannot hold directly: the process group travels by its c10d name (resolved in c10d's registry,
-// where torch.distributed.new_group puts every group), the GradBuffer and the CommTrace as TorchScript custom
-// classes (torch.classes.hybrid.*). A missing group (None) is the trivial group: the region functions return x.
+// where torch.distributed.new_group puts every group), the GradBuffer by its address (0: none) and the CommTrace as a
+// TorchScript custom class (torch.classes.hybrid.CommTrace). The address, not a custom class: turning a Python
+// custom-class object into the dispatcher's argument costs about 7 us a call, three times the layer call itself,
+// on every layer of every micro-batch; an integer costs nothing. Only parallel/tensor/ops.py passes it, from the
+// GradBuffer the calling layer holds (alive for the call; the autograd node keeps its own reference after).
+// A missing group (None) is the trivial group: the region functions return x.
 // Under torch.compile the caller also passes its rank in the group: the graph traced through these kernels depends
 // on it (this rank's slice of a gather's gradient), and torch caches compiled graphs by the traced program's
 // arguments, across the processes of a machine.
@@ -29,7 +33,6 @@ namespace hybrid {
 
 namespace {
 
-using OptionalGrads = std::optional<GradBufferPtr>;
 using OptionalTrace = std::optional<c10::intrusive_ptr<CommTraceRef>>;
 using OptionalGroupName = std::optional<c10::string_view>;
 
@@ -43,27 +46,33 @@ GroupPtr group_named(const OptionalGroupName& name, int64_t rank) {
   return group;
 }
 
+// The GradBuffer at `address` (GradBuffer.address in Python), or none for 0.
+GradBufferPtr buffer_at(int64_t address) {
+  if (address == 0) return GradBufferPtr();
+  return GradBufferPtr::unsafe_reclaim_from_nonowning(reinterpret_cast<GradBuffer*>(address));
+}
+
 std::shared_ptr<CommTrace> shared_trace(const OptionalTrace& trace) {
   return trace.has_value() && *trace ? (*trace)->trace : nullptr;
 }
 
 at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                     const OptionalGrads& grads) {
-  return linear(x, weight, bias, grads.value_or(GradBufferPtr()));
+                     int64_t grads) {
+  return linear(x, weight, bias, buffer_at(grads));
 }
 
 at::Tensor column_parallel_linear_op(const at::Tensor& x, const at::Tensor& weight,
-                                     const std::optional<at::Tensor>& bias, const OptionalGrads& grads,
+                                     const std::optional<at::Tensor>& bias, int64_t grads,
                                      OptionalGroupName group, bool sequence_parallel, const OptionalTrace& trace,
                                      int64_t layer, int64_t rank) {
-  return column_parallel_linear(x, weight, bias, grads.value_or(GradBufferPtr()), group_named(group, rank),
+  return column_parallel_linear(x, weight, bias, buffer_at(grads), group_named(group, rank),
                                 sequence_parallel, shared_trace(trace), layer);
 }
 
-at::Tensor row_parallel_linear_op(const at::Tensor& x, const at::Tensor& weight, const OptionalGrads& grads,
+at::Tensor row_parallel_linear_op(const at::Tensor& x, const at::Tensor& weight, int64_t grads,
                                   OptionalGroupName group, bool sequence_parallel, const OptionalTrace& trace,
                                   int64_t layer, int64_t rank) {
-  return row_parallel_linear(x, weight, grads.value_or(GradBufferPtr()), group_named(group, rank), sequence_parallel,
+  return row_parallel_linear(x, weight, buffer_at(grads), group_named(group, rank), sequence_parallel,
                              shared_trace(trace), layer);
 }
 
@@ -88,12 +97,11 @@ void register_kernels(torch::Library& m) {
 }  // namespace
 
 TORCH_LIBRARY(hybrid, m) {
-  m.class_<GradBuffer>("GradBuffer");
   m.class_<CommTraceRef>("CommTrace");
-  const std::string grads = "__torch__.torch.classes.hybrid.GradBuffer? grads";
+  const std::string grads = "int grads";
   const std::string trace = "__torch__.torch.classes.hybrid.CommTrace? trace=None";
   const std::string schemas[] = {
-      "linear(Tensor x, Tensor weight, Tensor? bias=None, " + grads + "=None) -> Tensor",
+      "linear(Tensor x, Tensor weight, Tensor? bias=None, " + grads + "=0) -> Tensor",
       "column_parallel_linear(Tensor x, Tensor weight, Tensor? bias, " + grads +
           ", str? group, bool sequence_parallel=False, " + trace + ", int layer=0, int rank=-1) -> Tensor",
       "row_parallel_linear(Tensor x, Tensor weight, " + grads + ", str? group, bool sequence_parallel=False, " +

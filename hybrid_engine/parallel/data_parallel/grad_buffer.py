@@ -127,9 +127,8 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
 
 def attach(stages: dict[int, nn.Module], grads: _C.GradBuffer, comm_trace=None) -> None:
     """Hand the buffer to every layer that writes gradients through it (hybrid_engine.parallel.tensor.layers), and the
-    engine's collective trace (--trace, else None) to every layer that runs MP collectives: their torchbind forms,
-    which the layers' torch operators take as they are (parallel/tensor/ops.py)."""
-    grads = grads.script_object
+    engine's collective trace (--trace, else None) to every layer that runs MP collectives, the trace in its
+    torchbind form, which the layers' torch operators take as it is (parallel/tensor/ops.py)."""
     comm_trace = None if comm_trace is None else comm_trace.script_object
     for stage in stages.values():
         for module in stage.modules():

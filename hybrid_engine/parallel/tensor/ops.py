@@ -4,7 +4,7 @@ A layer's forward calls these once per layer and micro-batch: through the dispat
 operator costs, and their backward is C++ autograd (no Python). Without a group the regions are the identity
 (x itself), decided here at no cost. Each takes what the layers hold: a
 torch.distributed process group or None (the operators receive its c10d name), the engine's GradBuffer and
-CommTrace (the torchbind forms `attach` hands the layers; the _C objects are turned into them here) or None.
+CommTrace (the buffer by its address, the trace in the torchbind form `attach` hands the layers) or None.
 
 Fake kernels give every operator's output shape and dtype under FakeTensor (shape propagation, tracing).
 """
@@ -44,20 +44,28 @@ def _name(group: Optional[dist.ProcessGroup]) -> tuple:
     return (None,) if group is None else _group(group)
 
 
-def _script(handle):
-    """The torchbind form of a _C.GradBuffer or _C.CommTrace (what the operators' schemas hold); else as is.
-    None under torch.compile: a compiled graph can neither hold the engine's buffer nor replay its side effects
+def _buffer(grads) -> int:
+    """The address of the engine's _C.GradBuffer, the form the operators take (csrc/tp/ops.cpp says why), or 0 for
+    none. 0 under torch.compile: a compiled graph can neither hold the engine's buffer nor replay its side effects
     (deferred or main-grad writes, final-gradient announcements), so there the weight gradients go back to
     autograd, whose accumulation the buffer's gradient hooks then route (csrc/grad/grad_hooks.h)."""
-    if handle is None or torch.compiler.is_compiling():
+    if grads is None or torch.compiler.is_compiling():
+        return 0
+    return grads.address
+
+
+def _script(trace):
+    """The torchbind form of a _C.CommTrace (what the operators' schemas hold), as is if it is one already; None
+    under torch.compile (a graph cannot hold it)."""
+    if trace is None or torch.compiler.is_compiling():
         return None
-    return handle.script_object if isinstance(handle, (_C.GradBuffer, _C.CommTrace)) else handle
+    return trace.script_object if isinstance(trace, _C.CommTrace) else trace
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, grads=None) -> torch.Tensor:
     """x @ weight.T + bias. With `grads` (the engine's GradBuffer) the weight gradient goes where it routes it:
     stashed while it defers (zero-bubble W), else into the weight's fp32 main grad when it has one."""
-    return _linear(x, weight, bias, _script(grads))
+    return _linear(x, weight, bias, _buffer(grads))
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], grads,
@@ -67,7 +75,7 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     this rank's output slice; backward all-reduces (reduce-scatters) the input gradient while the weight
     gradient's GEMM runs."""
     name, *rank = _name(group)
-    return _column_parallel_linear(x, weight, bias, _script(grads), name, sequence_parallel, _script(trace), layer,
+    return _column_parallel_linear(x, weight, bias, _buffer(grads), name, sequence_parallel, _script(trace), layer,
                                    *rank)
 
 
@@ -76,7 +84,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, grads, group: Opt
     """Megatron's row-parallel linear without its bias: x @ weight.T on this rank's input slice, summed over `group`
     (sequence parallel: reduce-scattered along dim 1); the caller adds the bias after the sum."""
     name, *rank = _name(group)
-    return _row_parallel_linear(x, weight, _script(grads), name, sequence_parallel, _script(trace), layer, *rank)
+    return _row_parallel_linear(x, weight, _buffer(grads), name, sequence_parallel, _script(trace), layer, *rank)
 
 
 def copy_to_mp_region(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
@@ -140,7 +148,7 @@ def _linear_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.register_fake("hybrid::linear")
-def _(x, weight, bias=None, grads=None):
+def _(x, weight, bias=None, grads=0):
     return _linear_out(x, weight)
 
 
