@@ -73,6 +73,7 @@ fi
 pair pp2tp2 4 $M --pp 2 --mp 2
 pair pp4 4 $M --pp 4
 pair tp4 4 $M --mp 4
+[[ " ${GRIDS:-} " == *" tp2 "* ]] && pair tp2 2 $M --mp 2  # on a 2-GPU machine, named only
 
 python3 - "$RES" "$PHASE" <<'PY' | tee "$OUT/engine_ab_$PHASE.json"
 import glob, json, os, re, sys
@@ -83,7 +84,7 @@ for path in glob.glob(f"{res}/*.log"):
     if found:
         steps[os.path.basename(path)[:-4]] = float(found.group(1))
 rows = {}
-for grid in ("1gpu", "pp2tp2", "tp4", "pp4"):
+for grid in ("1gpu", "pp2tp2", "tp4", "pp4", "tp2"):
     for run in (grid, f"{grid}_2"):
         old, new = steps.get(f"old-{run}"), steps.get(f"new-{run}")
         if old or new:
