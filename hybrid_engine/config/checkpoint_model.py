@@ -15,7 +15,8 @@ import re
 MODEL_TOML = "model.toml"
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
+    """A value as TOML spells it (every model.toml writer's one spelling)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return json.dumps(value)  # numbers and strings: TOML spells them as JSON does
@@ -26,7 +27,7 @@ def model_toml(cfg) -> str:
     options = cfg.model.options
     values = {"name": cfg.model.name, "seed": cfg.model.seed,
               **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)}}
-    lines = ["[model]"] + [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+    lines = ["[model]"] + [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
     return "# the model of the checkpoints in this directory: --load and --resume read it (flags override it)\n" + \
         "\n".join(lines) + "\n"
 

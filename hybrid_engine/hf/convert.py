@@ -25,6 +25,7 @@ import torch
 
 from hybrid_engine.checkpoint import CheckpointError, latest_path, open_checkpoint, read_weights, write_checkpoint
 from hybrid_engine.checkpoint.lock import holding_directory
+from hybrid_engine.config.checkpoint_model import MODEL_TOML, toml_value
 from hybrid_engine.models import registry
 from hybrid_engine.models.entry import ModelEntry
 
@@ -32,16 +33,9 @@ from .hf_config import HFError, read_config
 from .output_folder import check_export_target, check_import_target, replaced_folder
 from .safetensors_files import HFWeights, write_weights
 
-MODEL_TOML = "model.toml"
 DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "tokenizer.model")
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value)  # numbers and strings: TOML spells them as JSON does
 
 
 def _mappings() -> list[tuple[str, ModelEntry, object]]:
@@ -81,7 +75,7 @@ def model_toml(name: str, entry: ModelEntry, model: dict) -> str:
     """The [model] table of a run that trains this checkpoint's model: every option its shape fixes (the keys of
     its checkpoint entry that are options of the model)."""
     options = set(model) & set(entry.options.__dataclass_fields__)
-    lines = ["[model]", f'name = "{name}"'] + [f"{k} = {_toml_value(model[k])}" for k in sorted(options)
+    lines = ["[model]", f'name = "{name}"'] + [f"{k} = {toml_value(model[k])}" for k in sorted(options)
                                                if model[k] is not None]
     return "\n".join(lines) + "\n"
 
