@@ -142,8 +142,12 @@ def _set(root: nn.Module, path: str, value) -> None:
         setattr(owner, name, value)
 
 
-def _matches(names, pattern: str) -> list[str]:
-    return [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+def _matches(layer: nn.Module, named, pattern: str, what: str) -> list[str]:
+    """The paths of `named` (e.g. layer.named_modules()) that `pattern` matches; ValueError if none does."""
+    hits = [n for n, _ in named if fnmatch.fnmatchcase(n, pattern)]
+    if not hits:
+        raise ValueError(f"parallelize: no {what} of {type(layer).__name__} matches {pattern!r}")
+    return hits
 
 
 def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.ProcessGroup],
@@ -161,19 +165,13 @@ def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.Pro
     for pattern, style in plan.items():
         if not hasattr(style, "module"):
             continue
-        hits = _matches([n for n, _ in out.named_modules()], pattern)
-        if not hits:
-            raise ValueError(f"parallelize: no module of {type(layer).__name__} matches {pattern!r}")
-        for path in hits:
+        for path in _matches(layer, out.named_modules(), pattern, "module"):
             _set(out, path, style.module(out.get_submodule(path), place))
     _unshare(out, {id(t) for t in source})
     for pattern, style in plan.items():
         if hasattr(style, "module"):
             continue
-        hits = _matches([n for n, _ in out.named_parameters()], pattern)
-        if not hits:
-            raise ValueError(f"parallelize: no parameter of {type(layer).__name__} matches {pattern!r}")
-        for path in hits:
+        for path in _matches(layer, out.named_parameters(), pattern, "parameter"):
             _set(out, path, style.parameter(out.get_parameter(path), place))
     return out
 
