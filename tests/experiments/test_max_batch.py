@@ -110,8 +110,11 @@ if "--help" in sys.argv:
 arg = lambda name: sys.argv[sys.argv.index(name) + 1]
 batch, marker = int(arg("--batch-size")), os.environ["FAKE_MARKER"]
 if os.environ.get("RANK") == "0":
-    if not os.path.exists(marker):  # the first launch of all: the launcher's port clash
-        open(marker, "w").close()
+    try:  # the first launch of all (created atomically: the modes' first launches run at once): a port clash
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass
+    else:
         sys.exit("torch.distributed.DistNetworkError: failed to listen: EADDRINUSE, message: address already in use")
     if batch > 40:
         sys.exit("hybrid_engine: rank 0: OutOfMemoryError: CUDA out of memory")
