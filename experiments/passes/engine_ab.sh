@@ -21,13 +21,7 @@ OUT=${OUT:-/tmp/he_out}; RES=/tmp/engine_ab_$PHASE; mkdir -p "$OUT" "$RES" /tmp/
 DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-560})); RESERVE=20
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
 [[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
-build() {  # dir name: an in-place build of that tree's extension (kept on a warm machine), nothing left installed
-  ls "$1"/hybrid_engine/_C*.so > /dev/null 2>&1 && return
-  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.HYBRID_UNITY_BUILD=OFF \
-     > "$RES/build-$2.log" 2>&1 && cp "$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')" hybrid_engine/ \
-     ; python3 -m pip uninstall -y -q hybrid_engine) || { tail -30 "$RES/build-$2.log"; exit 1; }
-}
-start=$SECONDS; build /tmp/old old; build "$PWD" new; echo "built in $((SECONDS - start)) s"
+start=$SECONDS; build_tree /tmp/old old; build_tree "$PWD" new; echo "built in $((SECONDS - start)) s"
 python3 - <<'PY'
 import numpy as np, os
 from hybrid_engine.data import write_token_file

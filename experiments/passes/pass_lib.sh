@@ -77,3 +77,11 @@ last_losses() {  # each metrics file in $RES: its last step's loss (runs that mu
     echo "$(basename "$f" .jsonl): last loss $(grep '"loss"' "$f" | tail -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["loss"])')"
   done
 }
+
+build_tree() {  # dir name: an in-place build of that tree's extension (kept on a warm machine), nothing left
+  # installed, its log at $RES/build-<name>.log: two trees built so can run side by side from their own folders
+  ls "$1"/hybrid_engine/_C*.so > /dev/null 2>&1 && return
+  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.HYBRID_UNITY_BUILD=OFF \
+     > "$RES/build-$2.log" 2>&1 && cp "$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')" hybrid_engine/ \
+     ; python3 -m pip uninstall -y -q hybrid_engine) || { tail -30 "$RES/build-$2.log"; exit 1; }
+}
