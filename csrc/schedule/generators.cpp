@@ -113,6 +113,14 @@ void check_schedule_name(const std::string& name) {
   }
 }
 
+void check_lookahead(int micro_batches, int lookahead) {
+  if (lookahead > micro_batches) {  // the warm-up would ask for forwards of micro-batches the step does not have
+    throw std::invalid_argument("--lookahead " + std::to_string(lookahead) + " is more than the " +
+                                std::to_string(micro_batches) +
+                                " micro-batches of a step: there are no forwards that far ahead");
+  }
+}
+
 void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
   check_schedule_name(name);
   if (pp < 1) throw std::invalid_argument("pp must be >= 1 (got " + std::to_string(pp) + ")");
@@ -129,6 +137,7 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
   if (lookahead > 0 && name != "1f1b" && name != "zb1") {
     throw std::invalid_argument("--lookahead applies to --schedule 1f1b and zb1 only (got " + name + ")");
   }
+  check_lookahead(micro_batches, lookahead);
   if (virtual_stages < least_virtual_stages(name)) {
     throw std::invalid_argument("the " + name + " schedule needs --virtual-stages >= " +
                                 std::to_string(least_virtual_stages(name)) + " (it interleaves model chunks; got " +

@@ -35,9 +35,12 @@ int least_virtual_stages(const std::string& name);
 
 // Throws std::invalid_argument with one clear sentence if (name, pp, micro_batches, virtual_stages) is not a
 // schedule we can build: sizes < 1, an unknown name, v > 1 for a one-chunk schedule, interleaved with v < 2,
-// pp < 2 or micro_batches not a multiple of pp, a negative lookahead or one for a schedule other than 1f1b/zb1.
+// pp < 2 or micro_batches not a multiple of pp, a negative lookahead, one for a schedule other than 1f1b/zb1 or
+// one beyond the micro-batches.
 void check_schedule_request(const std::string& name, int pp, int micro_batches, int virtual_stages,
                             int lookahead = 0);
+// The part of it that holds for any schedule: no more lookahead forwards than the step has micro-batches.
+void check_lookahead(int micro_batches, int lookahead);
 
 Schedule naive_compute(int pp, int micro_batches);
 Schedule gpipe_compute(int pp, int micro_batches, int virtual_stages = 1);

@@ -95,6 +95,11 @@ class ScheduleConfig:
         virtual stages: the schedule's least, lookahead: 0), so only what the user fixed can be refused."""
         self.check_merge()
         if self.name == AUTO:
+            if self.micro_batches is not None and self.lookahead:
+                try:
+                    _C.schedule.check_lookahead(self.micro_batches, self.lookahead)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
             return
         micro = pp if self.micro_batches is None else self.micro_batches
         chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None

@@ -263,9 +263,6 @@ class RunConfig:
         check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, batch_size=self.data.batch_size,
                        micro_batches=s.micro_batches, amp=self.precision.amp, device_type=device_type,
                        lookahead=s.lookahead, merge_weight_grads=s.merge_weight_grads)
-        if s.lookahead is not None and s.micro_batches is not None and s.lookahead > s.micro_batches:
-            raise ConfigError(f"--lookahead {s.lookahead} is more than the {s.micro_batches} micro-batches of a "
-                              "step: there are no forwards that far ahead")
         self.stages.validate()
         self.precision.validate()
         self.data_parallel.validate()

@@ -11,7 +11,7 @@ from hybrid_engine.parallel.pipeline.schedule import SCHEDULES
 from hybrid_engine.train.cli import parse_config
 
 REQUESTS = [(name, pp, m, v, k) for name, pp, m, v, k in itertools.product(SCHEDULES, (1, 2, 3), (2, 3, 4), (1, 2, 3),
-                                                                             (0, 1))]
+                                                                             (0, 1, 5))]
 
 
 def driver_verdict(name: str, pp: int, m: int, v: int, k: int) -> str | None:

@@ -18,7 +18,7 @@ def test_zero_lookahead_is_the_plain_schedule(name):
 def test_valid_and_one_more_live_micro_batch_per_extra_forward(name):
     for pp in range(2, 6):
         for m in range(1, 11):
-            for k in range(0, 4):
+            for k in range(0, min(3, m) + 1):  # more than m is refused (test_bad_requests_name_the_problem)
                 schedule = make_schedule(name, pp, m, 1, k)
                 validate(schedule, m)  # raises on any broken program
                 result = simulate(schedule, Costs(latency=0.3))
@@ -53,3 +53,5 @@ def test_bad_requests_name_the_problem():
         make_schedule("1f1b", 2, 4, 1, -1)
     with pytest.raises(ValueError, match="--lookahead applies to --schedule 1f1b and zb1 only \\(got gpipe\\)"):
         make_schedule("gpipe", 2, 4, 1, 1)
+    with pytest.raises(ValueError, match="--lookahead 5 is more than the 4 micro-batches of a step"):
+        make_schedule("1f1b", 2, 4, 1, 5)
