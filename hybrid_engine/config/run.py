@@ -268,7 +268,7 @@ class RunConfig:
                               "step: there are no forwards that far ahead")
         self.stages.validate()
         self.precision.validate()
-        self.data_parallel.validate()
+        self.data_parallel.validate(grid)
         c = self.checkpoint
         if (c.resume or c.save_every) and not c.save:
             raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "
