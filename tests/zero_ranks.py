@@ -42,6 +42,13 @@ def train_runs(rank: int, world: int, runs: list[dict], cfg: dict) -> list[dict]
         held = {}
         if engine.zero is not None:
             engine.add_post_backward_hook(lambda e: held.setdefault("after_backward", e.zero.held_bytes()))
+        if engine.zero is not None and engine.zero.params is not None:
+            # the most parameter bytes held as any layer starts its forward (engine._stages: `stages` would gather)
+            def watch(module, args, params=engine.zero.params):
+                held["in_forward"] = max(held.get("in_forward", 0), params.held_bytes())
+            for stage in engine._stages.values():
+                for layer in stage:
+                    layer.register_forward_pre_hook(watch)
         losses, norms = [], []
         for step in range(cfg["steps"]):
             result = engine.train_step(*_rows(groups, dp, step, cfg))
@@ -94,7 +101,8 @@ def resume_runs(rank: int, world: int, runs: list[dict], saved: list[dict], cfg:
         optimizer = {k: {kk: torch.from_numpy(vv) if hasattr(vv, "shape") else vv for kk, vv in d.items()}
                      for k, d in state["optimizer"].items()}
         engine.load_checkpoint_state(weights, optimizer, None)
-        out.append([engine.train_step(*_rows(groups, run["dp"], step, cfg)).loss for step in range(first, cfg["steps"])])
+        out.append([engine.train_step(*_rows(groups, run["dp"], step, cfg)).loss
+                    for step in range(first, cfg["steps"])])
         engine.close()
         groups.destroy()
         dist.barrier()

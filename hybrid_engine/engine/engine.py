@@ -112,7 +112,7 @@ class Engine(EngineState, UpdateStep):
         stepped = {id(p): None if sharded and precision.half_weights else o
                    for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
-        # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (parallel/data_parallel/tied.py).
+        # Under ZeRO each copy gets a bucket of its own, so the copies' DP shards line up (data_parallel/tied.py).
         self._tied = TiedGradients(model, layout, groups, self._stages, self.placement)
         self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,

@@ -52,6 +52,16 @@ def _check_matches_reference(world: int, runs: list[dict], results: list, refere
         assert max(_rel(state[k], ref_state[k]) for k in ref_state) < 1e-5, run
 
 
+def test_zero3_without_a_pipeline_holds_a_few_buckets_during_the_forward():
+    """dp2, autograd, prefetch 1: as each layer starts its forward a rank holds its pieces and at most the bucket
+    it reads, the one prefetched and the one the previous layer released after its forward (8 one-layer buckets)."""
+    runs = [dict(dp=2, zero=3, stage_impl="autograd")]
+    for (out,) in run_ranks(2, train_runs, runs, CFG, timeout=120):
+        params, _ = out["whole"]
+        bucket = params / out["buckets"]  # every bucket one equal layer
+        assert params / 2 + 2 * bucket <= out["held"]["in_forward"] <= params / 2 + 3 * bucket + 4 * 2 * 8
+
+
 @pytest.fixture(scope="module")
 def world4():
     return run_ranks(4, train_runs, WORLD4, CFG, timeout=300)
@@ -103,16 +113,19 @@ def test_zero2_and_zero3_on_two_and_eight_ranks_match_one_process(reference):
 
 
 def test_the_trace_draws_zero3_gathers_and_zero2_reductions_inside_the_step():
-    """ZeRO-3 without a pipeline, autograd: every bucket gathered for the first forward and again for each
-    micro-batch's backward (released after each forward); through the native chain, once for the step. ZeRO-2:
-    every bucket reduced once. All beside the step's compute: only what the step's start launched precedes it."""
+    """ZeRO-3 without a pipeline, autograd: every bucket gathered for each micro-batch's forward and again for its
+    backward (released after each); through the native chain, once for the step. ZeRO-2: every bucket reduced once.
+    All beside the step's compute: only what the step's start launched precedes it."""
     runs = [dict(dp=2, zero=3, stage_impl="autograd", trace=True), dict(dp=2, zero=3, trace=True),
             dict(dp=2, zero=2, trace=True)]
     for per_rank in run_ranks(2, train_runs, runs, CFG, timeout=120):
         resharded, kept, zero2 = per_rank
-        for out, times in ((resharded, 1 + CFG["micro_batches"]), (kept, 1)):
+        m, n = CFG["micro_batches"], resharded["buckets"]
+        # the first layer's bucket (packed last): its input has no gradient to release it after the backward, so
+        # it stays for the next micro-batch's forward
+        for out, times in ((resharded, [2 * m] * (n - 1) + [m + 1]), (kept, [1] * n)):
             gathers = [(b, start) for kind, b, start, _ in out["comm"] if kind == "all_gather"]
-            assert sorted(b for b, _ in gathers) == sorted(list(range(out["buckets"])) * times)
+            assert sorted(b for b, _ in gathers) == [b for b in range(n) for _ in range(times[b])]
             before = [b for b, start in gathers if start < 0]
             assert len(before) <= (1 if out is resharded else out["buckets"]), before  # prefetch 1 / native: all
         reduces = sorted(b for kind, b, _, _ in zero2["comm"] if kind == "all_reduce")  # gloo: no reduce-scatter

@@ -10,9 +10,11 @@ ones in forward order (launched, so they travel while that layer computes). A na
 cannot launch anything, so its buckets are all launched at the step's start.
 
 Without a pipeline, an autograd stage releases a bucket again once the last layer reading it has run its forward,
-and gathers it again just before that layer's backward (a hook on the layer's output gradient), launching the
-`prefetch` buckets the backward reads next: between a layer's forward and its backward only its activations stay
-(FSDP's reshard_after_forward). A forward inside the backward (recomputation) releases nothing. Otherwise (a
+gathers it again just before that layer's backward (a hook on the layer's output gradient), launching the
+`prefetch` buckets the backward reads next, and releases it once the backward has passed its first layer (a hook
+on that layer's input gradient): between a layer's forward and its backward only its activations stay (FSDP's
+reshard_after_forward and after backward). A forward inside the backward (recomputation) releases nothing after
+it. Otherwise (a
 pipeline, native or compiled stages) the buffers stay gathered from the step's first forward to its last backward:
 a pipeline stage runs the forwards and backwards of m micro-batches interleaved with its neighbours', and gathering
 around every micro-batch would move the parameters 2m times instead of once (torchtitan's reshard_after_forward=False
@@ -71,7 +73,10 @@ class ParamShards:
         the backward: the buckets before it)."""
         self.launch(b)
         at = self.position[b]
-        ahead = self.order[max(0, at - self.prefetch):at][::-1] if backward else self.order[at + 1:at + 1 + self.prefetch]
+        if backward:
+            ahead = self.order[max(0, at - self.prefetch):at][::-1]
+        else:
+            ahead = self.order[at + 1:at + 1 + self.prefetch]
         for next_b in ahead:
             self.launch(next_b)
         self.gather.wait(b)
@@ -79,27 +84,44 @@ class ParamShards:
 
     def reshard_after_forward(self, layers: list[nn.Module], buckets_of) -> None:
         """Hooks on an autograd stage's layers (forward order): after the forward of the last layer reading a
-        bucket, release it and have the gradient of that layer's output gather it back."""
+        bucket, release it and have the gradient of that layer's output gather it back; once the gradient of the
+        first such layer's input is computed, the bucket's backward has read its parameters for the last time:
+        release it again (only its gradient, in the gradient buffer, is still written)."""
+        first: dict[int, int] = {}
         last: dict[int, int] = {}
         for i, layer in enumerate(layers):
             for b in buckets_of(layer):
+                first.setdefault(b, i)
                 last[b] = i
         for i, layer in enumerate(layers):
+            starting = [b for b, at in first.items() if at == i]
+            if starting:
+                layer.register_forward_pre_hook(self._release_after_backward(starting))
             done = [b for b, at in last.items() if at == i]
             if done:
                 layer.register_forward_hook(self._releaser(done))
 
+    def _release(self, buckets: list[int]) -> None:
+        for b in buckets:
+            if self.state[b] == self.WHOLE:
+                _C.release_storage(self.flats[b])
+                self.state[b] = self.RELEASED
+
+    def _release_after_backward(self, buckets: list[int]):
+        def hook(module: nn.Module, args) -> None:
+            if args and torch.is_tensor(args[0]) and args[0].requires_grad and torch.is_grad_enabled():
+                args[0].register_hook(lambda grad: self._release(buckets))
+        return hook
+
     def _releaser(self, buckets: list[int]):
         def release(module: nn.Module, args, output) -> None:
-            if not (torch.is_tensor(output) and output.requires_grad):
-                return  # no backward will come through this output to gather them again: keep them
             if torch._C._current_graph_task_id() != -1:
                 return  # a recomputation inside the backward: the backward right after reads them
-            output.register_hook(lambda grad: self._regather(buckets))
-            for b in buckets:
-                if self.state[b] == self.WHOLE:
-                    _C.release_storage(self.flats[b])
-                    self.state[b] = self.RELEASED
+            if torch.is_tensor(output) and output.requires_grad:
+                output.register_hook(lambda grad: self._regather(buckets))
+            elif torch.is_grad_enabled():
+                return  # a graph this hook cannot see into may still read them: keep them
+            self._release(buckets)  # (a forward without gradients: nothing reads them again)
         return release
 
     def _regather(self, buckets: list[int]) -> None:
@@ -130,8 +152,9 @@ def describe(prefetch: int, pp_size: int, native: list[int], resharded: list[int
     ahead = f"{prefetch} bucket{'s' if prefetch > 1 else ''} ahead of the layer computing"
     if resharded:
         return (f"zero 3: parameters sharded; each bucket all-gathered ahead of the layers that read it ({ahead}), "
-                "released after their forward and gathered again ahead of their backward (chosen because without a "
-                "pipeline a micro-batch's backward follows its forward: only activations need to stay between them)")
+                "released after their forward, gathered again ahead of their backward and released after it (chosen "
+                "because without a pipeline a micro-batch's backward follows its forward: only activations need to "
+                "stay between them)")
     where = (f"; stage{'s' if len(native) > 1 else ''} {', '.join(map(str, native))} (native: layers wait in C++) "
              "gathered from the step's start" if native else "")
     why = ("a pipeline stage runs its micro-batches' forwards and backwards interleaved, and gathering per micro-batch "
