@@ -107,3 +107,33 @@ def resume_runs(rank: int, world: int, runs: list[dict], saved: list[dict], cfg:
         groups.destroy()
         dist.barrier()
     return out
+
+
+def overflow_runs(rank: int, world: int, levels: list[int], cfg: dict, inject_rank: int, inject_step: int) -> list:
+    """fp16 half weights at each ZeRO level on dp2: one rank finds an inf in its own shard of the summed gradients
+    at one step. Per level: (skipped, loss scale, weights unchanged) per step."""
+    out = []
+    for level in levels:
+        groups = build_groups(ProcessGrid(2, 1, 1), rank)
+        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, micro_batches=cfg["micro_batches"],
+                             lr=cfg["lr"], amp="fp16", zero=level, dp_bucket_mb=cfg["bucket_mb"], optimizer="adam",
+                             stage_impl="autograd")
+        steps = {"n": 0}
+
+        def poison(e) -> None:
+            if rank == inject_rank and steps["n"] == inject_step:
+                e.zero.grad_shards[0].view(-1)[0] = float("inf")
+            steps["n"] += 1
+
+        engine.add_post_backward_hook(poison)
+        history = []
+        for step in range(cfg["steps"]):
+            before = {k: v.clone() for k, v in engine.full_state_dict().items()}
+            result = engine.train_step(*_rows(groups, 2, step, cfg))
+            after = engine.full_state_dict()
+            history.append((result.skipped, result.loss_scale, all(torch.equal(before[k], after[k]) for k in before)))
+        out.append(history)
+        engine.close()
+        groups.destroy()
+        dist.barrier()
+    return out

@@ -11,7 +11,7 @@ import torch
 from dist_utils import run_ranks
 from engine_reference import reference_run
 from hybrid_engine.models import SyntheticRegression, large_linear_model
-from zero_ranks import resume_runs, save_runs, train_runs
+from zero_ranks import overflow_runs, resume_runs, save_runs, train_runs
 
 # batch 96: 4 micro-batches x dp <= 4 equal slices; a small bucket cap gives several buckets whose shards cut
 # layers mid-tensor
@@ -20,7 +20,7 @@ PP_SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("z
 WORLD4 = (
     [dict(dp=4, zero=z) for z in (2, 3)]
     + [dict(dp=4, zero=3, shard_size=2, stage_impl="autograd", prefetch=2),  # hybrid: 2 copies of 2 shards
-       dict(dp=4, zero=2, shard_size=2, clip=0.05)]
+       dict(dp=4, zero=2, shard_size=2, clip=0.05), dict(dp=4, zero=0, clip=0.05), dict(dp=2, pp=2, zero=3, clip=0.05)]
     # every schedule family on dp2 x pp2, each at zero 2 and zero 3
     + [dict(dp=2, pp=2, zero=z, schedule=s, v=v) for s, v in PP_SCHEDULES for z in (2, 3)]
     + [dict(dp=2, pp=2, zero=3, schedule="zb1", merge=True),
@@ -70,9 +70,12 @@ def world4():
 def test_zero2_and_zero3_on_four_ranks_match_one_process(world4, reference):
     """dp4 (hybrid too), dp2 x pp2 under every schedule family, merged W, recompute, dp2 x mp2."""
     clipped = [i for i, run in enumerate(WORLD4) if run.get("clip")]
-    for i in clipped:  # clipping sums each element once over the shards of one copy: the norm agrees everywhere
-        norms = {tuple(world4[r][i]["norms"]) for r in range(4)}
-        assert len(norms) == 1 and all(n > 0 for n in norms.pop())
+    replicated = next(i for i in clipped if WORLD4[i]["zero"] == 0)
+    for i in clipped:  # each element counted once over the shards of one copy: the replicated run's norm and curve
+        for r in range(4):
+            assert world4[r][i]["norms"] == pytest.approx(world4[r][replicated]["norms"], rel=1e-5), WORLD4[i]
+            assert world4[r][i]["losses"] == pytest.approx(world4[r][replicated]["losses"], rel=1e-5), WORLD4[i]
+        assert all(n > 0.05 for n in world4[0][i]["norms"])  # the clipping acted
     unclipped = [run for run in WORLD4 if not run.get("clip")]
     results = [[out for run, out in zip(WORLD4, per_rank) if not run.get("clip")] for per_rank in world4]
     _check_matches_reference(4, unclipped, results, reference)
@@ -154,3 +157,11 @@ def test_checkpoints_move_between_zero_levels_and_grids_exactly():
         for per_rank in run_ranks(world, resume_runs, runs, saved, RESUME_CFG, first, timeout=300):
             for index, losses in enumerate(per_rank):
                 assert losses == pytest.approx(straight[index][first:], rel=1e-5), (runs[index], world)
+
+
+def test_an_overflow_in_one_shard_skips_the_step_on_every_rank_at_zero_2_and_3():
+    for per_rank in run_ranks(2, overflow_runs, [2, 3], dict(CFG, steps=4), 1, 2, timeout=120):
+        for history in per_rank:
+            assert [skipped for skipped, _, _ in history] == [False, False, True, False], history
+            assert [unchanged for _, _, unchanged in history] == [False, False, True, False], history
+            assert history[3][1] == history[2][1] / 2  # the scale backed off
