@@ -115,9 +115,9 @@ def overflow_runs(rank: int, world: int, levels: list[int], cfg: dict, inject_ra
     out = []
     for level in levels:
         groups = build_groups(ProcessGrid(2, 1, 1), rank)
-        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups, micro_batches=cfg["micro_batches"],
-                             lr=cfg["lr"], amp="fp16", zero=level, dp_bucket_mb=cfg["bucket_mb"], optimizer="adam",
-                             stage_impl="autograd")
+        engine = make_engine(large_linear_model(cfg["dim"], cfg["depth"], 0), groups,
+                             micro_batches=cfg["micro_batches"], lr=cfg["lr"], amp="fp16", zero=level,
+                             dp_bucket_mb=cfg["bucket_mb"], optimizer="adam", stage_impl="autograd")
         steps = {"n": 0}
 
         def poison(e) -> None:
