@@ -203,7 +203,8 @@ class DataParallelConfig:
     """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
     (ZeRO-1, hybrid_engine/optim/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
     updated parameters all-gathered; 2: gradients sharded too (a bucket is released once reduce-scattered); 3:
-    parameters sharded too (gathered bucket by bucket ahead of the forward, released after the step's backward)."""
+    parameters sharded too (gathered bucket by bucket ahead of the layers that read them, released after them;
+    with a pipeline, kept for the step: docs/performance.md "ZeRO levels")."""
     overlap_param_gather: bool = True
     """With zero 1: each bucket's parameter all-gather is launched as soon as its shard is updated and waited for
     only by the next forward's first layer that reads it (hybrid_engine/parallel/data_parallel/param_gather.py); false waits for all of

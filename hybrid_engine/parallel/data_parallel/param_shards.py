@@ -21,7 +21,8 @@ around every micro-batch would move the parameters 2m times instead of once (tor
 under PP). Every buffer is released after the step's backward.
 
 Reading the parameters outside a step (evaluation, checkpoints of the model's tensors, the user's `engine.stages`)
-gathers every bucket (`gather_all`); the next step releases them again after its backward.
+gathers every bucket (`gather_all`); the next step releases them again (as its layers run, or after its
+backward). A forward without gradients (the executor's shape probe, evaluation) releases each bucket after it.
 """
 from __future__ import annotations
 
