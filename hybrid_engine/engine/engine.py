@@ -153,6 +153,7 @@ class Engine(EngineState, UpdateStep):
                                  and all(self.plans[s].native for s in self.stage_ids))
         self._post_backward_hooks: list[Callable[["Engine"], None]] = []
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
+        self._dp_sync: _C.DpGradSync | None = None  # the executor's
         if groups.rank == 0:
             self._announce()
 
@@ -222,6 +223,9 @@ class Engine(EngineState, UpdateStep):
         return self.num_stages - 1 in self.stage_ids
 
     def zero_grad(self) -> None:
+        if self._dp_sync is not None and self._dp_sync.keeps_shards:
+            self._dp_sync.restore()  # ZeRO-2/3: the buckets released after their reduce-scatter, back and zeroed
+            return
         for flat in self.grads.buckets:
             flat.zero_()
 
@@ -302,9 +306,7 @@ class Engine(EngineState, UpdateStep):
         overwrites them."""
         if self._executor is None:
             self._executor = self._build_executor(first_micro_input)
-        if self._dp_sync.keeps_shards:
-            self._dp_sync.restore()  # ZeRO-2/3: the buckets released after their reduce-scatter, back and zeroed
-        elif not self._executor.overwrites_weight_grads:
+        if self._dp_sync.keeps_shards or not self._executor.overwrites_weight_grads:
             self.zero_grad()
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
