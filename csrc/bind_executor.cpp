@@ -84,14 +84,25 @@ void bind_executor(py::module_& m) {
 
   py::class_<DpGradSync, std::shared_ptr<DpGradSync>>(m, "DpGradSync",
                                                       "Sums flat gradient buckets over the DP group.")
-      .def(py::init<std::vector<at::Tensor>, GroupPtr, std::optional<at::ScalarType>, bool,
-                    std::shared_ptr<CommTrace>>(),
+      .def(py::init([](std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype,
+                       bool shard, std::shared_ptr<CommTrace> trace, std::vector<at::Tensor> keep_shards,
+                       std::optional<GroupPtr> replica_group) {
+             return std::make_shared<DpGradSync>(std::move(buckets), std::move(dp_group), wire_dtype, shard,
+                                                 std::move(trace), std::move(keep_shards),
+                                                 replica_group ? *replica_group : GroupPtr());
+           }),
            py::arg("buckets"), py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt, py::arg("shard") = false,
-           py::arg("trace") = nullptr,
+           py::arg("trace") = nullptr, py::arg("keep_shards") = std::vector<at::Tensor>{},
+           py::arg("replica_group") = std::nullopt,
            "wire_dtype: the dtype the buckets travel in (e.g. torch.bfloat16: half the bytes for fp32 gradients); "
            "None: their own. shard: reduce-scatter (each DP rank's equal piece of a bucket gets the sum) instead "
-           "of all-reduce. trace: a CommTrace that records each launch (--trace).")
+           "of all-reduce. trace: a CommTrace that records each launch (--trace). keep_shards (ZeRO-2): one "
+           "tensor per bucket that receives this rank's summed piece, the bucket's bytes then released. "
+           "replica_group (hybrid sharding): each summed piece is all-reduced over it too.")
       .def_property_readonly("shard", &DpGradSync::shard)
+      .def_property_readonly("keeps_shards", &DpGradSync::keeps_shards)
+      .def("restore", &DpGradSync::restore, py::call_guard<py::gil_scoped_release>(),
+           "Reallocate the buckets released after their reduce-scatter (keep_shards) and zero every bucket.")
       .def_property_readonly("wire_dtype", &DpGradSync::wire_dtype)
       .def(
           "launch", [](DpGradSync& sync, int bucket) { sync.launch(bucket); }, py::arg("bucket"),

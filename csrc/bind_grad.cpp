@@ -7,12 +7,18 @@
 
 #include "grad/grad_buffer.h"
 #include "grad/grad_hooks.h"
+#include "grad/released_storage.h"
 
 namespace py = pybind11;
 
 namespace hybrid {
 
 void bind_grad(py::module_& m) {
+  m.def("release_storage", &release_storage, py::arg("flat"),
+        "Free a flat buffer's bytes, its views kept valid but unusable until restore_storage (grad/released_storage.h).");
+  m.def("restore_storage", &restore_storage, py::arg("flat"),
+        "Reallocate a released flat buffer's bytes (uninitialised); a no-op for one that holds them.");
+  m.def("storage_released", &storage_released, py::arg("flat"));
   py::class_<GradBuffer, GradBufferPtr>(m, "GradBuffer",
                                         "One engine's gradients: flat DP buckets, fp32 main-grad routes of half "
                                         "weights, deferred weight gradients (zero-bubble W), final-gradient "

@@ -6,16 +6,20 @@
 #include <stdexcept>
 
 #include "executor/buffer_address.h"
+#include "grad/released_storage.h"
 
 namespace hybrid {
 
 DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
-                       std::optional<at::ScalarType> wire_dtype, bool shard, std::shared_ptr<CommTrace> trace)
+                       std::optional<at::ScalarType> wire_dtype, bool shard, std::shared_ptr<CommTrace> trace,
+                       std::vector<at::Tensor> keep_shards, GroupPtr replica_group)
     : buckets_(std::move(buckets)),
       dp_group_(std::move(dp_group)),
       wire_dtype_(wire_dtype),
       shard_(shard),
       trace_(std::move(trace)),
+      keep_shards_(std::move(keep_shards)),
+      replica_group_(std::move(replica_group)),
       launched_(buckets_.size(), false),
       armed_(buckets_.size(), false),
       announced_(buckets_.size()),
@@ -26,9 +30,41 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
     TORCH_CHECK(!shard_ || is_trivial(dp_group_) || buckets_[b].numel() % dp_group_->getSize() == 0,
                 "DP gradient bucket ", b, " of ", buckets_[b].numel(), " elements does not split into ",
                 dp_group_->getSize(), " equal shards");
-    if (buckets_[b].nbytes() > 0) by_address_[buffer_address(buckets_[b])] = b;
   }
+  TORCH_CHECK(!replica_group_ || is_trivial(replica_group_) || (shard_ && !is_trivial(dp_group_)),
+              "DpGradSync: a replica group needs a shard group of two or more ranks");
+  TORCH_CHECK(keep_shards_.empty() || (shard_ && keep_shards_.size() == buckets_.size()),
+              "DpGradSync: keep_shards needs shard and one shard tensor per bucket");
+  const int64_t size = is_trivial(dp_group_) ? 1 : dp_group_->getSize();
+  for (size_t b = 0; b < keep_shards_.size(); ++b) {
+    TORCH_CHECK(keep_shards_[b].numel() * size == buckets_[b].numel(), "DpGradSync: bucket ", b, "'s kept shard has ",
+                keep_shards_[b].numel(), " elements, not 1/", size, " of ", buckets_[b].numel());
+  }
+  index_addresses_locked();
   clear_step_locked();
+}
+
+void DpGradSync::index_addresses_locked() {
+  by_address_.clear();
+  for (int b = 0; b < num_buckets(); ++b) {
+    if (buckets_[b].nbytes() > 0 && !storage_released(buckets_[b])) by_address_[buffer_address(buckets_[b])] = b;
+  }
+}
+
+void DpGradSync::restore() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (at::Tensor& bucket : buckets_) {
+    restore_storage(bucket);  // a released one gets a new allocation: its address is indexed again below
+    bucket.zero_();
+  }
+  index_addresses_locked();
+}
+
+void DpGradSync::keep_shard_and_release(int bucket, const at::Tensor& summed) {
+  const int64_t piece = keep_shards_[bucket].numel();
+  const int64_t rank = is_trivial(dp_group_) ? 0 : dp_group_->getRank();
+  keep_shards_[bucket].copy_(summed.narrow(0, rank * piece, piece));
+  release_storage(buckets_[bucket]);
 }
 
 void DpGradSync::launch(int bucket, LaunchCause cause) {
@@ -46,7 +82,10 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   // On CUDA, c10d's NCCL all-reduce makes its stream wait on the caller's current stream at launch; called
   // from a backward right after the GEMM that wrote the last gradient (same thread, same stream), it is
   // ordered after that write without any synchronisation here.
-  if (is_trivial(dp_group_)) return;
+  if (is_trivial(dp_group_)) {
+    if (!keep_shards_.empty()) keep_shard_and_release(bucket, buckets_[bucket]);
+    return;
+  }
   at::Tensor& grads = buckets_[bucket];
   // The cast runs on the caller's current stream, right after the write that finished the bucket; the
   // all-reduce's stream waits for it like for any other producer.
@@ -58,14 +97,39 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
                      work);
   }
   pending_.push_back({std::move(work), bucket, std::move(wire)});
+  complete_finished_locked();
+}
+
+void DpGradSync::complete_one(InFlight& f) {
+  f.work->wait();  // on CUDA: the current stream waits for the all-reduce, then the cast back follows it
+  if (replica_group_ && !is_trivial(replica_group_)) {
+    at::Tensor& summed = f.wire.defined() ? f.wire : buckets_[f.bucket];
+    const int64_t piece = summed.numel() / dp_group_->getSize();
+    at::Tensor mine = summed.narrow(0, dp_group_->getRank() * piece, piece);
+    auto across = all_reduce_sum_async(mine, replica_group_);
+    if (trace_) trace_->launched(CommKind::AllReduce, f.bucket, across);
+    across->wait();
+  }
+  if (!keep_shards_.empty()) {
+    keep_shard_and_release(f.bucket, f.wire.defined() ? f.wire : buckets_[f.bucket]);
+  } else if (f.wire.defined()) {
+    buckets_[f.bucket].copy_(f.wire);
+  }
 }
 
 void DpGradSync::complete(std::vector<InFlight>& in_flight) {
-  for (InFlight& f : in_flight) {
-    f.work->wait();  // on CUDA: the current stream waits for the all-reduce, then the cast back follows it
-    if (f.wire.defined()) buckets_[f.bucket].copy_(f.wire);
-  }
+  for (InFlight& f : in_flight) complete_one(f);
   in_flight.clear();
+}
+
+void DpGradSync::complete_finished_locked() {
+  // With replicas, completing a bucket issues its all-reduce across the copies, a blocking collective: that waits
+  // for finish(), where no pipeline traffic of the step is left to wait on this rank.
+  if (keep_shards_.empty() || (replica_group_ && !is_trivial(replica_group_))) return;
+  // The finished prefix only, in launch order.
+  size_t done = 0;
+  while (done < pending_.size() && pending_[done].work->isCompleted()) complete_one(pending_[done++]);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 void DpGradSync::arm(const std::vector<int>& buckets) {
@@ -87,7 +151,7 @@ int DpGradSync::bucket_of(uintptr_t begin, uintptr_t end) const {
   auto it = by_address_.upper_bound(begin);
   if (it == by_address_.begin()) return -1;
   const int b = std::prev(it)->second;
-  return end <= buffer_address(buckets_[b]) + buckets_[b].nbytes() ? b : -1;
+  return end <= std::prev(it)->first + buckets_[b].nbytes() ? b : -1;
 }
 
 bool DpGradSync::notify(const at::Tensor& grad) {

@@ -13,6 +13,14 @@
 // (ordinary autograd modules) is launched by the executor after the action, and finish() launches the rest:
 // correctness never depends on the announcements, only the overlap does.
 //
+// Keeping only the shard (ZeRO-2): with `keep_shards`, once a bucket's reduce-scatter is done its DP rank's piece is
+// copied into keep_shards[bucket] and the bucket's bytes are released (grad/released_storage.h), so a whole bucket
+// lives only from the step's start to its own reduce-scatter; finished collectives are collected as each new one
+// is launched, not only at finish(). restore() brings every bucket back, zeroed, before the next step's backward.
+//
+// Hybrid sharding: with a `replica_group` (the same shard position in every sharded copy), each bucket's summed
+// piece is then all-reduced over it once the backward is over (finish), bucket by bucket in launch order.
+//
 // Wire dtype (optional, e.g. bf16 for fp32 buckets): a bucket is cast to it when launched, the narrower copy is
 // summed, and finish() casts the sum back into the bucket. Half the bytes on the link for fp32 gradients, at the
 // price of rounding each replica's gradient (and the sum) to the wire dtype's precision: PyTorch DDP's
@@ -51,7 +59,8 @@ class DpGradSync {
   // equal piece of every bucket holds the sum, the rest of the bucket is unspecified. Every bucket's size must
   // divide by the DP size (GradBuffer pads them). trace: where launches are recorded for --trace (may be null).
   DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {},
-             bool shard = false, std::shared_ptr<CommTrace> trace = nullptr);
+             bool shard = false, std::shared_ptr<CommTrace> trace = nullptr,
+             std::vector<at::Tensor> keep_shards = {}, GroupPtr replica_group = nullptr);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
@@ -69,6 +78,9 @@ class DpGradSync {
   void finish();
   std::optional<at::ScalarType> wire_dtype() const { return wire_dtype_; }
   bool shard() const { return shard_; }
+  bool keeps_shards() const { return !keep_shards_.empty(); }
+  // Reallocate every released bucket (keep_shards) and zero every bucket: before the step's first gradient write.
+  void restore();
   // Forget launches of an aborted step.
   void reset();
 
@@ -88,12 +100,18 @@ class DpGradSync {
     at::Tensor wire;
   };
   void complete(std::vector<InFlight>& in_flight);
+  void complete_one(InFlight& f);
+  void keep_shard_and_release(int bucket, const at::Tensor& summed);
+  void complete_finished_locked();  // the pending collectives already done (keep_shards only)
+  void index_addresses_locked();
 
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
   std::optional<at::ScalarType> wire_dtype_;
   bool shard_ = false;
   std::shared_ptr<CommTrace> trace_;
+  std::vector<at::Tensor> keep_shards_;
+  GroupPtr replica_group_;
   std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
 
   // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.

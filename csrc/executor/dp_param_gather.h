@@ -54,11 +54,13 @@ class DpParamGather {
 
  private:
   int bucket_of(const at::Tensor& t) const;  // -1: not inside one buffer
+  void index_address_locked(int bucket);
 
   std::vector<at::Tensor> params_;
   GroupPtr dp_group_;
   std::shared_ptr<CommTrace> trace_;
   std::map<uintptr_t, int> by_address_;  // buffer start address -> bucket
+  std::vector<uintptr_t> address_;       // per bucket, its indexed start address (0: none)
 
   mutable std::mutex mutex_;
   std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;  // per bucket; null when none

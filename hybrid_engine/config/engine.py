@@ -204,18 +204,38 @@ class DataParallelConfig:
     grad_dtype: str = field(default="fp32", metadata=flag("--dp-grad-dtype", choices=tuple(DP_GRAD_DTYPES)))
     """fp32 | bf16: the dtype gradients travel in (bf16 halves the bytes on the link, rounding each replica's
     gradient and their sum to bf16; accumulation stays fp32)."""
-    zero: int = field(default=0, metadata=flag(choices=(0, 1)))
+    zero: int = field(default=0, metadata=flag(choices=(0, 1, 2, 3)))
     """0: every DP rank keeps the whole optimizer state (buckets all-reduced); 1: the distributed optimizer
     (ZeRO-1, hybrid_engine/optim/zero.py): buckets reduce-scattered, masters and optimizer state sharded over DP, the
-    updated parameters all-gathered."""
+    updated parameters all-gathered; 2: gradients sharded too (a bucket is released once reduce-scattered); 3:
+    parameters sharded too (gathered bucket by bucket ahead of the layers that read them, released after them;
+    with a pipeline, kept for the step: docs/performance.md "ZeRO levels")."""
     overlap_param_gather: bool = True
     """With zero 1: each bucket's parameter all-gather is launched as soon as its shard is updated and waited for
     only by the next forward's first layer that reads it (hybrid_engine/parallel/data_parallel/param_gather.py); false waits for all of
     them at the end of the step (exposed)."""
+    shard_size: int = field(default=0, metadata=flag("--zero-shard-size", metavar="N"))
+    """With zero >= 1: shard over groups of N data-parallel ranks and replicate across the groups (hybrid sharding:
+    gradients reduce-scattered within a group, then all-reduced across the copies); 0: shard over all of them."""
+    prefetch: int = field(default=1, metadata=flag("--zero-prefetch", metavar="K"))
+    """With zero 3: how many parameter buckets' all-gathers run ahead of the layer computing (>= 1)."""
 
-    def validate(self) -> None:
-        if self.zero not in (0, 1):
-            raise ConfigError(f"data_parallel.zero (--zero) must be 0 or 1, got {self.zero}")
+    def validate(self, grid=None) -> None:
+        """grid (a ProcessGrid, when known): the shard size must divide its DP x CP ranks."""
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"data_parallel.zero (--zero) must be 0, 1, 2 or 3, got {self.zero}")
+        if self.shard_size < 0 or self.shard_size == 1 or (self.shard_size and not self.zero):
+            raise ConfigError(f"--zero-shard-size {self.shard_size}: needs --zero 1, 2 or 3 and a size >= 2 (0 shards "
+                              "over every data-parallel rank; 1 would shard nothing: that is --zero 0)")
+        if self.prefetch < 1:
+            raise ConfigError(f"--zero-prefetch must be >= 1, got {self.prefetch}")
+        if self.zero == 3 and not self.overlap_param_gather:
+            raise ConfigError("--zero 3 gathers each parameter bucket just ahead of the layers that read it; it cannot "
+                              "gather them all at the end of the step (overlap_param_gather false): that is --zero 2")
+        ranks = grid.dp_size * getattr(grid, "cp_size", 1) if grid is not None else 0
+        if grid is not None and self.shard_size and ranks % self.shard_size:
+            raise ConfigError(f"--zero-shard-size {self.shard_size} does not divide the {ranks} data-parallel ranks "
+                              "(dp x cp)")
         _choice(self.grad_dtype, tuple(DP_GRAD_DTYPES), "data_parallel.grad_dtype (--dp-grad-dtype)")
         if not self.bucket_mb > 0:
             raise ConfigError(f"the DP bucket size must be positive, got {self.bucket_mb} MiB")

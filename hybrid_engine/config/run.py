@@ -265,7 +265,7 @@ class RunConfig:
                        lookahead=s.lookahead, merge_weight_grads=s.merge_weight_grads)
         self.stages.validate()
         self.precision.validate()
-        self.data_parallel.validate()
+        self.data_parallel.validate(grid)
         c = self.checkpoint
         if (c.resume or c.save_every) and not c.save:
             raise ConfigError("--resume and --save-every need --save DIR (to continue from a checkpoint elsewhere, "

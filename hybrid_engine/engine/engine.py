@@ -8,7 +8,6 @@ the C++ executor pushes through this rank's pipeline stages in schedule order:
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,8 +19,8 @@ import torch.nn as nn
 import hybrid_engine._C as _C
 from hybrid_engine.models import losses
 from hybrid_engine.optim import optimizers as optim
-from hybrid_engine.parallel.data_parallel import param_gather
-from hybrid_engine.optim.scaling import OverflowWatch, clip_grad_norm, make_loss_scaler
+from hybrid_engine.parallel.data_parallel import param_gather, param_shards
+from hybrid_engine.optim.scaling import OverflowWatch, make_loss_scaler
 from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
@@ -32,10 +31,12 @@ from hybrid_engine.parallel.pipeline.partition import check_layout, partition, s
 from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
+from .update import UpdateStep
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
-from hybrid_engine.parallel.tensor.layers import is_mp_split, parallelize_mlp
-from hybrid_engine.optim.zero import ShardedOptimizer, clip_group_for_shards
+from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+from hybrid_engine.optim.zero import ShardedOptimizer
+from hybrid_engine.parallel.data_parallel.shard_groups import build_shard_groups
 
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
@@ -49,7 +50,7 @@ class StepResult:
     grad_norm: float | None = None
 
 
-class Engine(EngineState):
+class Engine(EngineState, UpdateStep):
     """Hybrid DP x PP x MP training of an nn.Sequential.
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
@@ -76,8 +77,9 @@ class Engine(EngineState):
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
                  parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None):
-        for cfg in (stages, precision, data_parallel):
+        for cfg in (stages, precision):
             cfg.validate()
+        data_parallel.validate(groups.grid)
         schedule.validate(groups.grid.pp_size)
         self.groups, self.grid, self.device = groups, groups.grid, torch.device(device)
         self.loss, self.schedule, self.stage_cfg = loss, schedule, stages
@@ -100,18 +102,21 @@ class Engine(EngineState):
             self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
-        # ZeRO-1 flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
-        sharded = data_parallel.zero == 1
+        # ZeRO flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
+        sharded = data_parallel.zero >= 1
+        # Who shares one sharded copy (every rank creates every group, so before anything else collective).
+        self._shard_groups = (build_shard_groups(groups, data_parallel.shard_size, precision.max_grad_norm > 0)
+                              if sharded else None)
         self.masters = MasterWeights(self._parameters) if precision.half_weights and not sharded else None
         self.optimized = self.masters.masters if self.masters else self._parameters
         stepped = {id(p): None if sharded and precision.half_weights else o
                    for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
-        # Under ZeRO-1 each copy gets a bucket of its own, so the copies' DP shards line up (parallel/data_parallel/tied.py).
+        # Under ZeRO each copy gets a bucket of its own, so the copies' DP shards line up (data_parallel/tied.py).
         self._tied = TiedGradients(model, layout, groups, self._stages, self.placement)
         self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
-                                               pad_to=self.dp_size if sharded else 1,
+                                               pad_to=self._shard_groups.size if sharded else 1,
                                                alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
@@ -119,8 +124,11 @@ class Engine(EngineState):
         attach(self._stages, self.grads, self._comm_trace)
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
-                                      clip_group_for_shards(groups, precision.max_grad_norm), self.device, self._stages,
-                                      data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted)
+                                      self._shard_groups, data_parallel.zero, self.device, self._stages,
+                                      data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted,
+                                      data_parallel.prefetch, {p.stage for p in self.plans if p.native},
+                                      {s for s in self.stage_ids if self.pp_size == 1 and not self.plans[s].native
+                                       and not stages.compile})
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
@@ -145,6 +153,7 @@ class Engine(EngineState):
                                  and all(self.plans[s].native for s in self.stage_ids))
         self._post_backward_hooks: list[Callable[["Engine"], None]] = []
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
+        self._dp_sync: _C.DpGradSync | None = None  # the executor's
         if groups.rank == 0:
             self._announce()
 
@@ -158,7 +167,11 @@ class Engine(EngineState):
         if self.precision.max_grad_norm > 0:
             lines.append(f"gradient clipping: global norm {self.precision.max_grad_norm:g} (MP-replicated and tied "
                          "parameters counted once)")
-        if self.zero is not None:
+        if self.zero is not None and self.zero.level == 3:
+            lines.append(param_shards.describe(self.data_parallel.prefetch, self.pp_size,
+                                               [p.stage for p in self.plans if p.native and p.stage in self.stage_ids],
+                                               self.zero.resharded))
+        elif self.zero is not None:
             autograd = [p.stage for p in self.plans if not p.native]
             lines.append(param_gather.describe(self.zero.overlap, self.dp_size,
                                                [p.stage for p in self.plans if p.native],
@@ -182,8 +195,14 @@ class Engine(EngineState):
                 sends[(dst, code)] = entry
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
-        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
-                                shard=self.zero is not None, trace=self._comm_trace)
+        # Gradients sum over DP x CP (the dp group while cp = 1); sharded, over one copy's ranks and then across
+        # the copies (hybrid sharding, parallel/data_parallel/shard_groups.py).
+        shards = self._shard_groups
+        group = shards.shard if shards is not None and shards.shard is not None else self.groups.dp_cp
+        self._dp_sync = dp_sync = _C.DpGradSync(
+            list(self.grads.buckets), group, self.data_parallel.wire_dtype, shard=self.zero is not None,
+            trace=self._comm_trace, keep_shards=self.zero.keep_shards() if self.zero is not None else [],
+            replica_group=shards.replicas if shards is not None else None)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
@@ -204,6 +223,9 @@ class Engine(EngineState):
         return self.num_stages - 1 in self.stage_ids
 
     def zero_grad(self) -> None:
+        if self._dp_sync is not None and self._dp_sync.keeps_shards:
+            self._dp_sync.restore()  # ZeRO-2/3: the buckets released after their reduce-scatter, back and zeroed
+            return
         for flat in self.grads.buckets:
             flat.zero_()
 
@@ -214,7 +236,8 @@ class Engine(EngineState):
 
     def add_post_backward_hook(self, hook: Callable[["Engine"], None]) -> None:
         """Call hook(engine) in every step once the gradients are summed over DP, before the optimizer's side of
-        the step (it may read or change `engine.grads.buckets`, e.g. to inspect or perturb gradients)."""
+        the step (it may read or change `engine.grads.buckets`, e.g. to inspect or perturb gradients; under ZeRO-2
+        and 3 the buckets are released by then and the summed shards are `engine.zero.grad_shards`)."""
         self._post_backward_hooks.append(hook)
 
     def train_step(self, inputs: MicroBatches, targets: MicroBatches) -> StepResult:
@@ -227,7 +250,11 @@ class Engine(EngineState):
         # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once (and
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
         # gradients. The executor returns the losses before this multiplier.
+        if self.zero is not None:
+            self.zero.begin_step()  # ZeRO-3: the first buckets' parameter gathers
         micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        if self.zero is not None:
+            self.zero.end_backward()  # ZeRO-3: the parameter buffers released
         if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
             self._comm_spans = self._comm_trace.take()
         for hook in self._post_backward_hooks:
@@ -279,64 +306,8 @@ class Engine(EngineState):
         overwrites them."""
         if self._executor is None:
             self._executor = self._build_executor(first_micro_input)
-        if not self._executor.overwrites_weight_grads:
+        if self._dp_sync.keeps_shards or not self._executor.overwrites_weight_grads:
             self.zero_grad()
-
-    def _update(self) -> tuple[torch.Tensor | None, bool, float | None]:
-        """The optimizer's side of the step: (device overflow flag or None, skipped, grad norm or None).
-
-        fp16 with an update that fuses the unscale (fused SGD + cast) and no clipping: the overflow check only
-        reads the gradients, and the update applies 1/scale itself and skips itself on the device, so the host
-        reads the flag only at the step's own final sync (csrc/amp/nonfinite.h). The gradient buffers then still
-        hold the SCALED gradients: nothing reads them before the next step zeroes or overwrites them. Clipping
-        (its norm needs unscaled gradients) and any other update (it reads .grad) unscale in place and decide on
-        the host. DP replicas hold identical gradients after the all-reduce; agreeing over PP x MP makes every
-        rank of every replica take the same decision. Tied copies' gradients (under ZeRO-1 their DP shards) are
-        summed first."""
-        if self._tied:
-            self._tied.sum_grads()
-        if self.zero is not None:
-            return self.zero.update(self.scaler, self.precision.max_grad_norm)
-        buckets = list(self.grads.buckets)
-        if self.scaler is not None and self.update.fuses_unscale and self.precision.max_grad_norm <= 0:
-            found_inf = self.scaler.find_nonfinite(buckets, self.groups.model_parallel, self.device)
-            self.update.step(inv_scale=self.scaler.inv_scale, skip_if=found_inf)
-            return found_inf, False, None
-        skipped = False
-        if self.scaler is not None:
-            skipped = self.scaler.unscale_and_check(buckets, self.groups.model_parallel, self.device)
-        grad_norm = self._clip() if not skipped and self.precision.max_grad_norm > 0 else None
-        if not skipped:
-            self.update.step()
-        return None, skipped, grad_norm
-
-    def master_bytes(self) -> int:
-        """Bytes of fp32 master copies of half weights on this rank (under ZeRO-1 its shard of them); 0 with fp32
-        weights, which are their own masters."""
-        if self.zero is not None:
-            return self.zero.master_bytes()
-        return sum(m.numel() * m.element_size() for m in self.masters.masters) if self.masters else 0
-
-    def optimizer_state_bytes(self) -> int:
-        """Bytes of the optimizer's state tensors on this rank (under ZeRO-1 its shard of them; Adam's moments
-        exist from the first step on)."""
-        return optim.state_bytes(self.optimizer)
-
-    def _clip(self) -> float:
-        """Clip the global norm: MP-split gradients summed over MP, replicated ones once, a tied weight once."""
-        pairs = list(zip(self._parameters, self.optimized))
-        counted = [(p, o) for p, o in pairs if id(p) not in self._tied.not_counted]
-        split = [o.grad for p, o in counted if is_mp_split(p)]
-        replicated = [o.grad for p, o in counted if not is_mp_split(p)]
-        max_norm = self.precision.max_grad_norm
-        if len(counted) == len(pairs):
-            return clip_grad_norm(split, replicated, max_norm, self.groups.mp, self.groups.pp, self.device)
-        # A tied copy left out of the norm must still be clipped with the others: measure, then scale all (the
-        # coefficient of csrc/amp/grad_clip.cpp).
-        norm = clip_grad_norm(split, replicated, 0.0, self.groups.mp, self.groups.pp, self.device)
-        if math.isfinite(norm) and norm > max_norm:
-            torch._foreach_mul_([o.grad for _, o in pairs], max_norm / (norm + 1e-6))
-        return norm
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
         """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the
@@ -355,6 +326,8 @@ class Engine(EngineState):
         self.wait_for_parameters()  # no all-gather left writing into the parameters
         self._executor = None
         self._tied.close()
+        if self._shard_groups is not None:
+            self._shard_groups.close()
 
     @property
     def stage_programs(self) -> dict:
@@ -383,7 +356,7 @@ class Engine(EngineState):
         """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole
         updated model is in place (the next forward waits layer by layer instead). A no-op otherwise."""
         if self.zero is not None:
-            self.zero.gather.wait_all()
+            self.zero.wait_for_parameters()
 
     @property
     def stages(self) -> dict[int, nn.Sequential]:

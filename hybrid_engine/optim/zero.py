@@ -1,17 +1,26 @@
-"""The distributed optimizer (ZeRO stage 1; Megatron's distributed optimizer): optimizer state sharded over DP.
+"""The distributed optimizer (ZeRO stages 1-3; Megatron's distributed optimizer, FSDP's sharding): optimizer state,
+gradients and parameters sharded over the data-parallel ranks.
 
-Every gradient bucket is reduce-scattered instead of all-reduced (csrc/executor/dp_grad_sync.h, `shard`): DP rank r
-then holds the summed gradient of the r-th equal piece of each bucket, and keeps fp32 masters and optimizer state
+Every gradient bucket is reduce-scattered instead of all-reduced (csrc/executor/dp_grad_sync.h, `shard`): shard rank
+r then holds the summed gradient of the r-th equal piece of each bucket, and keeps fp32 masters and optimizer state
 for that piece only. Parameters live in flat buffers laid out exactly like the gradient buckets, so a bucket's
-shard of gradients, of masters and of parameters cover the same elements. The step updates the shard and
-all-gathers each parameter buffer over DP, so every replica holds the whole updated model again: bucket by bucket,
-each gather launched as soon as its shard is written and waited for only by the next forward's first layer that
-reads it (hybrid_engine/parallel/data_parallel/param_gather.py; `overlap=False` waits for them all at the end of the step instead).
+shard of gradients, of masters and of parameters cover the same elements. Who shares one sharded copy, and how
+copies are combined (hybrid sharding), is parallel/data_parallel/shard_groups.py.
+
+  stage 1  the gradient buckets stay whole (the reduce-scatter leaves the rest of each unspecified); the step
+           updates the shard and all-gathers each parameter buffer, bucket by bucket, each gather launched as soon
+           as its shard is written and waited for only by the next forward's first layer that reads it
+           (parallel/data_parallel/param_gather.py; `overlap=False` waits for them all at the end of the step).
+  stage 2  as 1, and each bucket's summed piece is copied into a gradient shard of its own as soon as its
+           reduce-scatter is done, the bucket's bytes released until the next step's backward (`keep_shards`).
+  stage 3  as 2, and the parameter buffers are released between steps: this rank keeps its piece of each, which
+           the update writes; the step gathers them ahead of the forward (parallel/data_parallel/param_shards.py).
 
 The optimizer sees one flat tensor per bucket shard, so it must be elementwise (SGD, Adam, AdamW: what Megatron's
 distributed optimizer supports); a shard may cut a parameter anywhere. Decisions that need the whole gradient are
 agreed over the ranks that hold its pieces: the fp16 overflow flag over the world (DP too, since no rank sees all
-gradients), the clipping norm summed over DP as well as PP and MP (MP-replicated parameters counted once).
+gradients), the clipping norm summed over the ranks whose shards make up the model once (MP-replicated parameters
+counted once).
 """
 from __future__ import annotations
 
@@ -23,37 +32,29 @@ import torch.nn as nn
 
 import hybrid_engine._C as _C
 from . import optimizers as optim
+from .zero_state import ShardedState
 from hybrid_engine.optim.scaling import clip_grad_norm
 from hybrid_engine.parallel.data_parallel.grad_buffer import BufferLayout
 from hybrid_engine.parallel.data_parallel.param_gather import ForwardWaits
-from hybrid_engine.parallel.tensor.layers import copy_placement, gather_full, is_mp_split, take_shard
+from hybrid_engine.parallel.data_parallel.param_shards import ParamShards
+from hybrid_engine.parallel.data_parallel.shard_groups import ShardGroups
+from hybrid_engine.parallel.tensor.layers import is_mp_split
 
 
-def clip_group_for_shards(groups, clip_grad: float) -> dist.ProcessGroup | None:
-    """ZeRO-1 clipping sums squared norms over DP as well as PP: the group of every (dp, pp) with this rank's mp
-    coordinate. dist.new_group is collective over the world, so every rank creates every such group."""
-    if clip_grad <= 0 or not dist.is_initialized():
-        return None
-    grid, mine = groups.grid, None
-    for m in range(grid.mp_size):
-        group = dist.new_group([r for r in range(grid.world_size) if grid.coords(r).mp == m])
-        if groups.coords.mp == m:
-            mine = group
-    return mine
-
-
-class ShardedOptimizer:
-    """ZeRO-1 over the engine's gradient buffer: the optimizer of this DP rank's shard, and the step."""
+class ShardedOptimizer(ShardedState):
+    """ZeRO-1/2/3 over the engine's gradient buffer: the optimizer of this rank's shard, and the step."""
 
     fuses_unscale = False
 
     def __init__(self, factory: optim.OptimizerFactory, layout: BufferLayout, half_weights: bool, groups,
-                 clip_group: dist.ProcessGroup | None, device: torch.device, stages: dict[int, nn.Sequential],
+                 shards: ShardGroups, level: int, device: torch.device, stages: dict[int, nn.Sequential],
                  overlap: bool = True, comm_trace: _C.CommTrace | None = None,
-                 not_counted: set[int] = frozenset()):
-        self.layout, self.groups, self.device = layout, groups, device
-        self.dp_rank, self.dp_size = groups.coords.dp, groups.grid.dp_size
-        self.half_weights, self.clip_group = half_weights, clip_group
+                 not_counted: set[int] = frozenset(), prefetch: int = 1, native_stages: set[int] = frozenset(),
+                 reshard_stages: set[int] = frozenset()):
+        self.layout, self.groups, self.device, self.level = layout, groups, device, level
+        self.shard_groups = shards
+        self.dp_rank, self.dp_size = shards.rank, shards.size
+        self.half_weights, self.clip_group = half_weights, shards.clip
         self.world = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
         self.param_flats: list[torch.Tensor] = []
         for b, members in enumerate(layout.members):
@@ -64,8 +65,29 @@ class ShardedOptimizer:
                     p.data = flat[offset : offset + p.numel()].view_as(p)  # the parameter now lives in the buffer
             self.param_flats.append(flat)
         self.shards = [layout.grads.bucket_shard(b, self.dp_rank, self.dp_size) for b in range(len(self.param_flats))]
-        self.grad_shards = [layout.grads.buckets[b][s:e] for b, (s, e) in enumerate(self.shards)]
-        self.param_shards = [self.param_flats[b][s:e] for b, (s, e) in enumerate(self.shards)]
+        buckets = layout.grads.buckets
+        # Stage 2 and 3: a gradient shard of its own per bucket, which the DP sync fills as the bucket is released.
+        self.grad_shards = [buckets[b][s:e] if level < 2 else buckets[b].new_zeros(e - s)
+                            for b, (s, e) in enumerate(self.shards)]
+        # The overlap of the gathers with the next forward: each layer waits for its own bucket (stage 3 always:
+        # DataParallelConfig refuses it otherwise).
+        self.overlap = overlap
+        self.gather = _C.DpParamGather(self.param_flats, shards.shard, comm_trace)
+        self.waits = ForwardWaits(self.gather, layout)
+        self.launch_order = self.waits.launch_order(stages)
+        self.params: ParamShards | None = None
+        self.resharded: list[int] = []  # stage 3: stages gathered again for the backward (param_shards.py)
+        if level == 3:
+            native_buckets = {b for s in native_stages for b in layout.stage_buckets.get(s, [])}
+            self.params = ParamShards(self.param_flats, self.shards, self.gather, self.launch_order, prefetch,
+                                      native_buckets)
+            self.waits.use = self.params.use
+            for s in sorted(reshard_stages):  # autograd stages without a pipeline: gathered again for the backward
+                self.params.reshard_after_forward(list(stages[s]), self.waits.buckets_of)
+            self.resharded = sorted(reshard_stages)
+            self.param_shards = self.params.pieces
+        else:
+            self.param_shards = [self.param_flats[b][s:e] for b, (s, e) in enumerate(self.shards)]
         # fp32 masters of the shard: the parameter shard itself for fp32 weights, an fp32 copy for half weights.
         self.masters = [nn.Parameter(ps.detach().float().clone() if half_weights else ps) for ps in self.param_shards]
         for master, grad in zip(self.masters, self.grad_shards):
@@ -84,18 +106,19 @@ class ShardedOptimizer:
         # not_counted: id() of parameters left out of the clipping norm (a tied weight's second copy), still scaled.
         self._not_counted = not_counted
         self._split, self._replicated = self._norm_segments()
-        # The updated parameters go back to every replica through one in-place all-gather per bucket, launched in
-        # the order the next forward reads the buckets; with overlap, each layer of that forward waits for its own.
-        self.overlap = overlap
-        self.gather = _C.DpParamGather(self.param_flats, groups.dp, comm_trace)
-        self.waits = ForwardWaits(self.gather, layout)
-        self.launch_order = self.waits.launch_order(stages)
 
     def describe(self) -> str:
         how = "fused SGD + master -> half cast" if self.fused else "torch step"
-        return (f"optimizer: {type(self.optimizer).__name__} sharded over {self.dp_size} DP ranks (ZeRO-1, {how}): "
+        what = {1: "optimizer state", 2: "optimizer state and gradients",
+                3: "optimizer state, gradients and parameters"}[self.level]
+        return (f"optimizer: {type(self.optimizer).__name__} (ZeRO-{self.level}: {what} "
+                f"{self.shard_groups.describe()}; {how}): "
                 f"{(self.master_bytes() + optim.state_bytes(self.optimizer)) / 2**20:.1f} MiB of masters and "
                 "optimizer state on this rank")
+
+    def keep_shards(self) -> list[torch.Tensor]:
+        """What the DP sync copies each bucket's summed piece into before releasing the bucket (stage 2 and 3)."""
+        return self.grad_shards if self.level >= 2 else []
 
     def _norm_segments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """This shard's gradient, cut at parameter boundaries: MP-split pieces and MP-replicated pieces."""
@@ -104,7 +127,7 @@ class ShardedOptimizer:
             for p, offset in self.layout.members[b]:
                 lo, hi = max(start, offset), min(end, offset + p.numel())
                 if lo < hi and id(p) not in self._not_counted:
-                    (split if is_mp_split(p) else replicated).append(self.layout.grads.buckets[b][lo:hi])
+                    (split if is_mp_split(p) else replicated).append(self.grad_shards[b][lo - start:hi - start])
         return split, replicated
 
     def _pieces(self, b: int) -> list[tuple[int, int, torch.Tensor]]:
@@ -136,37 +159,51 @@ class ShardedOptimizer:
             pieces.append((lo, hi, piece))
         return pieces
 
-    def _bucket_state(self, b: int) -> dict:
-        """The optimizer's state of bucket b's shard, its pieces' per-element tensors joined."""
-        states = [self.optimizer.state.get(t, {}) for _, _, t in self.pieces[b]]
-        if len(states) == 1 or not states[0]:
-            return states[0]
-        return {k: torch.cat([st[k] for st in states]) if torch.is_tensor(v) and v.dim() > 0 else v
-                for k, v in states[0].items()}
-
-    def _set_bucket_state(self, b: int, state: dict) -> None:
-        for lo, hi, t in self.pieces[b]:
-            if state:
-                self.optimizer.state[t] = {k: (v[lo:hi].clone() if torch.is_tensor(v) and v.dim() > 0
-                                               else (v.clone() if torch.is_tensor(v) else v)) for k, v in state.items()}
-            else:
-                self.optimizer.state.pop(t, None)
-
     def grad_shard_of(self, param: nn.Parameter) -> torch.Tensor:
-        """This DP rank's shard of the gradient bucket that holds `param` alone (build_grad_buffer's `alone`)."""
+        """This rank's shard of the gradient bucket that holds `param` alone (build_grad_buffer's `alone`)."""
         for b, members in enumerate(self.layout.members):
             if any(p is param for p, _ in members):
                 if len(members) != 1:
-                    raise RuntimeError("ZeRO-1: a tied copy must have a gradient bucket of its own")
+                    raise RuntimeError("ZeRO: a tied copy must have a gradient bucket of its own")
                 return self.grad_shards[b]
-        raise KeyError("ZeRO-1: parameter not in this rank's gradient buckets")
+        raise KeyError("ZeRO: parameter not in this rank's gradient buckets")
 
     def master_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards when they are copies (half weights; else 0: the parameter
         shards are their own masters)."""
         return sum(m.numel() * m.element_size() for m in self.masters) if self.half_weights else 0
 
+    def held_bytes(self) -> tuple[int, int]:
+        """(parameter bytes, gradient bytes) this rank holds now: whole buffers not released, and shards kept
+        beside them (stage 2's gradient shards, stage 3's parameter pieces)."""
+        def whole(tensors) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors if not _C.storage_released(t))
+
+        params = self.params.held_bytes() if self.params is not None else whole(self.param_flats)
+        grads = whole(self.layout.grads.buckets)
+        if self.level >= 2:
+            grads += sum(g.numel() * g.element_size() for g in self.grad_shards)
+        return params, grads
+
     # ------------------------------------------------------------------------------------------------- step
+    def begin_step(self) -> None:
+        """Before the step's first forward: stage 3 starts gathering the first buckets."""
+        if self.params is not None:
+            self.params.begin_step()
+
+    def end_backward(self) -> None:
+        """After the step's last backward: stage 3 releases the parameter buffers."""
+        if self.params is not None:
+            self.params.release_all()
+
+    def wait_for_parameters(self) -> None:
+        """Every parameter whole and in place: the gathers in flight finished (stage 3: every bucket gathered,
+        kept until the next step's backward is over)."""
+        if self.params is not None:
+            self.params.gather_all()
+        else:
+            self.gather.wait_all()
+
     @torch.no_grad()
     def update(self, scaler, clip_grad: float) -> tuple[torch.Tensor | None, bool, float | None]:
         """The optimizer's side of a step, as Engine._update: (device overflow flag or None, skipped, norm)."""
@@ -203,67 +240,12 @@ class ShardedOptimizer:
         return None, skipped, grad_norm
 
     def _publish(self, write_shard) -> None:
-        """Bucket by bucket in the next forward's order: write this rank's parameter shard, launch its all-gather.
-        Without overlap, wait for them all here (the gathers then sit exposed at the end of the step)."""
+        """Bucket by bucket in the next forward's order: write this rank's parameter shard, launch its all-gather
+        (stage 3: the shard only; the next step gathers it). Without overlap, wait for them all here (the gathers
+        then sit exposed at the end of the step)."""
         for b in self.launch_order:
             write_shard(b)
-            self.gather.launch(b)
+            if self.params is None:
+                self.gather.launch(b)
         if not self.overlap:
             self.gather.wait_all()
-
-    # ------------------------------------------------------------------------------------------- checkpoints
-    def _full(self, shard: torch.Tensor) -> torch.Tensor:
-        """A bucket-sized tensor from every DP rank's shard (all of them must call)."""
-        if self.dp_size == 1:
-            return shard.detach().clone()
-        pieces = [torch.empty_like(shard) for _ in range(self.dp_size)]
-        dist.all_gather(pieces, shard.detach().contiguous(), group=self.groups.dp)
-        return torch.cat(pieces)
-
-    def full_state(self, names: dict[int, str], with_optimizer: bool = True) -> tuple[dict, dict]:
-        """(weights, optimizer) of this rank's parameters as full tensors keyed by global name, gathered over DP
-        and MP (fp32 masters): the grid-independent form checkpoints hold. names: id(param) -> global name.
-        Every rank of the DP and MP groups must call it."""
-        weights, optimizer = {}, {}
-        for b, members in enumerate(self.layout.members):
-            master = self._full(self.masters[b])
-            state = self._bucket_state(b) if with_optimizer else {}
-            per_element = {k: self._full(v) for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0}
-            for p, offset in members:
-                name = names[id(p)]
-
-                def piece(flat: torch.Tensor, p=p, offset=offset) -> torch.Tensor:
-                    local = copy_placement(p, flat[offset : offset + p.numel()].view_as(p))
-                    return gather_full(local, self.groups.mp).cpu()
-
-                weights[name] = piece(master)
-                optimizer[name] = {k: piece(per_element[k]) if k in per_element
-                                   else (v.detach().cpu().clone() if torch.is_tensor(v) else v)
-                                   for k, v in state.items()}
-        return weights, optimizer
-
-    @torch.no_grad()
-    def load_state(self, names: dict[int, str], weights: dict, optimizer: dict) -> None:
-        """Inverse of full_state on any grid: full tensors sliced to this rank's MP shard, laid out in the
-        buckets, then this DP rank's shard taken. No collectives (but in-flight gathers are finished: the
-        parameter buffers are about to be overwritten)."""
-        self.gather.wait_all()
-        for b, members in enumerate(self.layout.members):
-            master = torch.zeros(self.param_flats[b].numel(), dtype=torch.float32, device=self.device)
-            keys = {}
-            for p, offset in members:
-                name = names[id(p)]
-                master[offset : offset + p.numel()] = take_shard(weights[name], like=p, mp_group=self.groups.mp
-                                                                 ).reshape(-1).to(master)
-                for key, value in optimizer.get(name, {}).items():
-                    if torch.is_tensor(value) and value.dim() > 0:
-                        flat = keys.setdefault(key, torch.zeros_like(master))
-                        flat[offset : offset + p.numel()] = take_shard(value, like=p, mp_group=self.groups.mp
-                                                                       ).reshape(-1).to(flat)
-                    else:
-                        keys.setdefault(key, value)
-            start, end = self.shards[b]
-            self.param_flats[b].copy_(master)
-            self.masters[b].copy_(master[start:end])
-            self._set_bucket_state(b, {k: v[start:end] if torch.is_tensor(v) and v.dim() > 0 else v
-                                       for k, v in keys.items()})

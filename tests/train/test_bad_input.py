@@ -162,3 +162,8 @@ def test_a_config_that_is_not_utf8_is_one_line_on_every_rank(tmp_path):
     path = tmp_path / "run.toml"
     path.write_bytes(b"[model]\ndim = \xff\n")
     fails_on_every_rank(("--config", str(path)), f"hybrid_engine: error: --config {path} is not UTF-8 text")
+
+
+def test_a_zero_shard_size_that_does_not_divide_the_data_parallel_ranks():
+    fails_on_every_rank(("--dp", "2", "--zero", "2", "--zero-shard-size", "3", *SMALL),
+                        "--zero-shard-size 3 does not divide the 2 data-parallel ranks (dp x cp)")

@@ -1,4 +1,4 @@
-"""ZeRO-1's parameter all-gather overlapped with the next forward: the order the buckets are gathered in, and which
+"""ZeRO's parameter all-gather overlapped with the next forward: the order the buckets are gathered in, and which
 layer waits for which bucket.
 
 The update (hybrid_engine/optim/zero.py) launches one asynchronous, in-place all-gather per bucket as soon as it has
@@ -33,6 +33,9 @@ class ForwardWaits:
 
     def __init__(self, gather: _C.DpParamGather, layout: BufferLayout):
         self.gather = gather
+        # What a layer calls for each of its buckets: wait for its gather, or (ZeRO-3, param_shards.py) gather it
+        # and launch the ones ahead.
+        self.use: Callable[[int], None] = gather.wait
         self.bucket_of = {id(p): b for b, members in enumerate(layout.members) for p, _ in members}
 
     def buckets_of(self, module: nn.Module) -> list[int]:
@@ -50,18 +53,18 @@ class ForwardWaits:
         for layer in stage:
             buckets = self.buckets_of(layer)
             if buckets:
-                layer.register_forward_pre_hook(_waiter(self.gather, buckets))
+                layer.register_forward_pre_hook(_waiter(self, buckets))
 
     def stage_waiter(self, stage: nn.Sequential) -> Callable[[], None]:
         """A compiled stage's one wait, for all its buckets, before its forward."""
-        wait = _waiter(self.gather, self.buckets_of(stage))
+        wait = _waiter(self, self.buckets_of(stage))
         return lambda: wait(stage, ())
 
 
-def _waiter(gather: _C.DpParamGather, buckets: list[int]):
+def _waiter(waits: ForwardWaits, buckets: list[int]):
     def wait(module: nn.Module, args) -> None:
         for b in buckets:
-            gather.wait(b)  # nothing in flight (every later call of the step, a recomputation): returns at once
+            waits.use(b)  # nothing in flight (every later call of the step, a recomputation): returns at once
 
     return wait
 

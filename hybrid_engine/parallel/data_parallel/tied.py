@@ -112,7 +112,7 @@ class TiedGradients:
 
     def describe(self) -> str:
         where = "between the first and last pipeline stage" if self.group is not None else "on one stage"
-        how = " (ZeRO-1: each copy in a bucket of its own, its DP shards summed)" if self.sharded else ""
+        how = " (ZeRO: each copy in a bucket of its own, its DP shards summed)" if self.sharded else ""
         return f"tied parameters {', '.join(sorted(self.copies))}: gradients summed {where} before the update{how}"
 
     @torch.no_grad()

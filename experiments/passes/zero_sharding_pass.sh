@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# ZeRO levels on one 4-GPU machine, one device call (PASS_BUDGET_S, default 540 s): the 8B Llama shape (hidden 4096,
+# 32 layers, 32 heads, 8 kv heads, ffn 14336, vocabulary 128256, seq 4096, 16 sequences a step, bf16, AdamW) at dp4
+# with --zero 1, 2 and 3, each under --memory-cap-gib 78 (an H100's memory on an H200), then, budget allowing, the
+# FSDP2 peer on the same four GPUs (../shared/anchors/fsdp2_hf_llama.py: Hugging Face's LlamaForCausalLM under
+# fully_shard, eager). Runs go in that order; one that no longer fits the budget is skipped and said. A run the
+# engine refuses (e.g. "no plan fits") or that runs out of memory is recorded as such, its one error line kept.
+# Every run's tokens/s, MFU and peak GiB per GPU go into one JSON: $OUT/zero_sharding.json (and the logs beside it).
+#
+#   bash experiments/passes/zero_sharding_pass.sh              # device kind nvidia-h100-x4 (or h200-x4)
+#   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
+#
+# Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
+# ~1.5-2.5 s after 2 warm-up steps) and ~2 min for the peer: about 8-9 minutes, inside the budget.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source experiments/passes/pass_lib.sh
+SMOKE=${SMOKE:-0}
+[[ $SMOKE == 0 || $SMOKE == 1 ]] || { echo "SMOKE must be 0 or 1, got $SMOKE"; exit 2; }
+for arg in "$@"; do echo "zero_sharding_pass.sh takes no arguments (settings: SMOKE, PASS_BUDGET_S, OUT), got $arg"; exit 2; done
+ANCHOR=${ANCHOR:-../shared/anchors/fsdp2_hf_llama.py}
+[[ -f $ANCHOR ]] || ANCHOR=/work/shared/anchors/fsdp2_hf_llama.py
+
+if [[ $SMOKE == 1 ]]; then
+  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540})); RESERVE=10
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/zero_sharding_smoke; mkdir -p "$OUT" "$RES"
+  echo cpu > "$RES/gpu.txt"
+  PY=${PYTHON:-python3}
+  NPROC=2; VOCAB=512
+  SHAPE="--hidden 64 --layers 4 --heads 4 --kv-heads 2 --ffn-hidden 128 --seq-len 32"
+  STEPS="--steps 4 --warmup 1"; BATCH=8; MICRO=2; CAP=""; DEVICE="--device cpu"
+  PEER_ARGS="--cpu --hidden 64 --layers 4 --heads 4 --kv-heads 2 --ffn 128 --seq 32 --vocab $VOCAB --batch $BATCH --micro 2 --steps 3 --warmup 1"
+else
+  pass_start zero_sharding
+  echo "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)" > "$RES/gpu.txt"
+  PY=python3
+  NPROC=4; VOCAB=128256
+  SHAPE="--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096"
+  STEPS="--steps 8 --warmup 2"; BATCH=16; MICRO=4; CAP="--memory-cap-gib 78"; DEVICE=""
+  PEER_ARGS="--batch $BATCH --micro $MICRO --steps 6 --warmup 2"
+fi
+$PY - "$VOCAB" <<'PY'
+import sys
+import numpy as np
+from hybrid_engine.data import write_token_file
+vocab = int(sys.argv[1])
+write_token_file("/tmp/zero_sharding_tokens.bin", np.random.default_rng(0).integers(0, vocab, 4_000_000), vocab)
+PY
+L="--model llama $SHAPE --data /tmp/zero_sharding_tokens.bin --batch-size $BATCH --micro-batches $MICRO --seed 0"
+L="$L --lr 3e-4 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 --amp bf16 --dp $NPROC $STEPS $CAP $DEVICE"
+
+engine_run() {  # name driver-args...: one engine run with its metrics file
+  local name=$1; shift
+  budget_run "$name" 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" hybrid_engine.py --quiet \
+    --metrics "$RES/$name.jsonl" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
+}
+for level in 1 2 3; do
+  engine_run "zero$level" $L --zero "$level"
+done
+budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
+  && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
+
+$PY - "$RES" <<'PY' | tee "$OUT/zero_sharding.json"
+import glob, json, os, re, statistics, sys
+res = sys.argv[1]
+rows = {}
+for log in sorted(glob.glob(f"{res}/*.log")):
+    name = os.path.basename(log)[:-4]
+    text = open(log).read()
+    rc = open(f"{res}/{name}.rc").read().strip() if os.path.exists(f"{res}/{name}.rc") else None
+    row = {"exit": int(rc) if rc else None}
+    if name.startswith("zero"):
+        metrics = f"{res}/{name}.jsonl"
+        records = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+        steps = [r for r in records if "tokens_per_s" in r]
+        timed = steps[1:] or steps  # the first recorded step still warms up
+        if timed:
+            row["tokens_s"] = round(statistics.median(r["tokens_per_s"] for r in timed))
+            mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
+            row["mfu"] = round(statistics.median(mfu), 4) if mfu else None
+            peaks = [p for r in steps for p in (r.get("peak_mem_gib") or []) if p is not None]
+            row["peak_gib"] = round(max(peaks), 2) if peaks else None
+        announced = re.findall(r"^(zero 3: .*|optimizer: .*ZeRO.*)$", text, re.M)
+        row["announced"] = announced[:2]
+    else:
+        found = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+        if found:
+            row.update({k: found[-1].get(k) for k in ("tokens_s", "mfu", "peak_gib", "step_ms")})
+    errors = re.findall(r"^.*(?:error: |out of memory|OutOfMemoryError).*$", text, re.M)
+    if errors:
+        row["error"] = errors[0][:300]
+    rows[name] = row
+print(json.dumps({"gpu": open(f"{res}/gpu.txt").read().strip(), "runs": rows,
+                  "skipped": open(f"{res}/skipped.txt").read().split() if os.path.exists(f"{res}/skipped.txt") else []},
+                 indent=1))
+PY
+tar -czf "$OUT/zero_sharding_logs.tgz" -C "$RES" .
