@@ -8,6 +8,7 @@
 # Every run's tokens/s, MFU and peak GiB per GPU go into one JSON: $OUT/zero_sharding.json (and the logs beside it).
 #
 #   bash experiments/passes/zero_sharding_pass.sh              # device kind nvidia-h100-x4 (or h200-x4)
+#   NPROC=2 CAP= bash experiments/passes/zero_sharding_pass.sh   # dp2 on a 2-GPU machine, the card's own memory
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
@@ -34,9 +35,9 @@ else
   pass_start zero_sharding
   echo "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)" > "$RES/gpu.txt"
   PY=python3
-  NPROC=4; VOCAB=128256
+  NPROC=${NPROC:-4}; VOCAB=128256
   SHAPE="--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096"
-  STEPS="--steps 8 --warmup 2"; BATCH=16; MICRO=4; CAP="--memory-cap-gib 78"; DEVICE=""
+  STEPS="--steps 8 --warmup 2"; BATCH=16; MICRO=4; CAP=${CAP---memory-cap-gib 78}; DEVICE=""
   PEER_ARGS="--batch $BATCH --micro $MICRO --steps 6 --warmup 2"
 fi
 $PY - "$VOCAB" <<'PY'
