@@ -8,7 +8,7 @@ from typing import Callable
 
 from .candidates import Plan, Request, candidates
 from .card import GIB, Card
-from .memory import RankPeak, fits, peak_bytes, usable_bytes
+from .memory import CAP_MARGIN, RankPeak, fits, peak_bytes, usable_bytes
 from .model_shape import ModelShape
 from .setting import Setting
 from .step_time import StepTime, step_time
@@ -121,6 +121,14 @@ def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: C
     else:
         ranked = sorted(fit, key=lambda p: p.plan.reference_distance())
     return Choice(ranked[0], runner_up(ranked), tuple(ranked), over, cap, card, card.search)
+
+
+def after_out_of_memory(choice: Choice) -> Prediction | None:
+    """The plan to take when the chosen one ran out of memory on its first step: the first other plan of the
+    ranking (each fits the cap) predicted to need at least CAP_MARGIN less at its peak than the one that failed,
+    whose prediction the failure showed short; None when there is none."""
+    most = (1 - CAP_MARGIN) * choice.chosen.peak
+    return next((p for p in choice.ranked[1:] if p.peak <= most), None)
 
 
 def runner_up(ranked: list[Prediction]) -> Prediction | None:

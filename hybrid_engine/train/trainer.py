@@ -33,6 +33,7 @@ from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .lr_schedule import LRSchedule
+from .plan_fallback import FirstStepOutOfMemory
 from .update_settings import update_settings
 from .progress import Progress, flops_text, summary_line
 from hybrid_engine.planner.run_plan import compare_text
@@ -127,12 +128,13 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, engine: Engine, workload: Workload, grid, groups: GridGroups,
                  device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None,
-                 predicted=None):
+                 predicted=None, fallback: bool = False):
         self.cfg, self.engine, self.workload, self.grid, self.groups = cfg, engine, workload, grid, groups
         self.device = device
         self.rank = dist.get_rank()
         self.faults = faults_plan
         self.predicted = predicted  # the planner's Prediction of this run's plan: the summary sets it beside the run
+        self.fallback = fallback  # the plan is the planner's: out of memory on the first step, it takes another
         self.state = state if state is not None else RunState()
         self.per_dp = cfg.data.batch_size // grid.dp_size
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
@@ -158,7 +160,7 @@ class Trainer:
                 self.state.step = step
                 lr = schedule.at(step)
                 engine.set_lr(lr)
-                result = self._step(step)
+                result = self._first_step(step) if step == first_step else self._step(step)
                 self._judge(step, result.loss, guard, ckpts)
                 ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
                 # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
@@ -240,9 +242,28 @@ class Trainer:
                      + (f" (the corpus's entropy rate, the floor: {floor:.4f})" if floor is not None else ""))
         progress.record({"step": done - 1, "val_loss": val, "entropy_floor": floor})
 
+    def _first_step(self, step: int):
+        """The run's first step. Out of memory there under the planner's plan, every rank learns which ranks ran
+        out (one small all-gather) and raises FirstStepOutOfMemory, outside the handler, so that nothing of the
+        failed step is kept alive by its traceback: the driver releases the engine and takes another plan."""
+        failed = False
+        try:
+            result = self._step(step)
+        except torch.OutOfMemoryError:
+            if not self.fallback:
+                raise
+            failed, result = True, None
+        if self.fallback:
+            ranks = [r for r, (out,) in enumerate(gather_per_rank([float(failed)], self.device)) if out]
+            if ranks:
+                raise FirstStepOutOfMemory(ranks)
+        return result
+
     def _step(self, step: int):
         """One optimizer step: this DP rank's rows of step `step`, only what this rank consumes."""
         cfg, engine = self.cfg, self.engine
+        if self.faults.runs_out_of_memory(step):
+            raise torch.OutOfMemoryError(f"injected out of memory at step {step} (HYBRID_ENGINE_TEST_OOM_AT_STEP)")
         if self.faults.kills(step, self.rank):
             faults.kill_self()
         if self.faults.freezes(step, self.rank):
