@@ -67,16 +67,18 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             attention = (layer.attention_flops / mp * tokens /
                          (ATTENTION_EFFICIENCY * (card.gemm_flops if s.half else card.fp32_flops)))
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
-            overhead = card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
-            f += slow * (gemm + attention + elementwise) + overhead
-            i += slow * (gemm + 2 * attention + elementwise) + overhead
+            overhead = card.host_action_s if card.host_action_s is not None else \
+                card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
+            scale = slow * card.compute_scale
+            f += scale * (gemm + attention + elementwise) + overhead
+            i += scale * (gemm + 2 * attention + elementwise) + overhead
             if layer.matmul_params:
-                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half)
+                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
                 if shape.native:
                     accumulate = layer.matmul_params / mp * (8.0 * (m - 1) + 4.0) / m / card.hbm_bytes_s
-                    w += w_gemm + accumulate + overhead
-                    wm += card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 * layer.matmul_params / mp / \
-                        card.hbm_bytes_s + overhead
+                    w += w_gemm + card.compute_scale * accumulate + overhead
+                    wm += card.compute_scale * (card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 *
+                                                layer.matmul_params / mp / card.hbm_bytes_s) + overhead
                 else:
                     w += slow * w_gemm + overhead
                     wm += m * (slow * w_gemm + overhead)
@@ -141,10 +143,10 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
                 layers = sum(len(cut[st]) for st in held[r])
                 dp_exposed += zero3_gather_exposed_s(card, s, params[r], sim.makespan, layers)
         per_param = (UPDATE_BYTES if s.half else UPDATE_BYTES_FP32).get(s.optimizer, 30.0)
-        update = params[r] * (per_param / (s.shard_size if s.zero else 1) + (4.0 if s.clip else 0.0)) / \
-            card.hbm_bytes_s
+        update = card.compute_scale * params[r] * (per_param / (s.shard_size if s.zero else 1) +
+                                                   (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
         if plan.micro_batches > 1 and not plan.merge_wgrad:
-            update += 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed before the step
+            update += card.compute_scale * 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed
         total = sim.makespan + per_rank_merged[r] + dp_exposed + update
         if total > worst:
             worst, dp_worst, update_worst = total, dp_exposed, update

@@ -36,6 +36,7 @@ from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
+from hybrid_engine.planner.refit import Replanner
 from hybrid_engine.planner.run_plan import with_plan
 from hybrid_engine.planner.grids import grid_table
 from .update_settings import update_settings
@@ -170,8 +171,11 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
                 hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
                                       tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
         try:
+            replanner = (Replanner.for_run(cfg, asked, grid, device.type, registry.check_model, plan)
+                         if plan.by_time and fallback else None)
             Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
-                    predicted=predicted if plan.by_time else None, fallback=fallback).train(start_from)
+                    predicted=predicted if plan.by_time else None, fallback=fallback,
+                    replanner=replanner).train(start_from)
             break
         except FirstStepOutOfMemory as exc:
             failed = exc.with_traceback(None)  # its frames would keep the failed step's tensors alive

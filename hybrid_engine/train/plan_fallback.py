@@ -41,7 +41,8 @@ def take_next(choice: Choice, failed: FirstStepOutOfMemory) -> tuple[Prediction 
     """(the plan to run instead, or None; the one line that says so)."""
     c = choice.chosen
     nxt = after_out_of_memory(choice)
-    head = f"planner: {failed} under {c.plan.describe()} (predicted {plain(c.peak / GIB)} GiB of {plain(choice.cap / GIB)})"
+    head = (f"planner: {failed} under {c.plan.describe()} (predicted {plain(c.peak / GIB)} GiB of "
+            f"{plain(choice.cap / GIB)})")
     if nxt is None:
         return None, (f"{head}, and no other plan that fits is predicted to need less (add ranks, use a higher "
                       "--zero or --recompute full)")
