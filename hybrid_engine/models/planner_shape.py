@@ -31,7 +31,8 @@ class LayerShape:
     mp_allreduces: float = 0.0
     """MP all-reduces of one token's hidden vector per forward (as many in the backward)."""
     loss_bytes: float = 0.0
-    """Bytes per token of one micro-batch the loss keeps (the logits and their fp32 softmax), split over MP."""
+    """Bytes per token of one micro-batch the loss keeps (the half logits and their fp32 softmax), split over
+    MP."""
 
 
 @dataclass(frozen=True)
