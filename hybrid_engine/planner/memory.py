@@ -100,13 +100,13 @@ def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) 
     its I under merged W, whose stash is counted apart)."""
     last = {}
     for n, a in enumerate(program):
-        kind = str(a.type).rsplit(".", 1)[-1]
+        kind = a.type.name
         if kind != "F" and not (kind == "W" and free_at_input_grad):
             last[(a.stage, a.micro)] = n
     live = peak = 0.0
     for n, a in enumerate(program):
         key = (a.stage, a.micro)
-        if str(a.type).rsplit(".", 1)[-1] == "F":
+        if a.type.name == "F":
             live += per_stage[a.stage]
             peak = max(peak, live)
         elif last.get(key) == n:
