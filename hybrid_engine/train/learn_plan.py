@@ -32,7 +32,7 @@ def measurements(times: list[float], engine) -> tuple[float, dict]:
 
 
 def refit_and_switch(replanner: Replanner, cfg, engine, times: list[float], step: int) -> tuple[object, Refit, str]:
-    """(cfg, now with the plan run from the next step; the refit; its line): the engine rescheduled in place when
+    """(cfg with the plan run from the next step; the refit; its line): the engine rescheduled in place when
     the refit says so."""
     measured, actions = measurements(times, engine)
     s = cfg.schedule
