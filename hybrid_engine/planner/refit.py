@@ -70,11 +70,19 @@ def fit_terms(shape: ModelShape, card: Card, s: Setting, plan: Plan,
               action_s: dict[tuple[int, str], float]) -> tuple[float, float] | None:
     """(compute scale, host seconds per layer action) that best fit the measured medians of each stage's actions
     (least squares, neither negative); None when the measurements cannot separate them."""
-    bare = dataclasses.replace(card, compute_scale=1.0, host_action_s=0.0)
-    costs = stage_costs(shape, bare, s, plan)[0]
-    cut = shape.cut(s.pp * plan.virtual_stages)
-    rows = [(getattr(costs[stage], kind), len(cut[stage]), seconds) for (stage, kind), seconds in action_s.items()
-            if kind in KINDS and stage < len(costs) and getattr(costs[stage], kind) > 0]
+    def costs(scale: float, host: float, links: bool) -> list:
+        c = dataclasses.replace(card, compute_scale=scale, host_action_s=host)
+        if not links:
+            c = dataclasses.replace(c, allreduce_bytes_s=float("inf"), latency_s=0.0)
+        return stage_costs(shape, c, s, plan)[0]
+
+    # per action: its compute at the table's rate, its count of layer actions, and its MP collectives (the
+    # link's time, not the compute's: taken off what is fitted)
+    compute, count, whole = costs(1.0, 0.0, False), costs(0.0, 1.0, False), costs(1.0, 0.0, True)
+    rows = [(getattr(compute[stage], kind), getattr(count[stage], kind),
+             seconds - (getattr(whole[stage], kind) - getattr(compute[stage], kind)))
+            for (stage, kind), seconds in action_s.items()
+            if kind in KINDS and stage < len(compute) and getattr(compute[stage], kind) > 0]
     if len(rows) < 2:
         return None
     cc = sum(c * c for c, _, _ in rows)

@@ -24,27 +24,31 @@ GPT = ["--model", "gpt", "--hidden", "256", "--layers", "8", "--heads", "4", "--
        "--amp", "bf16"]
 
 
-def replanner(flags, pp=2, card=CARDS["h100"]):
+def replanner(flags, pp=2, card=CARDS["h100"], world=None):
     cfg = parse_config(flags + ["--pp", str(pp)])
-    grid = resolve_grid(None, pp, 1, cfg.parallel.order, pp)
+    grid = resolve_grid(None, pp, cfg.parallel.mp, cfg.parallel.order, world or pp)
     choice = plan_for(cfg, grid, card, "cuda", registry.check_model)
     return Replanner.for_run(cfg, cfg.schedule, grid, "cuda", registry.check_model, choice), choice
 
 
 def synthetic_actions(r: Replanner, plan: Plan, scale: float, host: float) -> dict:
-    """What the run would measure if its compute took `scale` x the table's and each layer action `host` s."""
-    bare = dataclasses.replace(r.choice.card, compute_scale=1.0, host_action_s=0.0)
-    costs = stage_costs(r.shape, bare, r.setting, plan)[0]
-    cut = r.shape.cut(r.setting.pp * plan.virtual_stages)
-    return {(st, kind): scale * getattr(costs[st], kind) + host * len(cut[st]) for st in range(len(costs))
-            for kind in ("F", "I", "W")}
+    """What the run would measure if its compute took `scale` x the table's and each layer action `host` s (the
+    model's own prediction under that card: its MP all-reduces unscaled)."""
+    card = dataclasses.replace(r.choice.card, compute_scale=scale, host_action_s=host)
+    costs = stage_costs(r.shape, card, r.setting, plan)[0]
+    return {(st, kind): getattr(costs[st], kind) for st in range(len(costs)) for kind in ("F", "I", "W")}
 
 
-def test_the_traced_actions_give_back_the_compute_scale_and_the_host_cost_per_action():
-    r, choice = replanner(GPT)
+@pytest.mark.parametrize("mp", [1, 2])
+def test_the_traced_actions_give_back_the_compute_scale_and_the_host_cost_per_action(mp):
+    r, choice = replanner(GPT + ["--mp", str(mp)], pp=2, world=2 * mp)
     plan = choice.chosen.plan
-    assert fit_terms(r.shape, r.choice.card, r.setting, plan, synthetic_actions(r, plan, 1.7, 80e-6)) == \
-        pytest.approx((1.7, 80e-6), rel=1e-6)
+    measured = synthetic_actions(r, plan, 1.7, 80e-6)
+    assert fit_terms(r.shape, r.choice.card, r.setting, plan, measured) == pytest.approx((1.7, 80e-6), rel=1e-6)
+    # the refitted card predicts each measured action back (its MP all-reduces at the link's rate)
+    fitted = dataclasses.replace(r.choice.card, compute_scale=1.7, host_action_s=80e-6)
+    costs = stage_costs(r.shape, fitted, r.setting, plan)[0]
+    assert all(getattr(costs[st], kind) == pytest.approx(t, rel=1e-9) for (st, kind), t in measured.items())
 
 
 def test_the_step_time_alone_fits_the_compute_scale():
