@@ -174,7 +174,8 @@ class Trainer:
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
                     times.append(result.step_time_s)
                 predicted = ({} if self.predicted is None else
-                             {"predicted_step_time_s": float(f"{self.predicted.step_s:.6g}")})
+                             {"predicted_step_time_s": float(f"{self.predicted.step_s:.6g}"),
+                              "predicted_peak_mem_gib": float(f"{self.predicted.peak / 2**30:.4g}")})
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
                                **predicted,
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),

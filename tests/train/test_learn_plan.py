@@ -26,7 +26,7 @@ def test_the_refit_is_said_once_and_every_step_records_its_prediction(tmp_path, 
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in records if "loss" in r]  # the last also carries the summary
     assert [r["step"] for r in steps] == list(range(8))
-    assert all(r["predicted_step_time_s"] > 0 for r in steps)
+    assert all(r["predicted_step_time_s"] > 0 and r["predicted_peak_mem_gib"] > 0 for r in steps)
     refit = next(r for r in records if "refit" in r)
     assert refit["step"] == 4  # after warm-up steps 0-1 and measured steps 2-4
     # from the refit on, each step is predicted with the refitted model (the plan run then, switched or not)
