@@ -1,10 +1,11 @@
 """A cost model that learns from the run: after its first measured steps, the card's terms are refitted to what the
 run measured, every plan is predicted again, and the engine is told whether to switch.
 
-Two terms are fitted: a compute scale (the run's GEMM, attention and elementwise time over the table's: a card's
+Two terms are fitted, and with --trace a third: a compute scale (the run's GEMM, attention and elementwise time over the table's: a card's
 real efficiency on this model) and a host cost per layer action (launches, the executor's and autograd's
 bookkeeping). With --trace the executor times every action: each stage's median F, B, I and W against the model's
-compute and layer count for it is a least-squares fit of both. Without it the step time alone fits the scale.
+compute and layer count for it is a least-squares fit of both, and the DP gradient collectives' bytes over the time
+they were in flight give the link's rate. Without it the step time alone fits the scale.
 
 The switch happens once, in place: only to a plan of the same stages (virtual-stage count and placement), which
 the engine reschedules without rebuilding a stage (Engine.reschedule). A faster plan of other stages is printed as
@@ -37,6 +38,8 @@ class Refit:
     """What the refit found: its card, the running plan and the fastest ones predicted under it, the decision."""
 
     card: Card
+    table: Card
+    """The card before the refit."""
     current: Prediction
     best_in_place: Prediction
     best: Prediction
@@ -52,6 +55,8 @@ class Refit:
         c, gain = self.current, (lambda p: (1 - p.step_s / self.current.step_s) * 100)
         host = (f"{self.card.host_action_s * 1e6:.0f} us a layer action" if self.card.host_action_s is not None
                 else "the table's cost per layer action")
+        if self.card.allreduce_bytes_s != self.table.allreduce_bytes_s:
+            host += f", DP collectives at {self.card.allreduce_bytes_s / 1e9:.3g} GB/s"
         text = (f"planner: refit from {fitted_by}: compute x{self.card.compute_scale:.3g} the table's, {host}; "
                 f"{c.plan.describe()} predicted "
                 f"{c.step_s * 1e3:.4g} ms/step (measured {self.measured_s * 1e3:.4g})")
@@ -100,6 +105,22 @@ def fit_terms(shape: ModelShape, card: Card, s: Setting, plan: Plan,
     return (scale, host) if scale > 0 else None
 
 
+def link_rate(spans: list[tuple[str, int, float, float]], bucket_bytes: list[float], n: int) -> float | None:
+    """The bus rate (bytes/s, as Card.allreduce_bytes_s counts it) the DP gradient collectives of one step reached:
+    the bytes they moved per rank (an all-reduce 2 (n - 1) / n of its bucket, a reduce-scatter (n - 1) / n) over
+    the time any of them was in flight, from launch to completion, overlaps counted once. None without them."""
+    share = {"all_reduce": 2.0, "reduce_scatter": 1.0}
+    moved = [(share[kind] * (n - 1) / n * bucket_bytes[b], start, end) for kind, b, start, end in spans
+             if kind in share and 0 <= b < len(bucket_bytes) and end > start]
+    if n < 2 or not moved:
+        return None
+    busy, reach = 0.0, float("-inf")
+    for _, start, end in sorted(moved, key=lambda m: m[1]):
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return sum(b for b, _, _ in moved) / (busy * 1e-6) if busy > 0 else None
+
+
 def scale_to_step(shape: ModelShape, card: Card, s: Setting, plan: Plan, measured_s: float) -> float:
     """The compute scale at which the plan's predicted step is the measured one (bisection: the step grows with
     the scale)."""
@@ -132,10 +153,13 @@ class Replanner:
         return Replanner(shape_of(cfg), Setting.of(cfg, grid.dp_size, grid.pp_size, grid.mp_size), Request.of(asked),
                          legality(cfg, grid.world_size, device_type, model_rules), choice)
 
-    def refit(self, plan: Plan, measured_s: float, action_s: dict[tuple[int, str], float] | None = None) -> Refit:
+    def refit(self, plan: Plan, measured_s: float, action_s: dict[tuple[int, str], float] | None = None,
+              dp_rate: float | None = None) -> Refit:
         """plan: the running one; measured_s: its measured step; action_s: (stage, F|B|I|W) -> median seconds of
-        that action (with --trace)."""
+        that action, and dp_rate: the DP collectives' measured bus rate (link_rate), both with --trace."""
         shape, s, card = self.shape, self.setting, self.choice.card
+        if dp_rate:
+            card = dataclasses.replace(card, allreduce_bytes_s=dp_rate)
         terms = fit_terms(shape, card, s, plan, action_s) if action_s else None
         if terms is not None:
             card = dataclasses.replace(card, compute_scale=terms[0], host_action_s=terms[1])
@@ -146,7 +170,7 @@ class Replanner:
         in_place = [p for p in ranked if p.plan.virtual_stages == plan.virtual_stages
                     and schedule_placement(p.plan.schedule) == placement]
         current = predict(shape, card, s, plan)
-        return Refit(card, current, min(in_place or [current], key=lambda p: p.step_s),
+        return Refit(card, self.choice.card, current, min(in_place or [current], key=lambda p: p.step_s),
                      min(ranked, key=lambda p: p.step_s), measured_s)
 
 

@@ -229,6 +229,7 @@ class Trainer:
         progress.say(line)
         progress.record({"step": step, "refit": {
             "compute_scale": refit.card.compute_scale, "host_action_s": refit.card.host_action_s,
+            "allreduce_bytes_s": refit.card.allreduce_bytes_s,
             "measured_step_time_s": refit.measured_s, "predicted_step_time_s": refit.current.step_s,
             "switched_to": refit.best_in_place.plan.flags() if refit.switch else None}})
         return refit.switch

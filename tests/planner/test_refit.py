@@ -15,7 +15,7 @@ from hybrid_engine.models import SyntheticRegression, large_linear_model, regist
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.planner import CARDS
 from hybrid_engine.planner.candidates import Plan
-from hybrid_engine.planner.refit import Replanner, fit_terms
+from hybrid_engine.planner.refit import Replanner, fit_terms, link_rate
 from hybrid_engine.planner.run_plan import plan_for
 from hybrid_engine.planner.step_time import AUTOGRAD_ACTION_S, stage_costs
 from hybrid_engine.train.cli import parse_config
@@ -76,6 +76,18 @@ def test_a_plan_within_5_percent_is_kept():
     refit = r.refit(plan, choice.chosen.step_s, synthetic_actions(r, plan, 1.0, table))
     assert refit.card.compute_scale == pytest.approx(1.0) and refit.card.host_action_s == pytest.approx(table)
     assert not refit.switch and refit.line(5, "x").endswith("no plan is predicted more than 5% faster: keeping it")
+
+
+def test_the_dp_link_rate_is_the_bytes_moved_over_the_time_in_flight():
+    mib = 2**20
+    # two buckets' reduce-scatters over 4 ranks, overlapping by 100 us: 3/4 of 8 and 4 MiB moved in 400 us
+    spans = [("reduce_scatter", 0, 0.0, 300.0), ("reduce_scatter", 1, 200.0, 400.0), ("all_gather", 0, 0.0, 900.0)]
+    assert link_rate(spans, [8 * mib, 4 * mib], 4) == pytest.approx(0.75 * 12 * mib / 400e-6)
+    assert link_rate([("all_reduce", 0, 0.0, 100.0)], [mib], 2) == pytest.approx(mib / 100e-6)  # 2 (n - 1) / n
+    assert link_rate(spans, [8 * mib, 4 * mib], 1) is None and link_rate([], [mib], 4) is None
+    r, choice = replanner(GPT)
+    refit = r.refit(choice.chosen.plan, choice.chosen.step_s, dp_rate=1e9)
+    assert refit.card.allreduce_bytes_s == 1e9 and "DP collectives at 1 GB/s" in refit.line(5, "x")
 
 
 def reschedule_ranks(rank: int, world: int) -> dict:

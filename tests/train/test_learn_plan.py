@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch_utils import DRIVER, REPO
+from launch_utils import DRIVER, REPO, torchrun
 
 
 @pytest.mark.parametrize("trace", [False, True])
@@ -36,3 +36,15 @@ def test_the_refit_is_said_once_and_every_step_records_its_prediction(tmp_path, 
         assert refit["refit"]["predicted_step_time_s"] == pytest.approx(refit["refit"]["measured_step_time_s"],
                                                                         rel=1e-3)
     assert not trace or refit["refit"]["host_action_s"] is not None
+
+
+def test_dp_ranks_refit_the_link_from_their_traced_collectives(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    run = torchrun(2, "--dp", "2", "--dim", "64", "--depth", "4", "--batch-size", "64", "--steps", "7", "--warmup",
+                   "2", "--plan-card", "h100", "--metrics", str(metrics), "--trace", str(tmp_path / "t"), "--quiet",
+                   timeout=100)
+    assert run.returncode == 0, run.stderr
+    said = [line for line in run.stdout.splitlines() if line.startswith("planner: refit")]
+    assert len(said) == 1 and "GB/s" in said[0], run.stdout
+    refit = next(json.loads(line) for line in metrics.read_text().splitlines() if "refit" in json.loads(line))
+    assert 0 < refit["refit"]["allreduce_bytes_s"] < 350e9  # a CPU's gloo, far below the H100 table's
