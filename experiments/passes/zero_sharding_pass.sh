@@ -19,8 +19,7 @@ source experiments/passes/pass_lib.sh
 SMOKE=${SMOKE:-0}
 [[ $SMOKE == 0 || $SMOKE == 1 ]] || { echo "SMOKE must be 0 or 1, got $SMOKE"; exit 2; }
 for arg in "$@"; do echo "zero_sharding_pass.sh takes no arguments (settings: SMOKE, PASS_BUDGET_S, OUT), got $arg"; exit 2; done
-ANCHOR=${ANCHOR:-../shared/anchors/fsdp2_hf_llama.py}
-[[ -f $ANCHOR ]] || ANCHOR=/work/shared/anchors/fsdp2_hf_llama.py
+ANCHOR=${ANCHOR:-experiments/peers/fsdp2_hf_llama.py}
 
 if [[ $SMOKE == 1 ]]; then
   DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540})); RESERVE=10
@@ -60,6 +59,8 @@ for level in 1 2 3; do
 done
 budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
   && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
+budget_run fsdp2_compiled 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS --compile \
+  && echo "fsdp2_compiled: $(grep '^{' "$RES/fsdp2_compiled.log" | tail -1)"
 
 $PY - "$RES" <<'PY' | tee "$OUT/zero_sharding.json"
 import glob, json, os, re, statistics, sys

@@ -26,6 +26,7 @@ from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
 from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
 from .micro_batches import MicroBatches, micro_batch_fn
+from .reschedule import Reschedule
 from hybrid_engine.models import materialize
 from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
 from hybrid_engine.optim.masters import MasterWeights
@@ -50,7 +51,7 @@ class StepResult:
     grad_norm: float | None = None
 
 
-class Engine(EngineState, UpdateStep):
+class Engine(EngineState, UpdateStep, Reschedule):
     """Hybrid DP x PP x MP training of an nn.Sequential.
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
@@ -147,10 +148,7 @@ class Engine(EngineState, UpdateStep):
         self.scaler = make_loss_scaler(precision.amp, precision.loss_scale, precision.scale_window,
                                        precision.hysteresis)
         self.overflow_watch = OverflowWatch(rank=groups.rank)
-        # Native chains write every gradient of the rank exactly once per step in a merged W, or in the one B of a
-        # single micro-batch: the executor may then overwrite the gradient buffers, and the step skips zeroing them.
-        self._overwrite_grads = ((schedule.merge_weight_grads or schedule.micro_batches == 1)
-                                 and all(self.plans[s].native for s in self.stage_ids))
+        self._overwrite_grads = self.overwrites_grads(schedule)
         self._post_backward_hooks: list[Callable[["Engine"], None]] = []
         self._executor: _C.PipelineExecutor | None = None  # built on the first step, once shapes are known
         self._dp_sync: _C.DpGradSync | None = None  # the executor's

@@ -42,6 +42,8 @@ def gpt_weight_bytes(cfg: GPTConfig, pp: int = 1, mp: int = 1) -> int:
 def refuse_if_too_large(what: str, nbytes: int, device_type: str = "cpu", where: str = "") -> str | None:
     """The reason `what` (e.g. 'the GPT of checkpoint X') cannot fit, or None when it might; `where` qualifies
     the bytes (' per rank')."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return None  # planning for a GPU card from another machine: the planner's memory model judges that card
     available = memory_bytes(device_type)
     if nbytes <= available:
         return None

@@ -31,7 +31,8 @@ class LayerShape:
     mp_allreduces: float = 0.0
     """MP all-reduces of one token's hidden vector per forward (as many in the backward)."""
     loss_bytes: float = 0.0
-    """Bytes per token of one micro-batch the loss keeps (the logits and their fp32 softmax), split over MP."""
+    """Bytes per token of one micro-batch the loss keeps (the half logits and their fp32 softmax), split over
+    MP."""
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,19 @@ class ModelShape:
 
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
-                  positions: int = 0) -> ModelShape:
+                  positions: int = 0, block_acts: tuple[float, float] | None = None) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
-    positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE)."""
+    positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
+    block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
+    act_split, act_whole = block_acts or (12 * h, 5 * h)
     embedding = LayerShape(params=(vocab + positions) * h, matmul_params=0, act_whole=h)
     block = LayerShape(params=block_params, matmul_params=block_params, attention_flops=4.0 * seq_len * h,
-                       act_split=12 * h, act_whole=5 * h, stash=8 * h + 2 * ffn_hidden,
+                       act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden,
                        mp_allreduces=2)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
-                      stash=h + vocab, loss_bytes=vocab * 10.0)
+                      stash=h + vocab, loss_bytes=vocab * 6.0)
     return ModelShape(name, (embedding, *(block,) * layers, head), h, seq_len, data_bytes=16.0 * seq_len,
                       flops_per_sample=flops_per_token * seq_len, cut=lambda n: balanced_partition(costs, n))

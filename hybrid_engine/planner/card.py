@@ -39,6 +39,12 @@ class Card:
     """Memory a rank may use."""
     search: bool = True
     """False: the planner keeps the reference plan (1f1b, 4 micro-batches) instead of ranking plans by time."""
+    compute_scale: float = 1.0
+    """The run's measured compute time over the table's (planner/refit.py): what the GEMMs, attention and
+    elementwise work of every action are multiplied by."""
+    host_action_s: float | None = None
+    """The run's measured fixed cost of one layer's action (launches, the executor's and autograd's bookkeeping),
+    replacing the table's estimate; None: the table's."""
 
     def with_memory(self, nbytes: float) -> "Card":
         return dataclasses.replace(self, memory_bytes=nbytes)

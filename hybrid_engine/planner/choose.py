@@ -8,7 +8,7 @@ from typing import Callable
 
 from .candidates import Plan, Request, candidates
 from .card import GIB, Card
-from .memory import peak_bytes
+from .memory import CAP_MARGIN, RankPeak, fits, peak_bytes, usable_bytes
 from .model_shape import ModelShape
 from .setting import Setting
 from .step_time import StepTime, step_time
@@ -27,15 +27,28 @@ class Prediction:
 
     plan: Plan
     time: StepTime
-    peaks: tuple[float, ...]
+    ranks: tuple[RankPeak, ...]
 
     @property
     def step_s(self) -> float:
         return self.time.step_s
 
     @property
+    def peaks(self) -> tuple[float, ...]:
+        """Each pipeline rank's predicted allocated peak (what torch.cuda.max_memory_allocated measures)."""
+        return tuple(r.total for r in self.ranks)
+
+    @property
     def peak(self) -> float:
         return max(self.peaks)
+
+    @property
+    def needed(self) -> float:
+        """The device memory the most loaded rank needs: the allocator's overhead and what lives outside it."""
+        return max(r.needed for r in self.ranks)
+
+    def fits(self, cap: float) -> bool:
+        return fits(list(self.ranks), cap)
 
     def brief(self) -> str:
         return f"{self.plan.describe()}: {self.step_s * 1e3:.3g} ms, {self.peak / GIB:.1f} GiB"
@@ -43,7 +56,7 @@ class Prediction:
 
 def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> Prediction:
     t = step_time(shape, card, s, plan)
-    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, list(t.sim.peak_activations))))
+    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan)))
 
 
 @dataclass(frozen=True)
@@ -90,12 +103,14 @@ def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: C
         why = getattr(legal, "first_error", None)
         raise NoPlanFits(f"no legal plan for batch {s.batch_size} on dp x pp x mp = {s.dp} x {s.pp} x {s.mp} with "
                          f"the schedule flags given{': ' + why if why else ''}")
-    fit = [p for p in weighed if p.peak <= cap]
-    over = tuple(sorted((p for p in weighed if p.peak > cap), key=lambda p: p.peak))
+    fit = [p for p in weighed if p.fits(cap)]
+    over = tuple(sorted((p for p in weighed if not p.fits(cap)), key=lambda p: p.needed))
     if not fit:
         least = over[0]
         raise NoPlanFits(f"no plan fits {cap / GIB:.1f} GiB per rank: the smallest, {least.plan.describe()}, needs "
-                         f"{least.peak / GIB:.1f} GiB (raise --memory-cap-gib, add ranks, or use --recompute full)")
+                         f"{least.peak / GIB:.1f} GiB ({least.needed / GIB:.1f} with the allocator's overhead, "
+                         f"{usable_bytes(cap) / GIB:.1f} usable) (raise --memory-cap-gib, add ranks, use a higher "
+                         "--zero or --recompute full)")
     if card.search:
         # Within NEAR of the fastest, the plan nearest the reference wins: a prediction's last percent does not pay
         # for a less tried plan or for memory (merged W keeps every micro-batch's inputs).
@@ -106,6 +121,14 @@ def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: C
     else:
         ranked = sorted(fit, key=lambda p: p.plan.reference_distance())
     return Choice(ranked[0], runner_up(ranked), tuple(ranked), over, cap, card, card.search)
+
+
+def after_out_of_memory(choice: Choice) -> Prediction | None:
+    """The plan to take when the chosen one ran out of memory on its first step: the first other plan of the
+    ranking (each fits the cap) predicted to need at least CAP_MARGIN less at its peak than the one that failed,
+    whose prediction the failure showed short; None when there is none."""
+    most = (1 - CAP_MARGIN) * choice.chosen.peak
+    return next((p for p in choice.ranked[1:] if p.peak <= most), None)
 
 
 def runner_up(ranked: list[Prediction]) -> Prediction | None:

@@ -9,10 +9,11 @@ import shlex
 from typing import Callable, Sequence
 
 from hybrid_engine.config.checks import MAX_RANKS
-from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.config.engine import ConfigError, DataParallelConfig
 
 from .card import GIB, Card, this_device
 from .choose import NoPlanFits, Prediction
+from .memory import usable_bytes
 from .model_shape import shape_of
 from .run_plan import plan_for
 
@@ -29,8 +30,22 @@ def grids_of(world: int) -> list[tuple[int, int, int]]:
     return [(world // (pp * mp), pp, mp) for pp in divisors(world) for mp in divisors(world // pp)]
 
 
+def zero_levels(cfg, dp: int, user_flags: Sequence[str]) -> tuple[int, ...]:
+    """The ZeRO levels a dp-way grid is ranked under: the run's own where it fixes one (a flag, or a file's value
+    other than the default), else every level the driver's --zero accepts (its field's choices); one DP rank
+    shards nothing, so only the run's level."""
+    fixed = any(a == "--zero" or a.startswith("--zero=") for a in user_flags)
+    default = next(f.default for f in dataclasses.fields(DataParallelConfig) if f.name == "zero")
+    if dp == 1 or fixed or cfg.data_parallel.zero != default:
+        return (cfg.data_parallel.zero,)
+    return ZERO_CHOICES
+
+
+ZERO_CHOICES = tuple(next(f.metadata["choices"] for f in dataclasses.fields(DataParallelConfig) if f.name == "zero"))
+
+
 def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int]) -> str:
-    """The largest cost this grid pays that the best does not."""
+    """How much slower than the first row, and the largest cost this plan pays that the best does not."""
     dp, pp, mp = grid
     t, b = p.time, best.time
     reasons = []
@@ -38,36 +53,41 @@ def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int]) -> s
         reasons.append((t.mp_exposed_s, f"mp{mp}: {t.mp_allreduces} all-reduces per step, "
                                         f"{plain(t.mp_exposed_s * 1e3)} ms exposed"))
     if pp > 1:
-        reasons.append((t.bubble * t.pipeline_s, f"pp{pp}: bubble {t.bubble:.0%} of the pipeline"))
+        reasons.append((t.bubble * t.pipeline_s, f"pp{pp}: bubble {t.bubble:.0%} of the pipeline "
+                                                 f"({plain(t.bubble * t.pipeline_s * 1e3)} ms)"))
     if dp > 1:
         reasons.append((t.dp_exposed_s, f"dp{dp}: gradient collective {plain(t.dp_exposed_s * 1e3)} ms exposed"))
     reasons.append((t.update_s - b.update_s, f"update {plain(t.update_s * 1e3)} ms"))
-    return max(reasons)[1] if reasons else ""
+    gap = f"+{(p.step_s / best.step_s - 1) * 100:.0f}% ({plain(p.step_s * 1e3)} against {plain(best.step_s * 1e3)} ms)"
+    return f"{gap}: {max(reasons)[1]}"
 
 
-def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Callable) -> list[tuple]:
-    """[(grid, Prediction or None, note)], fastest first; a grid with no legal plan or none that fits last, its
-    note saying why."""
+def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Callable,
+               user_flags: Sequence[str] = ()) -> list[tuple]:
+    """[(grid, zero, Prediction or None, note)], fastest first, every grid under every ZeRO level it is ranked
+    under; a grid with no legal plan or none that fits last, its note saying why in numbers."""
 
     shape = None  # once some grid passes the run's checks: a shape the checks refuse is said in their words
     rows = []
     for dp, pp, mp in grids_of(world):
-        c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp))
-        try:
-            grid = c.validate(world, device_type, model_rules)
-            shape = shape or shape_of(cfg)
-            choice = plan_for(c, grid, card, device_type, model_rules, shape)
-        except (ConfigError, NoPlanFits) as exc:
-            rows.append(((dp, pp, mp), None, str(exc)))
-            continue
-        rows.append(((dp, pp, mp), choice.chosen, ""))
-    if all(p is None for _, p, _ in rows) and len({note for _, _, note in rows}) == 1:
-        raise ConfigError(rows[0][2])  # every grid refused alike: the input's mistake, not a grid's
-    ranked = sorted((r for r in rows if r[1] is not None), key=lambda r: r[1].step_s)
+        for zero in zero_levels(cfg, dp, user_flags):
+            c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp),
+                                    data_parallel=dataclasses.replace(cfg.data_parallel, zero=zero))
+            try:
+                grid = c.validate(world, device_type, model_rules)
+                shape = shape or shape_of(cfg)
+                choice = plan_for(c, grid, card, device_type, model_rules, shape)
+            except (ConfigError, NoPlanFits) as exc:
+                rows.append(((dp, pp, mp), zero, None, str(exc)))
+                continue
+            rows.append(((dp, pp, mp), zero, choice.chosen, ""))
+    if all(p is None for *_, p, _ in rows) and len({note for *_, note in rows}) == 1:
+        raise ConfigError(rows[0][3])  # every grid refused alike: the input's mistake, not a grid's
+    ranked = sorted((r for r in rows if r[2] is not None), key=lambda r: r[2].step_s)
     if ranked:
-        best = ranked[0][1]
-        ranked = [ranked[0]] + [(g, p, why_slower(p, best, g)) for g, p, _ in ranked[1:]]
-    return ranked + [r for r in rows if r[1] is None]
+        best = ranked[0][2]
+        ranked = [ranked[0]] + [(g, z, p, why_slower(p, best, g)) for g, z, p, _ in ranked[1:]]
+    return ranked + [r for r in rows if r[2] is None]
 
 
 def plain(x: float) -> str:
@@ -78,18 +98,22 @@ def plain(x: float) -> str:
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
 
 
-def winner_command(world: int, grid: tuple[int, int, int], p: Prediction, user_flags: Sequence[str]) -> str:
-    """The driver's command line that runs the first row: its grid and plan, and the user's other flags."""
+def winner_command(world: int, grid: tuple[int, int, int], zero: int, p: Prediction,
+                   user_flags: Sequence[str]) -> str:
+    """The driver's command line that runs the first row: its grid, ZeRO level and plan, and the user's other
+    flags."""
     kept = without_flags(user_flags, DECIDED_FLAGS)
     launch = f"torchrun --nproc_per_node={world} hybrid_engine.py" if world > 1 else "python hybrid_engine.py"
-    return " ".join([launch, f"--dp {grid[0]} --pp {grid[1]} --mp {grid[2]}", p.plan.flags(), *map(shlex.quote, kept)])
+    return " ".join([launch, f"--dp {grid[0]} --pp {grid[1]} --mp {grid[2]} --zero {zero}", p.plan.flags(),
+                     *map(shlex.quote, kept)])
 
 
 # flag -> whether it takes a value: what the table decides (the grid, the plan) and the commands' own, left out of
 # the winner's command line
 DECIDED_FLAGS = {"--dp": True, "--pp": True, "--mp": True, "--schedule": True, "--micro-batches": True,
                  "--virtual-stages": True, "--lookahead": True, "--merge-wgrad": False, "--no-merge-wgrad": False,
-                 "--plan-only": False, "--no-plan-only": False, "--world-size": True, "--calibrate": False}
+                 "--plan-only": False, "--no-plan-only": False, "--world-size": True, "--calibrate": False,
+                 "--zero": True}
 
 
 def without_flags(argv: Sequence[str], dropped: dict[str, bool]) -> list[str]:
@@ -109,30 +133,34 @@ def without_flags(argv: Sequence[str], dropped: dict[str, bool]) -> list[str]:
 
 def grid_table(cfg, world: int, device_type: str, model_rules: Callable, card: Card | None = None,
                user_flags: Sequence[str] = ()) -> str:
-    """The ranked table, one line per grid, then the first row's command line (user_flags: the flags the table
-    was asked with, which it keeps). A world beyond MAX_RANKS, or a mistake every grid finds alike, is one
-    ConfigError."""
+    """The ranked table, one line per grid and ZeRO level, then the first row's command line (user_flags: the
+    flags the table was asked with, which it keeps). A GPU card is planned for as a GPU from any machine (its
+    memory, fp16 allowed). A world beyond MAX_RANKS, or a mistake every grid finds alike, is one ConfigError."""
     if not 1 <= world <= MAX_RANKS:
         raise ConfigError(f"the world size to plan for must be a number of ranks in [1, {MAX_RANKS}], got {world}")
     card = card or this_device(cfg.plan.card, device_type)
-    rows = rank_grids(cfg, world, card, device_type, model_rules)
+    if card.search:  # a card the cost model times is a GPU's, wherever the table is asked for
+        device_type = "cuda"
+    rows = rank_grids(cfg, world, card, device_type, model_rules, user_flags)
     shape = shape_of(cfg)
     cap = cfg.parallel.memory_cap_gib * GIB if cfg.parallel.memory_cap_gib is not None else card.memory_bytes
-    per = "GPU" if device_type == "cuda" or card.search else "rank"
-    head = (f"plans for {world} rank{'s' if world > 1 else ''} of {card.name} ({plain(cap / GIB)} GiB each), model "
-            f"{shape.name}, batch {cfg.data.batch_size}" +
+    per = "GPU" if device_type == "cuda" else "rank"
+    head = (f"plans for {world} rank{'s' if world > 1 else ''} of {card.name} ({plain(cap / GIB)} GiB each, a plan "
+            f"may need {plain(usable_bytes(cap) / GIB)} with the allocator's overhead), model {shape.name}, batch "
+            f"{cfg.data.batch_size}" +
             ("" if card.search else "; the CPU keeps the plan nearest 1f1b x 4 micro-batches (--plan-card h100|h200 "
                                     "ranks by time)"))
-    lines = [head, f"{'rank':>4}  {'grid':<14} {'plan':<46} {'ms/step':>9} {shape.unit:>12} {'GiB/' + per:>8}  why not"]
-    for n, (grid, p, note) in enumerate(rows, 1):
+    lines = [head, f"{'rank':>4}  {'grid':<9} {'zero':>4}  {'plan':<46} {'ms/step':>9} {shape.unit:>12} "
+                   f"{'GiB/' + per:>8}  why not"]
+    for n, (grid, zero, p, note) in enumerate(rows, 1):
         name = f"{grid[0]}x{grid[1]}x{grid[2]}"
         if p is None:
-            lines.append(f"{'-':>4}  {name:<14} {'':<46} {'':>9} {'':>12} {'':>8}  {note}")
+            lines.append(f"{'-':>4}  {name:<9} {zero:>4}  {'':<46} {'':>9} {'':>12} {'':>8}  {note}")
             continue
         rate = cfg.data.batch_size * shape.tokens_per_sample / p.step_s
-        lines.append(f"{n:>4}  {name:<14} {p.plan.describe():<46} {plain(p.step_s * 1e3):>9} {plain(rate):>12} "
-                     f"{p.peak / GIB:>8.1f}  {note}")
-    lines.append("grid: dp x pp x mp (order mp-dp-pp)")
-    if rows[0][1] is not None:
-        lines.append(f"run the first: {winner_command(world, rows[0][0], rows[0][1], user_flags)}")
+        lines.append(f"{n:>4}  {name:<9} {zero:>4}  {p.plan.describe():<46} {plain(p.step_s * 1e3):>9} "
+                     f"{plain(rate):>12} {p.peak / GIB:>8.1f}  {note}")
+    lines.append("grid: dp x pp x mp (order mp-dp-pp); zero: --zero; GiB: the predicted allocated peak")
+    if rows[0][2] is not None:
+        lines.append(f"run the first: {winner_command(world, rows[0][0], rows[0][1], rows[0][2], user_flags)}")
     return "\n".join(lines)

@@ -1,55 +1,146 @@
-"""The peak memory of a plan on each pipeline rank: weights and their companions, the activations the schedule
-keeps in flight (the simulator's peak count per rank), a merged weight gradient's stash of every micro-batch, the
-data, and one micro-batch's backward.
+"""The peak memory of a plan on each pipeline rank: weights and their companions at the run's ZeRO level, the
+activations its schedule keeps in flight (each rank's program walked, stage by stage), the loss's fp32 logits, a merged
+weight gradient's stash of every micro-batch, the data, and one backward's temporaries; and whether a peak fits a
+cap once the caching allocator's overhead and a margin are added (`fits`).
 
-Calibrated against the measured peaks (torch.cuda.max_memory_allocated) of experiments/results/: config L on one
-H200 14.4 GiB (14 bytes a parameter with half weights and SGD: half weights 2, fp32 masters 4, fp32 gradients 4, and
-the fp32 weights a stage is built in, 4, which live until the half copy exists); the GPT of the 4-GPU grids 27.9 GiB
-on one card. The same rules as experiments/bench/memory_model.py, per layer instead of per MLP row.
+Per parameter, with half weights (bf16/fp16) and an optimizer keeping S bytes of state (AdamW 8, SGD 0): half
+weights 2, fp32 gradients 4, the fp32 weights a stage is built in 4 (they live through the step as measured), fp32
+masters 4 and S. ZeRO shards over the shard group (--zero-shard-size, else every DP rank) and replicates across:
+1 the masters and state, 2 the gradients too (plus the buckets being reduce-scattered, whole), 3 the weights and the
+fp32 copy as well, plus the gathered working set: the layers being computed and prefetched, or under pipeline
+parallelism the stage's whole half weights, kept gathered from its first forward to its last backward.
+
+Calibrated against peaks measured by torch.cuda.max_memory_allocated: config L on one H200 14.4 GiB (14 bytes a
+parameter with SGD); the Llama-1B shape on one H200 23.3 GiB at 8 micro-batches and 29.0 at 4 (22 bytes a parameter
+with AdamW, 1.5 MB of activations a token); the Llama-8B shape on 4 x H200 (experiments/NOTES.md): dp4 zero 1 123.2
+GiB, pp4 interleaved 98.0, pp2 x tp2 112.2 (tests/planner/test_memory_model.py pins each).
 """
 from __future__ import annotations
 
-from hybrid_engine.parallel.pipeline.schedule import rank_stages, schedule_placement, stage_rank
+from dataclasses import dataclass
+
+from hybrid_engine.parallel.pipeline.schedule import compute_schedule, rank_stages, schedule_placement, stage_rank
 
 from .candidates import Plan
+from .card import GIB
 from .model_shape import ModelShape
 from .setting import Setting
 
 STATE_BYTES = {"sgd": 0.0, "adam": 8.0, "adamw": 8.0}
+CAP_MARGIN = 0.03  # a plan within 3% of the cap is not taken
+# What torch.cuda.max_memory_allocated does not see: the caching allocator reserves more than it hands out, and
+# more of what is allocated and freed every step (activations, gathered weights: blocks split, rounded and kept for
+# their stream) than of what lives through the run; the CUDA context and NCCL's buffers lie outside it. Bounded by
+# two 8B plans on an 80 GB H100: pp4 interleaved v4 with 16 micro-batches ran out of memory at a predicted 73.3 GiB
+# allocated (32 of them per step), so the share is above 7.5%; dp4 zero 3 must fit (tests/planner/test_memory_model.py).
+DYNAMIC_OVERHEAD = 0.12
+RESERVED_OUTSIDE_BYTES = 1.0 * GIB
+GATHER_PREFETCH = 1  # ZeRO-3: layers gathered ahead of the one computing
+BACKWARD_TEMPORARIES = 1.0  # a layer's backward holds gradients of about what it keeps
 
 
-def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, peak_in_flight: list[int]) -> list[float]:
-    """Predicted peak bytes of each pipeline rank. peak_in_flight: the simulator's most (stage, micro-batch)
-    activations held at once per rank (SimResult.peak_activations)."""
+@dataclass(frozen=True)
+class RankPeak:
+    """A rank's predicted peak: what lives through the run (weights and their companions) and what a step
+    allocates and frees (activations, the gathered working set, temporaries, data)."""
+
+    static: float
+    dynamic: float
+
+    @property
+    def total(self) -> float:
+        return self.static + self.dynamic
+
+    @property
+    def needed(self) -> float:
+        """What the rank needs of the device: the allocator's overhead and what lives outside it added."""
+        return self.total + DYNAMIC_OVERHEAD * self.dynamic + RESERVED_OUTSIDE_BYTES
+
+
+def usable_bytes(cap: float) -> float:
+    """The most a plan may need under a cap: a plan within CAP_MARGIN of it is not taken."""
+    return cap * (1 - CAP_MARGIN)
+
+
+def fits(peaks: list[RankPeak], cap: float) -> bool:
+    """Whether a plan whose ranks peak at `peaks` is taken under `cap` (the one rule: the choice, the grid table
+    and the fallback after an out-of-memory ask it)."""
+    return max(p.needed for p in peaks) <= usable_bytes(cap)
+
+
+def weight_bytes(params: float, largest_layer: float, s: Setting) -> tuple[float, float]:
+    """(weights, gradients, masters and optimizer state; the working set gathered or bucketed during a step) of a
+    rank holding `params` (its MP share) whose largest layer holds `largest_layer`. The fp32 weights a stage is
+    built in are the whole stage's, not its MP share: a stage is materialized before it is split (measured: the
+    GPT's tp4 and the 8B's tp4 and pp2 x tp2 hold them through the step)."""
+    shard = s.shard_size
+    state = STATE_BYTES.get(s.optimizer, 8.0)
+    weights, built, masters = (2.0, 4.0, 4.0) if s.half else (4.0, 0.0, 0.0)
+    by_zero = {
+        "weights": weights / shard if s.zero >= 3 else weights,
+        "built": built / shard if s.zero >= 3 else built * s.mp,
+        "grads": 4.0 / shard if s.zero >= 2 else 4.0,
+        "masters+state": (masters + state) / shard if s.zero >= 1 else masters + state,
+    }
+    working = 0.0
+    if s.zero >= 2:  # buckets reduce-scattered from whole gradients: one filling, one in flight
+        working += min(params, 2 * s.bucket_bytes / 4.0) * 4.0
+    if s.zero >= 3:
+        if s.pp > 1:  # the stage's weights stay gathered through the step's micro-batches
+            working += params * weights
+        else:
+            working += min(params, (1 + GATHER_PREFETCH) * largest_layer) * weights
+        working += largest_layer * built  # and one layer's fp32 copy being built
+    return params * sum(by_zero.values()), working
+
+
+def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) -> float:
+    """The most activation bytes a rank's compute program (its F, B, I, W in order) holds at once: a stage's
+    micro-batch is held from its F to its last backward action (its W, which autograd's saved tensors wait for;
+    its I under merged W, whose stash is counted apart)."""
+    last = {}
+    for n, a in enumerate(program):
+        kind = a.type.name
+        if kind != "F" and not (kind == "W" and free_at_input_grad):
+            last[(a.stage, a.micro)] = n
+    live = peak = 0.0
+    for n, a in enumerate(program):
+        key = (a.stage, a.micro)
+        if a.type.name == "F":
+            live += per_stage[a.stage]
+            peak = max(peak, live)
+        elif last.get(key) == n:
+            live -= per_stage[a.stage]
+    return peak
+
+
+def peak_bytes(shape: ModelShape, s: Setting, plan: Plan) -> list[RankPeak]:
+    """Predicted peak of each pipeline rank."""
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
-    tokens = s.per_dp / m * shape.tokens_per_sample
+    tokens = s.per_dp / m * shape.tokens_per_sample / s.cp  # context parallelism splits each sequence
     cut = shape.cut(s.pp * v)
     placement = schedule_placement(plan.schedule)
     first_rank, last_rank = (stage_rank(st, s.pp, s.pp * v, placement) for st in (0, s.pp * v - 1))
+    # a stage's activations per micro-batch: what its layers keep, and the loss's logits and their fp32 copies
+    kept = [(sum(shape.layers[i].act_split / mp + shape.layers[i].act_whole for i in chunk) * e +
+             sum(shape.layers[i].loss_bytes / mp for i in chunk)) * tokens for chunk in cut]
+    if s.full_recompute:  # only each stage's input is kept; one micro-batch's chain is rebuilt in the backward
+        held = [shape.hidden * e * tokens] * len(cut)
+    else:
+        held = kept
+    programs = compute_schedule(plan.schedule, s.pp, m, v, plan.lookahead)
     out = []
     for r in range(s.pp):
-        chunks = [cut[st] for st in rank_stages(r, s.pp, s.pp * v, placement)]
-        layers = [shape.layers[i] for chunk in chunks for i in chunk]
+        stages = rank_stages(r, s.pp, s.pp * v, placement)
+        layers = [shape.layers[i] for st in stages for i in cut[st]]
         params = sum(layer.params for layer in layers) / mp
-        state = STATE_BYTES.get(s.optimizer, 8.0)
-        if s.half:
-            # half weights, fp32 gradients, the fp32 weights built first; fp32 masters and state (sharded by ZeRO-1)
-            per_param = 2.0 + 4.0 + 4.0 + (4.0 + state) / (s.dp if s.zero else 1)
-        else:
-            per_param = 4.0 + 4.0 + state / (s.dp if s.zero else 1)
-        weights = params * per_param
-        kept = [sum(shape.layers[i].act_split / mp + shape.layers[i].act_whole for i in chunk) * e +
-                sum(shape.layers[i].loss_bytes / mp for i in chunk) for chunk in chunks]
-        if s.full_recompute:  # only each chunk's input is kept; one micro-batch's chain is rebuilt in the backward
-            per_micro = shape.hidden * e
-            rebuilt = max(kept) * tokens
-        else:
-            per_micro = sum(kept) / len(kept)
-            rebuilt = 0.0
-        activations = peak_in_flight[r] * per_micro * tokens + rebuilt
+        weights, working = weight_bytes(params, max(layer.params for layer in layers) / mp, s)
+        activations = live_peaks(programs[r], held, plan.merge_wgrad)
+        if s.full_recompute:
+            activations += max(kept[st] for st in stages)
         stash = (sum(layer.stash / mp for layer in layers) * e * tokens * m) if plan.merge_wgrad else 0.0
         first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
-        backward = 3 * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
-        out.append(weights + activations + stash + data + backward)
+        backward = BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
+        out.append(RankPeak(weights, working + activations + stash + data + backward))
     return out

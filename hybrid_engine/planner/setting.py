@@ -20,6 +20,15 @@ class Setting:
     grad_wire_bytes: int = 4
     full_recompute: bool = False
     clip: bool = False
+    cp: int = 1
+    """Context-parallel ranks: each holds 1/cp of every sequence's activations."""
+    zero_shard: int = 0
+    """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP rank."""
+    bucket_bytes: float = 256 * 2**20
+
+    @property
+    def shard_size(self) -> int:
+        return self.zero_shard or self.dp
 
     @property
     def per_dp(self) -> int:
@@ -32,13 +41,14 @@ class Setting:
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp * self.mp
+        return self.dp * self.pp * self.mp * self.cp
 
     @staticmethod
-    def of(cfg, dp: int, pp: int, mp: int) -> "Setting":
-        """The setting of a run (cfg: RunConfig) on a dp x pp x mp grid."""
+    def of(cfg, dp: int, pp: int, mp: int, cp: int = 1) -> "Setting":
+        """The setting of a run (cfg: RunConfig) on a dp x pp x mp (x cp) grid."""
         clip = cfg.precision.clip_grad
         clip = clip if clip is not None else registry.entry(cfg.model.name).clip_grad
+        d = cfg.data_parallel
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
-                       cfg.data_parallel.zero, 2 if cfg.data_parallel.grad_dtype == "bf16" else 4,
-                       cfg.stages.recompute == "full", bool(clip))
+                       d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip), cp,
+                       getattr(d, "zero_shard_size", None) or 0, d.bucket_mb * 2**20)

@@ -56,7 +56,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step."""
     m, mp, e = plan.micro_batches, s.mp, s.elem
     slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
-    tokens = s.per_dp / m * shape.tokens_per_sample
+    tokens = s.per_dp / m * shape.tokens_per_sample / s.cp  # context parallelism splits each sequence
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
     for layers in shape.cut(s.pp * plan.virtual_stages):
         f = i = w = wm = 0.0
@@ -67,16 +67,18 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             attention = (layer.attention_flops / mp * tokens /
                          (ATTENTION_EFFICIENCY * (card.gemm_flops if s.half else card.fp32_flops)))
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
-            overhead = card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
-            f += slow * (gemm + attention + elementwise) + overhead
-            i += slow * (gemm + 2 * attention + elementwise) + overhead
+            overhead = card.host_action_s if card.host_action_s is not None else \
+                card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
+            scale = slow * card.compute_scale
+            f += scale * (gemm + attention + elementwise) + overhead
+            i += scale * (gemm + 2 * attention + elementwise) + overhead
             if layer.matmul_params:
-                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half)
+                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
                 if shape.native:
                     accumulate = layer.matmul_params / mp * (8.0 * (m - 1) + 4.0) / m / card.hbm_bytes_s
-                    w += w_gemm + accumulate + overhead
-                    wm += card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 * layer.matmul_params / mp / \
-                        card.hbm_bytes_s + overhead
+                    w += w_gemm + card.compute_scale * accumulate + overhead
+                    wm += card.compute_scale * (card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 *
+                                                layer.matmul_params / mp / card.hbm_bytes_s) + overhead
                 else:
                     w += slow * w_gemm + overhead
                     wm += m * (slow * w_gemm + overhead)
@@ -98,6 +100,14 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     return costs, merged, mp_s, mp_count
 
 
+def zero3_gather_exposed_s(card: Card, s: Setting, params: float, compute_s: float, layers: int) -> float:
+    """ZeRO-3's extra all-gather of the half weights (the forward's replaces ZeRO-1's after the update; the
+    backward's is new without a pipeline, which keeps its stage gathered): what the compute does not hide, and
+    the first layer's gather, which nothing precedes."""
+    gather = _allreduce_s(card, params * s.elem, s.shard_size, 1.0) * (1 if s.pp > 1 else 2)
+    return max(0.0, gather - compute_s) + gather / max(layers, 1)
+
+
 def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: str = "loop") -> list[float]:
     """Parameters held by each pipeline rank (its share of MP)."""
     out = [0.0] * s.pp
@@ -110,7 +120,7 @@ def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: s
 def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime:
     """The predicted time of one step of `plan` on `card` (the slowest rank's)."""
     costs, merged, mp_s, mp_count = stage_costs(shape, card, s, plan)
-    tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
+    tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample / s.cp
     latency = card.latency_s + tokens * shape.hidden * s.elem / card.p2p_bytes_s if s.pp > 1 else 0.0
     schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
     placement = schedule_placement(plan.schedule)
@@ -118,6 +128,7 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     held = [rank_stages(r, s.pp, s.pp * plan.virtual_stages, placement) for r in range(s.pp)]
     per_rank_merged = [sum(merged[st] for st in held[r]) for r in range(s.pp)]
     params = rank_params(shape, s, plan.virtual_stages, placement)
+    cut = shape.cut(s.pp * plan.virtual_stages)
     worst = 0.0
     dp_worst = update_worst = 0.0
     for r in range(s.pp):
@@ -128,10 +139,14 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
             dp_s = _allreduce_s(card, nbytes, s.dp, 1.0 if s.zero else 2.0)
             last_bucket = dp_s * min(1.0, DP_BUCKET_BYTES / max(nbytes, 1.0))
             dp_exposed = max(dp_s - last_backward, last_bucket)
+            if s.zero >= 3:  # the weights gathered again before the backward (per step under a pipeline)
+                layers = sum(len(cut[st]) for st in held[r])
+                dp_exposed += zero3_gather_exposed_s(card, s, params[r], sim.makespan, layers)
         per_param = (UPDATE_BYTES if s.half else UPDATE_BYTES_FP32).get(s.optimizer, 30.0)
-        update = params[r] * (per_param / (s.dp if s.zero else 1) + (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
+        update = card.compute_scale * params[r] * (per_param / (s.shard_size if s.zero else 1) +
+                                                   (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
         if plan.micro_batches > 1 and not plan.merge_wgrad:
-            update += 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed before the step
+            update += card.compute_scale * 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed
         total = sim.makespan + per_rank_merged[r] + dp_exposed + update
         if total > worst:
             worst, dp_worst, update_worst = total, dp_exposed, update

@@ -12,6 +12,8 @@ TORCHELASTIC_RESTART_COUNT is 0 or unset, so a restarted run does not fail again
   HYBRID_ENGINE_TEST_NAN_AT_STEP=S      a NaN is written into the inputs of step S (so the loss is NaN)
   HYBRID_ENGINE_TEST_FREEZE_AT_STEP=S   rank HYBRID_ENGINE_TEST_KILL_RANK stops itself (SIGSTOP) as step S begins:
                                         the others wait on it mid-step until --comm-timeout, then say where
+  HYBRID_ENGINE_TEST_OOM_AT_STEP=S      every rank raises torch.OutOfMemoryError as step S begins, under the plan
+                                        the run started with (the planner's fallback takes another)
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ class FaultPlan:
     """The inputs of this step are NaN (so the loss is NaN on every rank)."""
     freeze_at_step: int | None = None
     """`kill_rank` stops itself (SIGSTOP) as this step begins: a frozen peer, mid-step for the others."""
+    oom_at_step: int | None = None
+    """Every rank runs out of memory (torch.OutOfMemoryError) as this step begins."""
 
     def kills(self, step: int, rank: int) -> bool:
         return self.kill_at_step == step and rank == self.kill_rank
@@ -50,6 +54,9 @@ class FaultPlan:
 
     def poisons(self, step: int) -> bool:
         return self.nan_at_step == step
+
+    def runs_out_of_memory(self, step: int) -> bool:
+        return self.oom_at_step == step
 
     @staticmethod
     def from_test_environ(environ: Mapping[str, str] = os.environ) -> "FaultPlan":
@@ -68,4 +75,4 @@ class FaultPlan:
 
         return FaultPlan(kill_at_step=read("KILL_AT_STEP"), kill_rank=read("KILL_RANK") or 0,
                          crash_in_save=read("CRASH_IN_SAVE"), nan_at_step=read("NAN_AT_STEP"),
-                         freeze_at_step=read("FREEZE_AT_STEP"))
+                         freeze_at_step=read("FREEZE_AT_STEP"), oom_at_step=read("OOM_AT_STEP"))

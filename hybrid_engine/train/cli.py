@@ -9,6 +9,7 @@ that needs no process group, then sets up the grid and trains. On GPUs it uses C
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
@@ -35,8 +36,11 @@ from hybrid_engine.runtime.interrupts import InterruptReporter
 from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
+from hybrid_engine.planner.refit import Replanner
+from hybrid_engine.planner.run_plan import with_plan
 from hybrid_engine.planner.grids import grid_table
 from .update_settings import update_settings
+from .plan_fallback import FirstStepOutOfMemory, release, take_next
 from .trainer import RunState, Trainer, TrainingStopped, build_engine
 
 
@@ -159,13 +163,34 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
             print(plan.line())
         print(workload.describe())
         print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
-    engine = build_engine(cfg, workload, groups, device)
-    if state is not None:  # a step that hangs is then named by its stage, action, peer and collective
-        state.hang = hang_report.HangReport(
-            hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
-                                  tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
-    Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
-            predicted=plan.chosen if plan.by_time else None).train(start_from)
+    predicted, fallback = plan.chosen, bool(asked.unset)  # a plan the user gave is not the planner's to change
+    while True:
+        engine = build_engine(cfg, workload, groups, device)
+        if state is not None:  # a step that hangs is then named by its stage, action, peer and collective
+            state.hang = hang_report.HangReport(
+                hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
+                                      tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
+        try:
+            replanner = (Replanner.for_run(cfg, asked, grid, device.type, registry.check_model, plan)
+                         if plan.by_time and fallback else None)
+            Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
+                    predicted=predicted if plan.by_time else None, fallback=fallback,
+                    replanner=replanner).train(start_from)
+            break
+        except FirstStepOutOfMemory as exc:
+            failed = exc.with_traceback(None)  # its frames would keep the failed step's tensors alive
+        if state is not None:
+            state.hang = None
+        release(engine, device)
+        engine = None
+        predicted, line = take_next(plan, failed)
+        if predicted is None:
+            raise TrainingStopped(line)
+        if env.rank == 0:
+            print(line, flush=True)
+        cfg, fallback = with_plan(cfg, predicted.plan), False  # once: a second failure ends the run
+        grid = validate_launch(cfg, env, device.type, argv, prog)
+        fault_plan = dataclasses.replace(fault_plan, oom_at_step=None)  # injected under the first plan only
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()
     return 0

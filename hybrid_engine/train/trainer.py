@@ -33,6 +33,8 @@ from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .lr_schedule import LRSchedule
+from .plan_fallback import FirstStepOutOfMemory
+from . import learn_plan
 from .update_settings import update_settings
 from .progress import Progress, flops_text, summary_line
 from hybrid_engine.planner.run_plan import compare_text
@@ -127,12 +129,14 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, engine: Engine, workload: Workload, grid, groups: GridGroups,
                  device: torch.device, *, faults_plan: FaultPlan = FaultPlan(), state: RunState | None = None,
-                 predicted=None):
+                 predicted=None, fallback: bool = False, replanner=None):
         self.cfg, self.engine, self.workload, self.grid, self.groups = cfg, engine, workload, grid, groups
         self.device = device
         self.rank = dist.get_rank()
         self.faults = faults_plan
         self.predicted = predicted  # the planner's Prediction of this run's plan: the summary sets it beside the run
+        self.fallback = fallback  # the plan is the planner's: out of memory on the first step, it takes another
+        self.replanner = replanner  # the planner's inputs: its cost model refitted after the first measured steps
         self.state = state if state is not None else RunState()
         self.per_dp = cfg.data.batch_size // grid.dp_size
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
@@ -158,7 +162,7 @@ class Trainer:
                 self.state.step = step
                 lr = schedule.at(step)
                 engine.set_lr(lr)
-                result = self._step(step)
+                result = self._first_step(step) if step == first_step else self._step(step)
                 self._judge(step, result.loss, guard, ckpts)
                 ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
                 # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
@@ -169,13 +173,21 @@ class Trainer:
                 peaks = [round(peak, 3) for peak, *_ in memory]
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
                     times.append(result.step_time_s)
+                predicted = ({} if self.predicted is None else
+                             {"predicted_step_time_s": float(f"{self.predicted.step_s:.6g}"),
+                              "predicted_peak_mem_gib": float(f"{self.predicted.peak / 2**30:.4g}")})
                 progress.step({"step": step, "loss": result.loss, "step_time_s": round(result.step_time_s, 6),
+                               **predicted,
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
                                **self._throughput(result.step_time_s),
                                "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _, _ in memory],
                                "optimizer_state_bytes": [int(o) for _, _, o, _ in memory],
                                "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm, "lr": lr})
+                if self.replanner is not None and learn_plan.due(step, first_step, cfg.training.warmup, steps):
+                    if self._learn_plan(step, times, progress):
+                        cfg = self.cfg
+                        times.clear()  # the summary measures the plan it names
                 self._maybe_validate(step + 1, progress)
                 ckpts.maybe_write(step + 1)
             if ckpts.written is not None:  # the last checkpoint: its state's loss on the next step's batch
@@ -207,6 +219,20 @@ class Trainer:
                 self._stop_if_a_report_failed([x[0] for x in gather_per_rank([_failure_code(progress)], self.device)])
         finally:
             progress.close()
+
+    def _learn_plan(self, step: int, times: list[float], progress: Progress) -> bool:
+        """The cost model refitted to this run's measured steps (collective); the plan switched once, in place,
+        when another of the same stages is predicted more than 5% faster. Said and recorded by rank 0."""
+        self.cfg, refit, line = learn_plan.refit_and_switch(self.replanner, self.cfg, self.engine, times, step)
+        self.replanner = None  # once
+        self.predicted = refit.best_in_place if refit.switch else refit.current
+        progress.say(line)
+        progress.record({"step": step, "refit": {
+            "compute_scale": refit.card.compute_scale, "host_action_s": refit.card.host_action_s,
+            "allreduce_bytes_s": refit.card.allreduce_bytes_s,
+            "measured_step_time_s": refit.measured_s, "predicted_step_time_s": refit.current.step_s,
+            "switched_to": refit.best_in_place.plan.flags() if refit.switch else None}})
+        return refit.switch
 
     def _throughput(self, step_time_s: float) -> dict:
         """tokens/s, model TFLOP/s per GPU and MFU (model FLOPs over the card's datasheet dense peak; None for a
@@ -240,9 +266,28 @@ class Trainer:
                      + (f" (the corpus's entropy rate, the floor: {floor:.4f})" if floor is not None else ""))
         progress.record({"step": done - 1, "val_loss": val, "entropy_floor": floor})
 
+    def _first_step(self, step: int):
+        """The run's first step. Out of memory there under the planner's plan, every rank learns which ranks ran
+        out (one small all-gather) and raises FirstStepOutOfMemory, outside the handler, so that nothing of the
+        failed step is kept alive by its traceback: the driver releases the engine and takes another plan."""
+        failed = False
+        try:
+            result = self._step(step)
+        except torch.OutOfMemoryError:
+            if not self.fallback:
+                raise
+            failed, result = True, None
+        if self.fallback:
+            ranks = [r for r, (out,) in enumerate(gather_per_rank([float(failed)], self.device)) if out]
+            if ranks:
+                raise FirstStepOutOfMemory(ranks)
+        return result
+
     def _step(self, step: int):
         """One optimizer step: this DP rank's rows of step `step`, only what this rank consumes."""
         cfg, engine = self.cfg, self.engine
+        if self.faults.runs_out_of_memory(step):
+            raise torch.OutOfMemoryError(f"injected out of memory at step {step} (HYBRID_ENGINE_TEST_OOM_AT_STEP)")
         if self.faults.kills(step, self.rank):
             faults.kill_self()
         if self.faults.freezes(step, self.rank):

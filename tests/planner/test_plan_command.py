@@ -22,7 +22,9 @@ def test_plan_command_ranks_every_grid_of_the_world(capsys):
                       "bf16", "--plan-card", "h200"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line[:4].strip().isdigit()]
-    assert len(rows) == 6  # 4x1x1 1x4x1 1x1x4 2x2x1 2x1x2 1x2x2
+    # 4x1x1 1x4x1 1x1x4 2x2x1 2x1x2 1x2x2, and the three with DP ranks again under the other ZeRO level
+    assert len(rows) == 9 and len({line.split()[1] for line in rows}) == 6
+    assert sorted(line.split()[1] for line in rows if line.split()[2] == "1") == ["2x1x2", "2x2x1", "4x1x1"]
     times = [float(re.search(r"\s([\d.e+]+)\s+[\d.e+]+\s+[\d.]+(\s|$)", line).group(1)) for line in rows]
     assert times == sorted(times) and "why not" in out[1]
     assert all(line.split()[1].count("x") == 2 for line in rows)
@@ -133,3 +135,45 @@ def test_a_reader_that_leaves_ends_the_command_quietly(module, argv):
     proc.stdout.close()  # `| head -0`: gone before the command writes its first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+LLAMA_8B = ["--model", "llama", "--hidden", "4096", "--layers", "32", "--heads", "32", "--kv-heads", "8",
+            "--ffn-hidden", "14336", "--seq-len", "4096", "--vocab-size", "128256", "--batch-size", "16", "--amp",
+            "bf16", "--optimizer", "adamw"]
+
+
+def test_a_gpu_card_is_planned_from_a_cpu_machine_with_its_memory_and_fp16(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    # this machine's RAM is not the card's: the 8B's 30 GiB of fp32 weights on one rank are the planner's to judge
+    monkeypatch.setattr("hybrid_engine.models.memory_estimate.memory_bytes", lambda device_type="cpu": 2**30)
+    assert plan.main(["--world-size", "4", *LLAMA_8B, "--plan-card", "h100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("plans for 4 ranks of H100 (79.1 GiB each, a plan may need 76.7 ")
+    rows = {(line.split()[1], line.split()[2]): line for line in out if line[:4].strip() in ("-", *"0123456789")}
+    # dp4 under ZeRO-1 needs more than the card, in numbers; the rows that fit give their peak under the cap
+    assert re.search(r"no plan fits 79\.1 GiB per rank: the smallest, .*, needs 12\d\.\d GiB \(12\d\.\d with the "
+                     r"allocator's overhead, 76\.7 usable\)", rows[("4x1x1", "1")]), rows[("4x1x1", "1")]
+    fitted = [line for line in rows.values() if line.split()[0].isdigit()]
+    peaks = [float(re.search(r"(\d+\.\d)(  \+|$)", line.rstrip()).group(1)) for line in fitted]
+    assert fitted and all(peak <= 76.7 for peak in peaks), peaks
+    for line in fitted[1:]:  # each loser: how much slower, against what, and why
+        assert re.search(r"\+\d+% \([\d.]+ against [\d.]+ ms\): ", line), line
+    assert plan.main(["--world-size", "2", "--dim", "256", "--depth", "4", "--batch-size", "64", "--amp", "fp16",
+                      "--plan-card", "h200"]) == 0
+    assert "run the first: torchrun --nproc_per_node=2 " in capsys.readouterr().out
+
+
+def test_the_winners_zero_level_is_on_its_command_line_and_a_given_zero_is_kept(capsys):
+    argv = ["--world-size", "2", "--dim", "1024", "--depth", "8", "--batch-size", "256", "--plan-card", "h100"]
+    assert plan.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line[:4].strip().isdigit()]
+    assert {line.split()[2] for line in rows if line.split()[1] == "2x1x1"} == {"0", "1"}
+    command = shlex.split(out[-1].split(" hybrid_engine.py ", 1)[1])
+    cfg = cli.parse_config(command)
+    first = rows[0].split()
+    assert (str(cfg.data_parallel.zero), f"{cfg.parallel.dp}x{cfg.parallel.pp}x{cfg.parallel.mp}") == (first[2],
+                                                                                                         first[1])
+    assert plan.main(argv + ["--zero", "0"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[:4].strip().isdigit()]
+    assert {line.split()[2] for line in rows} == {"0"}
