@@ -52,7 +52,7 @@ def apply_kernels(stage: nn.Sequential, options: KernelOptions) -> nn.Sequential
     if options.fp8 is not None:
         for layer in stage:
             if isinstance(layer, Block):
-                to_fp8(layer, options.fp8, options.fp8_native)
+                to_fp8(layer, options.fp8, options.fp8_native, options.compiled)
     return stage
 
 

@@ -27,8 +27,8 @@ def has_triton() -> bool:
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """The resolved choice: `fused` swaps in the fused modules, `compiled` makes each a torch.compile'd region
-    (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them
+    """The resolved choice: `fused` swaps in the fused modules, `compiled` makes each (and fp8's quantization) a
+    torch.compile'd region (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them
     through torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM)."""
 
     fused: bool = False
@@ -73,11 +73,12 @@ def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) ->
             raise ConfigError(f"--fp8 needs a card with fp8 tensor cores (compute capability 8.9 or later); "
                               f"{torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}")
         native = True
-    return KernelOptions(fused=fused, compiled=compiled and fused, fp8=fp8_recipe if fp8 else None,
+    return KernelOptions(fused=fused, compiled=compiled and (fused or fp8), fp8=fp8_recipe if fp8 else None,
                          fp8_native=native)
 
 
 def region(fn, compiled: bool):
-    """`fn` as a torch.compile'd region (one graph, static shapes: a stage sees one micro-batch shape) when
-    `compiled`, else as it is."""
-    return torch.compile(fn, fullgraph=True, dynamic=False) if compiled else fn
+    """`fn` as a torch.compile'd region (one graph; a second shape compiles it once more, with that dimension
+    symbolic, so the many shapes of fp8's operands stay within dynamo's recompile limit) when `compiled`, else as
+    it is."""
+    return torch.compile(fn, fullgraph=True) if compiled else fn

@@ -67,4 +67,4 @@ def test_fp8_on_a_card_without_it_is_refused_in_one_line(monkeypatch):
         resolve("auto", True, "tensorwise", "cuda")
     assert resolve("auto", False, "tensorwise", "cuda") == KernelOptions(fused=True, compiled=True)
     monkeypatch.setattr(kernel_options.torch.cuda, "get_device_capability", lambda: (9, 0))
-    assert resolve("off", True, "rowwise", "cuda") == KernelOptions(fp8="rowwise", fp8_native=True)
+    assert resolve("off", True, "rowwise", "cuda") == KernelOptions(compiled=True, fp8="rowwise", fp8_native=True)
