@@ -25,9 +25,9 @@ def dataset() -> TokenDataset:
 
 
 def train_one_process(kernels: KernelOptions, steps: int, tied: bool = False, lr: float = LR,
-                      momentum: float = MOMENTUM, layers: int = 4) -> list[float]:
+                      momentum: float = MOMENTUM, layers: int = 4, micro: int = MICRO) -> list[float]:
     """The Llama on one process through the C++ layers and `kernels`' pass, SGD with momentum, each step's batch
-    in MICRO micro-batches whose losses are divided by their count (what the engine does): the step losses."""
+    in `micro` micro-batches whose losses are divided by their count (what the engine does): the step losses."""
     cfg = config(tied, layers)
     model = apply_kernels(build_llama(cfg), kernels)
     params = list(model.parameters())
@@ -42,8 +42,8 @@ def train_one_process(kernels: KernelOptions, steps: int, tied: bool = False, lr
         x, y = data.batch(step, BATCH)
         opt.zero_grad()
         total = 0.0
-        for xm, ym in zip(x.chunk(MICRO), y.chunk(MICRO)):
-            loss = loss_fn(model(xm), ym) / MICRO
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            loss = loss_fn(model(xm), ym) / micro
             loss.backward()
             total += loss.item()
         opt.step()

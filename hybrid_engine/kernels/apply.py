@@ -60,5 +60,5 @@ def loss_for(loss: losses.LossSpec, options: KernelOptions) -> losses.LossSpec:
     """The loss a workload computes under `options`: with fused kernels, a vocab-parallel cross-entropy becomes
     the fused linear + cross-entropy of the same vocabulary (the head's logits are the loss's to compute)."""
     if options.fused and isinstance(loss, losses.VocabParallelCrossEntropy):
-        return LinearCrossEntropy(loss.vocab_size)
+        return LinearCrossEntropy(loss.vocab_size, compiled=options.compiled)
     return loss

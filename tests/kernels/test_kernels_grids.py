@@ -2,7 +2,8 @@
 and without sequence parallelism, pp 2 under 1f1b and zb1 with selective recompute, dp 2 under ZeRO-1 -- trains
 what the unfused model trains on one process (fp32: relative 1e-5), evaluates to the same validation loss and
 gives the same logits; with fp8 the mp 2 and pp 2 grids train what one process trains in fp8 (the same
-quantization: the scales are the full tensors', so only the products' rounding differs)."""
+quantization: the scales are the full tensors', so only the products' rounding differs), and so does dp 2 under
+ZeRO-1 with full recompute."""
 from __future__ import annotations
 
 import torch
@@ -31,6 +32,8 @@ RUNS = [
     dict(grid=(1, 1, 2), kernels=KernelOptions(fp8="tensorwise")),
     dict(grid=(1, 1, 2), kernels=KernelOptions(fp8="rowwise"), sp=True),
     dict(grid=(1, 2, 1), kernels=KernelOptions(fused=True, fp8="rowwise")),
+    # dp 2: each rank's micro-batches are one row, as one process's at 8 micro-batches (the scales are a micro-batch's)
+    dict(grid=(2, 1, 1), kernels=KernelOptions(fused=True, fp8="tensorwise"), zero=1, recompute="full"),
 ]
 PROBE = torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(9))
 
@@ -80,7 +83,7 @@ def test_fused_kernels_and_fp8_on_every_grid_train_what_one_process_trains():
         if kernels.fp8 is None:
             ref, tol = (plain_tied if run.get("tied") else plain), 1e-5
         else:  # one process in fp8, the same quantization
-            ref, tol = train_one_process(kernels, STEPS), 2e-4
+            ref, tol = train_one_process(kernels, STEPS, micro=MICRO * run["grid"][0]), 2e-4
         for a, b in zip(losses, ref):
             assert abs(a - b) <= tol * abs(b), f"{run}: losses {losses} vs one process {ref}"
         if kernels.fp8 is None and not run.get("tied"):  # the same weights: the same validation loss and logits
