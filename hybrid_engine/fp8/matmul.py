@@ -30,14 +30,16 @@ RECIPES = ("tensorwise", "rowwise")
 
 
 def _gemm(a: torch.Tensor, bt: torch.Tensor, a_dtype, b_dtype, rowwise: bool, group_a, group_b, native: bool,
-          out_dtype: torch.dtype, quantize: Quantizer) -> torch.Tensor:
+          out_dtype: torch.dtype, quantize: Quantizer, fast_accum: bool = False) -> torch.Tensor:
     """a [M, K] @ bt [N, K].T in float8, both operands contiguous with the contracted K last, so each is quantized
     alike: per row along K (rowwise) or whole, its maximum all-reduced over its group. The quantized bt, transposed,
-    is the column-major right operand torch._scaled_mm takes."""
+    is the column-major right operand torch._scaled_mm takes. fast_accum: the tensor cores' faster, less exact
+    accumulation, which torchao keeps to the forward GEMM (the gradients accumulate exactly)."""
     qa, sa = quantize(a.detach(), a_dtype, 1 if rowwise else None, group_a)
     qb, sb = quantize(bt.detach(), b_dtype, 1 if rowwise else None, group_b)
     if native and a.shape[1] % 16 == 0 and bt.shape[0] % 16 == 0:  # _scaled_mm's alignment: K and N by 16
-        out = torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.t() if rowwise else sb, out_dtype=torch.bfloat16)
+        out = torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.t() if rowwise else sb, out_dtype=torch.bfloat16,
+                               use_fast_accum=fast_accum)
         return out.to(out_dtype)
     return (dequantize(qa, sa) @ dequantize(qb, sb).t()).to(out_dtype)
 
@@ -51,7 +53,7 @@ class _Fp8Linear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         # contracts K: x's rows and w's rows run along it
         y = _gemm(x2, weight.contiguous(), E4M3, E4M3, rowwise, in_group, in_group if rowwise else w_group, native,
-                  x.dtype, quantize)
+                  x.dtype, quantize, fast_accum=True)
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.split, ctx.group, ctx.native, ctx.quantize = recipe, split, group, native, quantize
         return y.view(*x.shape[:-1], weight.shape[0])
