@@ -10,8 +10,8 @@ tensor's. `split` says which dimension MP splits ("out": N, a column-parallel la
 one; None): a scale over a split dimension is all-reduced over `group`, so the quantization is the full logical
 tensor's on every grid.
 
-Every operand is made contiguous with its contracted dimension last before it is quantized (a transposed copy
-where it is not: w for dx, dy and x for dw), as torchao does, so one quantization serves all six.
+Every operand is quantized with its contracted dimension last: where it comes first (w for dx, dy and x for dw)
+the cast writes the transpose in the same pass, so no transposed copy in the operand's own dtype is made.
 
 `native`: torch._scaled_mm (fp8 tensor cores: the left operand row-major, the right column-major, fp32 scales,
 a bf16 product); else the emulation, each operand dequantized to fp32 and multiplied in fp32: the same
@@ -29,17 +29,20 @@ from .quantize import E4M3, E5M2, Quantizer, dequantize, quantize as eager_quant
 RECIPES = ("tensorwise", "rowwise")
 
 
-def _gemm(a: torch.Tensor, bt: torch.Tensor, a_dtype, b_dtype, rowwise: bool, group_a, group_b, native: bool,
-          out_dtype: torch.dtype, quantize: Quantizer, fast_accum: bool = False) -> torch.Tensor:
-    """a [M, K] @ bt [N, K].T in float8, both operands contiguous with the contracted K last, so each is quantized
-    alike: per row along K (rowwise) or whole, its maximum all-reduced over its group. The quantized bt, transposed,
-    is the column-major right operand torch._scaled_mm takes. fast_accum: the tensor cores' faster, less exact
+def _gemm(a: torch.Tensor, a_contracted: int, b: torch.Tensor, b_contracted: int, a_dtype, b_dtype, rowwise: bool,
+          group_a, group_b, native: bool, out_dtype: torch.dtype, quantize: Quantizer,
+          fast_accum: bool = False) -> torch.Tensor:
+    """The product of two 2-D operands over their contracted dimensions (a's `a_contracted`, b's `b_contracted`,
+    each 0 or 1) in float8: [a's other dimension, b's other dimension]. Each is quantized with the contracted
+    dimension last (transposed in the cast where it comes first); the quantized b, transposed back, is the
+    column-major right operand torch._scaled_mm takes. fast_accum: the tensor cores' faster, less exact
     accumulation, which torchao keeps to the forward GEMM (the gradients accumulate exactly)."""
-    qa, sa = quantize(a.detach(), a_dtype, 1 if rowwise else None, group_a)
-    qb, sb = quantize(bt.detach(), b_dtype, 1 if rowwise else None, group_b)
-    if native and a.shape[1] % 16 == 0 and bt.shape[0] % 16 == 0:  # _scaled_mm's alignment: K and N by 16
-        out = torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.t() if rowwise else sb, out_dtype=torch.bfloat16,
-                               use_fast_accum=fast_accum)
+    qa, sa = quantize(a, a_dtype, rowwise, a_contracted, group_a)
+    qb, sb = quantize(b, b_dtype, rowwise, b_contracted, group_b)
+    if native and qa.shape[1] % 16 == 0 and qb.shape[0] % 16 == 0:  # _scaled_mm's alignment: K and N by 16
+        if rowwise:  # [M, 1] and [1, N], each with a unit stride along its length, as _scaled_mm checks
+            sa, sb = sa.reshape(-1).unsqueeze(1), sb.reshape(-1).unsqueeze(0)
+        out = torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
         return out.to(out_dtype)
     return (dequantize(qa, sa) @ dequantize(qb, sb).t()).to(out_dtype)
 
@@ -50,9 +53,9 @@ class _Fp8Linear(torch.autograd.Function):
         rowwise = recipe == "rowwise"
         in_group = group if split == "in" else None
         w_group = group if split is not None else None
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        # contracts K: x's rows and w's rows run along it
-        y = _gemm(x2, weight.contiguous(), E4M3, E4M3, rowwise, in_group, in_group if rowwise else w_group, native,
+        x2 = x.reshape(-1, x.shape[-1])
+        # y = x w.T contracts K: x's dimension 1, w's dimension 1
+        y = _gemm(x2, 1, weight, 1, E4M3, E4M3, rowwise, in_group, in_group if rowwise else w_group, native,
                   x.dtype, quantize, fast_accum=True)
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.split, ctx.group, ctx.native, ctx.quantize = recipe, split, group, native, quantize
@@ -66,15 +69,14 @@ class _Fp8Linear(torch.autograd.Function):
         out_group = ctx.group if ctx.split == "out" else None
         in_group = ctx.group if ctx.split == "in" else None
         w_group = ctx.group if ctx.split is not None else None
-        x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]).contiguous()
+        x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
         dx = dw = None
-        if ctx.needs_input_grad[0]:  # contracts N: dy's rows and w's columns run along it
-            dx = _gemm(dy2, weight.t().contiguous(), grad_dtype, E4M3, rowwise, out_group,
-                       out_group if rowwise else w_group, ctx.native, x.dtype, ctx.quantize).view(x.shape)
-        if ctx.needs_input_grad[1]:  # contracts M (tokens, never split): only tensor-wise scales see MP
-            dw = _gemm(dy2.t().contiguous(), x2.t().contiguous(), grad_dtype, E4M3, rowwise,
-                       None if rowwise else out_group, None if rowwise else in_group, ctx.native, weight.dtype,
-                       ctx.quantize)
+        if ctx.needs_input_grad[0]:  # dx = dy w contracts N: dy's dimension 1, w's dimension 0
+            dx = _gemm(dy2, 1, weight, 0, grad_dtype, E4M3, rowwise, out_group, out_group if rowwise else w_group,
+                       ctx.native, x.dtype, ctx.quantize).view(x.shape)
+        if ctx.needs_input_grad[1]:  # dw = dy.T x contracts M (tokens, never split): only tensor-wise scales see MP
+            dw = _gemm(dy2, 0, x2, 0, grad_dtype, E4M3, rowwise, None if rowwise else out_group,
+                       None if rowwise else in_group, ctx.native, weight.dtype, ctx.quantize)
         return dx, dw, None, None, None, None, None
 
 

@@ -30,21 +30,33 @@ def cast(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype):
     return (t.float() / scale).clamp(-top, top).to(dtype), scale
 
 
+def cast_transposed(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype):
+    """cast(t) transposed and made contiguous in the same pass (a 2-D t whose contracted dimension is its first),
+    the scale transposed with it."""
+    q, scale = cast(t, amax, dtype)
+    return q.t().contiguous(), scale.reshape(-1, 1) if scale.dim() else scale
+
+
 class Quantizer:
-    """quantize(t, dtype, dim, group) -> (t in `dtype`, its dequantizing scale in fp32), t ~ q.float() * scale:
-    the absolute maximum over the tensor (dim None) or along `dim`, all-reduced (MAX) over `group` when given
-    (the dimension it runs over is split there), then the saturating cast. `compiled`: the maximum and the cast
-    each one torch.compile'd region (kernels/options.py), the all-reduce between them."""
+    """quantize(t, dtype, rowwise, contracted, group) -> (q, scale): a 2-D operand of a GEMM in `dtype`, made
+    contiguous with its contracted dimension (`contracted`: 0 or 1 of t) last, and its dequantizing scale in fp32
+    (q.float() * scale ~ t, or its transpose): one scale for the tensor, or (rowwise) one a row along the
+    contracted dimension, [rows, 1]. The absolute maxima are all-reduced (MAX) over `group` when given (the
+    dimension they run over is split there), then the saturating cast writes q, transposing it in the same pass
+    where the contracted dimension comes first. `compiled`: the maximum and the casts are torch.compile'd regions
+    (kernels/options.py), the all-reduce between them."""
 
     def __init__(self, compiled: bool = False):
-        self._amax, self._cast = region(local_amax, compiled), region(cast, compiled)
+        self._amax = region(local_amax, compiled)
+        self._cast, self._cast_transposed = region(cast, compiled), region(cast_transposed, compiled)
 
-    def __call__(self, t: torch.Tensor, dtype: torch.dtype, dim: Optional[int],
+    def __call__(self, t: torch.Tensor, dtype: torch.dtype, rowwise: bool, contracted: int,
                  group: Optional[dist.ProcessGroup] = None):
-        a = self._amax(t, dim)
+        t = t.detach()
+        a = self._amax(t, contracted if rowwise else None)
         if group is not None and group.size() > 1:
             dist.all_reduce(a, op=dist.ReduceOp.MAX, group=group)
-        return self._cast(t, a, dtype)
+        return self._cast(t, a, dtype) if contracted == 1 else self._cast_transposed(t, a, dtype)
 
 
 quantize = Quantizer()  # eager, stateless: what the emulation and the tests call

@@ -24,12 +24,15 @@ def _rel(a, b) -> float:
 
 def test_quantize_scales_to_the_formats_range_and_saturates():
     t = torch.tensor([[1.0, -3.0, 0.5], [0.0, 0.0, 0.0]])
-    q, scale = quantize(t, E4M3, None)
+    q, scale = quantize(t, E4M3, False, 1)
     assert q.dtype == E4M3 and scale.shape == () and scale.item() == pytest.approx(3.0 / 448)
     assert q.float().abs().max().item() == 448.0  # the largest value maps onto the format's largest
-    rows, row_scales = quantize(t, E5M2, 1)
+    rows, row_scales = quantize(t, E5M2, True, 1)
     assert row_scales.shape == (2, 1) and rows.float()[1].abs().max().item() == 0.0  # a zero row stays zero
     assert torch.allclose(dequantize(rows, row_scales)[0], t[0], rtol=0.13)  # e5m2: 2 mantissa bits
+    cols, col_scales = quantize(t, E4M3, True, 0)  # contracted along dimension 0: quantized transposed
+    assert cols.shape == (3, 2) and cols.is_contiguous() and col_scales.shape == (3, 1)
+    assert torch.allclose(dequantize(cols, col_scales), t.t(), rtol=0.07)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
