@@ -6,7 +6,7 @@ built from these parts:
                                      the weight and hands it in)
     Rotary, SwiGLU (models/llama) -> FusedRotary, FusedSwiGLU
     a last stage's Head.lm_head   -> LinearCrossEntropyHead (the logits computed chunk by chunk in the loss:
-                                     the workload's loss must then be LinearCrossEntropy, `loss_for` says which)
+    (models/llama, models/gpt)       the workload's loss must then be LinearCrossEntropy, `loss_for` says which)
     --fp8: every linear layer of a Block (not the LM head, as torchao's and torchtitan's recipes leave it: the
            logits' precision matters most and the head is one GEMM of many) -> Fp8Linear
 
@@ -17,7 +17,9 @@ from torch import nn
 
 from hybrid_engine.fp8.linear import to_fp8
 from hybrid_engine.models import losses
-from hybrid_engine.models.llama.model import Block, Head, RMSNorm, Rotary, SwiGLU
+from hybrid_engine.models.gpt import model as gpt
+from hybrid_engine.models.llama import model as llama
+from hybrid_engine.models.llama.model import RMSNorm, Rotary, SwiGLU
 from hybrid_engine.parallel.tensor.sequence_parallel import ReplicatedNorm
 
 from .elementwise import FusedRMSNorm, FusedRotary, FusedSwiGLU
@@ -47,11 +49,11 @@ def apply_kernels(stage: nn.Sequential, options: KernelOptions) -> nn.Sequential
     if options.fused:
         _fuse(stage, options.compiled)
         for layer in stage:
-            if isinstance(layer, Head):
+            if isinstance(layer, (llama.Head, gpt.Head)):
                 layer.lm_head = LinearCrossEntropyHead(layer.lm_head)
     if options.fp8 is not None:
         for layer in stage:
-            if isinstance(layer, Block):
+            if isinstance(layer, (llama.Block, gpt.Block)):
                 to_fp8(layer, options.fp8, options.fp8_native, options.compiled)
     return stage
 

@@ -40,11 +40,11 @@ class KernelOptions:
     def any(self) -> bool:
         return self.fused or self.fp8 is not None
 
-    def describe(self) -> str:
-        """The one line a run prints of this choice."""
+    def describe(self, fused_parts: str = "RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy") -> str:
+        """The one line a run prints of this choice (fused_parts: what the model has that is fused)."""
         if self.fused:
             how = "torch.compile'd Triton regions" if self.compiled else "eager (no CUDA with Triton here)"
-            fused = f"fused kernels on ({how}): RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy"
+            fused = f"fused kernels on ({how}): {fused_parts}"
         else:
             fused = "fused kernels off"
         if self.fp8 is None:

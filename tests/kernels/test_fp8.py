@@ -73,15 +73,15 @@ def test_fp8_on_a_card_without_it_is_refused_in_one_line(monkeypatch):
     assert resolve("off", True, "rowwise", "cuda") == KernelOptions(compiled=True, fp8="rowwise", fp8_native=True)
 
 
-def test_the_llamas_check_refuses_fp8_on_such_a_card_before_anything_is_built(monkeypatch):
+@pytest.mark.parametrize("model", ["llama", "gpt"])
+def test_the_models_check_refuses_fp8_on_such_a_card_before_anything_is_built(model, monkeypatch):
     from hybrid_engine import ProcessGrid
     from hybrid_engine.config.flags import parse_config
     from hybrid_engine.models import registry
-    from hybrid_engine.models.llama import workload
 
     monkeypatch.setattr(kernel_options.torch.cuda, "get_device_capability", lambda: (7, 0))
     monkeypatch.setattr(kernel_options.torch.cuda, "get_device_name", lambda: "Tesla V100")
-    cfg = parse_config(["--model", "llama", "--fp8", "--layers", "2"], registry.options())
+    cfg = parse_config(["--model", model, "--fp8", "--layers", "2"], registry.options())
     with pytest.raises(ConfigError, match=r"^--fp8 needs a card with fp8 tensor cores .*; Tesla V100 has 7\.0$"):
-        workload.check(cfg, ProcessGrid(1, 1, 1), "cuda")
-    workload.check(cfg, ProcessGrid(1, 1, 1), "cpu")  # emulated on the CPU
+        registry.check_model(cfg, ProcessGrid(1, 1, 1), "cuda")
+    registry.check_model(cfg, ProcessGrid(1, 1, 1), "cpu")  # emulated on the CPU

@@ -2,11 +2,9 @@
 shape it shares with the GPT is models/decoder_options.py's."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hybrid_engine.config.engine import ConfigError
-from hybrid_engine.config.fields import flag
-from hybrid_engine.kernels.options import FP8_RECIPES, FUSED_MODES
 from hybrid_engine.models.decoder_options import DecoderOptions
 
 from .config import Llama3Scaling
@@ -38,16 +36,6 @@ class LlamaOptions(DecoderOptions):
     tokenizer's)."""
     qkv_bias: bool = False
     """Llama: biases on the query, key and value projections (Qwen2's)."""
-    fused_kernels: str = field(default="auto", metadata=flag(choices=FUSED_MODES))
-    """Llama: fused RMSNorm, RoPE, SwiGLU and a linear + cross-entropy over chunks of tokens that never holds the
-    whole fp32 logits: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (on where CUDA and
-    Triton are)."""
-    fp8: bool = False
-    """Llama: the blocks' linear layers multiply in float8 with dynamic scales (the LM head, the masters and the
-    optimizer keep their precision); needs a card of compute capability 8.9 or later, emulated on the CPU."""
-    fp8_recipe: str = field(default="tensorwise", metadata=flag(choices=FP8_RECIPES))
-    """Llama: with --fp8, tensorwise (one scale a tensor, e5m2 gradients) or rowwise (one scale a row along each
-    GEMM's contracted dimension, e4m3 gradients)."""
 
     def sizes(self) -> tuple[tuple[str, int], ...]:
         return super().sizes() + (("--kv-heads", self.kv_heads), ("--ffn-hidden", self.ffn_hidden),

@@ -11,7 +11,7 @@ import torch
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.data import TokenDataset
 from hybrid_engine.kernels.apply import loss_for
-from hybrid_engine.kernels.options import KernelOptions, resolve
+from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
@@ -102,7 +102,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the Llama)."""
     m = cfg.model.options
     shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
-    kernels = resolve(m.fused_kernels, m.fp8, m.fp8_recipe, torch.device(device).type)
+    kernels = m.kernels(torch.device(device).type)
     return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
                           recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels)
 
@@ -130,7 +130,7 @@ def check(cfg, grid, device_type: str) -> None:
         check_split(shape, mp)
     except ValueError as exc:
         raise ConfigError(as_flags(str(exc))) from None
-    resolve(m.fused_kernels, m.fp8, m.fp8_recipe, device_type)  # fp8 on a card without it: refused here
+    m.kernels(device_type)  # fp8 on a card without it: refused here
     if m.sequence_parallel and m.seq_len % mp:
         raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
     if m.seq_len > shape.max_positions:
