@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .quantize import E4M3, E5M2, Quantizer, dequantize, quantize as eager_quantize
+from hybrid_engine.kernels.options import FP8_RECIPES
 
-RECIPES = ("tensorwise", "rowwise")
+from .quantize import E4M3, E5M2, Quantizer, dequantize, quantize as eager_quantize
 
 
 def _gemm(a: torch.Tensor, a_contracted: int, b: torch.Tensor, b_contracted: int, a_dtype, b_dtype, rowwise: bool,
@@ -86,8 +86,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, recipe: str, split: Option
     """x [..., K] @ weight[N, K].T with the three GEMMs in float8 (the module docstring). Every rank of `group`
     calls it when `split` is set (scales over a split dimension are all-reduced). quantize: its Quantizer (a
     compiled one on CUDA)."""
-    if recipe not in RECIPES:
-        raise ValueError(f"fp8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
     if split not in (None, "in", "out"):
         raise ValueError(f"fp8_linear: split must be None, 'in' or 'out', got {split!r}")
     return _Fp8Linear.apply(x, weight, recipe, split, group, native, quantize)

@@ -7,8 +7,9 @@ built from these parts:
     Rotary, SwiGLU (models/llama) -> FusedRotary, FusedSwiGLU
     a last stage's Head.lm_head   -> LinearCrossEntropyHead (the logits computed chunk by chunk in the loss:
     (models/llama, models/gpt)       the workload's loss must then be LinearCrossEntropy, `loss_for` says which)
-    --fp8: every linear layer of a Block (not the LM head, as torchao's and torchtitan's recipes leave it: the
-           logits' precision matters most and the head is one GEMM of many) -> Fp8Linear
+    --fp8: every tensor-parallel linear layer of a Block -> Fp8Linear (not the LM head, as torchao's and
+           torchtitan's recipes leave it: the logits' precision matters most and the head is one GEMM of many;
+           not a kv projection replicated over MP, which computes through F.linear)
 
 Parameters keep their names, placement and tags; the stage is changed in place and returned."""
 from __future__ import annotations

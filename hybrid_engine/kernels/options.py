@@ -28,8 +28,9 @@ def has_triton() -> bool:
 @dataclass(frozen=True)
 class KernelOptions:
     """The resolved choice: `fused` swaps in the fused modules, `compiled` makes each (and fp8's quantization) a
-    torch.compile'd region (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them
-    through torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM)."""
+    torch.compile'd region (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8),
+    `fp8_native` runs them through torch._scaled_mm (a card with fp8) instead of the emulation (quantize,
+    dequantize, fp32 GEMM)."""
 
     fused: bool = False
     compiled: bool = False
