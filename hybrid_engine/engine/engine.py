@@ -205,7 +205,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,
             num_micro=self.micro_batches, programs=self._programs, builtin_mse=builtin,
-            loss_fn=None if builtin else losses.bind(self.loss, self.groups), send_channels=sends, recv_channels=recvs,
+            loss_fn=None if builtin else losses.bind(self.loss, self.groups, self._stages.get(self.num_stages - 1)),
+            send_channels=sends, recv_channels=recvs,
             input_specs=inputs, output_specs=outputs, device=str(self.device), grads=self.grads, dp_sync=dp_sync,
             stage_buckets=self._stage_buckets, merge_weight_grads=self.schedule.merge_weight_grads,
             record_trace=self._trace, overwrite_weight_grads=self._overwrite_grads, comm_trace=self._comm_trace,

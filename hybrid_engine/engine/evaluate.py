@@ -33,7 +33,8 @@ def evaluate(engine, inputs: torch.Tensor | None, targets: torch.Tensor | None, 
         rows = None if targets is None else targets.shape[0]
         raise ValueError(f"evaluate: targets of {rows} rows do not cut into {micro_batches} equal micro-batches")
     micro_tgt = list(targets.chunk(micro_batches)) if engine.holds_last_stage else []
-    loss_fn = losses.MSE() if losses.is_builtin(engine.loss) else losses.bind(engine.loss, engine.groups)
+    loss_fn = (losses.MSE() if losses.is_builtin(engine.loss) else
+               losses.bind(engine.loss, engine.groups, engine.stages.get(engine.num_stages - 1)))
     micro_losses = [loss_fn(y, t).float() for y, t in zip(_outputs(engine, inputs, micro_batches), micro_tgt)]
     with _with_every_rank(engine):
         return engine._global_loss(micro_losses)
@@ -61,6 +62,8 @@ def logits(engine, inputs: torch.Tensor | None) -> torch.Tensor | None:
     out = next(iter(_outputs(engine, inputs, 1)), None)
     if out is None:
         return None
+    if isinstance(engine.loss, losses.LinearCrossEntropy):  # the output is the hidden states: the head's GEMM
+        out = engine.loss.logits(out, engine.stages[engine.num_stages - 1])
     vocab = getattr(engine.loss, "vocab_size", None)
     if engine.grid.mp_size > 1 and vocab is not None:
         parts = [torch.empty_like(out) for _ in range(engine.grid.mp_size)]

@@ -3,10 +3,12 @@ this one, so a shared key is written once and is one flag (config/fields.py read
 fields from the class that declares them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.config.fields import flag
+from hybrid_engine.kernels.options import FP8_RECIPES, FUSED_MODES, KernelOptions, resolve
 
 MAX_SIZE = 2**16
 
@@ -32,11 +34,26 @@ class DecoderOptions:
     stage)."""
     sequence_parallel: bool = False
     """GPT, Llama: norm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
+    fused_kernels: str = field(default="auto", metadata=flag(choices=FUSED_MODES))
+    """GPT, Llama: a linear + cross-entropy over chunks of tokens that never holds the whole fp32 logits, and the
+    Llama's RMSNorm, RoPE and SwiGLU fused: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (on
+    where CUDA and Triton are)."""
+    fp8: bool = False
+    """GPT, Llama: the blocks' linear layers multiply in float8 with dynamic scales (the LM head, the masters and the
+    optimizer keep their precision); needs a card of compute capability 8.9 or later, emulated on the CPU."""
+    fp8_recipe: str = field(default="tensorwise", metadata=flag(choices=FP8_RECIPES))
+    """GPT, Llama: with --fp8, tensorwise (one scale a tensor, e5m2 gradients) or rowwise (one scale a row along each
+    GEMM's contracted dimension, e4m3 gradients)."""
 
     def sizes(self) -> tuple[tuple[str, int], ...]:
         """(flag, value) of every size the model has, checked against MAX_SIZE."""
         return (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads),
                 ("--seq-len", self.seq_len))
+
+    def kernels(self, device_type: str) -> KernelOptions:
+        """The fused kernels and fp8 GEMMs this run gets on `device_type`; ConfigError (one line) for fp8 on a
+        card without it."""
+        return resolve(self.fused_kernels, self.fp8, self.fp8_recipe, device_type)
 
     def check(self) -> None:
         """Each size in range, before anything is built."""

@@ -17,6 +17,7 @@ from typing import Callable, Union
 
 import torch
 
+from hybrid_engine.kernels.linear_cross_entropy import LinearCrossEntropy
 from hybrid_engine.parallel.tensor.vocab_cross_entropy import vocab_parallel_cross_entropy
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,17 +48,20 @@ class VocabParallelCrossEntropy:
                              f"{self.vocab_size!r}")
 
 
-LossSpec = Union[MSE, VocabParallelCrossEntropy, LossFn]
+LossSpec = Union[MSE, VocabParallelCrossEntropy, LinearCrossEntropy, LossFn]
 
 
 def is_builtin(loss: LossSpec) -> bool:
     return isinstance(loss, MSE)
 
 
-def bind(loss: LossSpec, groups) -> LossFn:
+def bind(loss: LossSpec, groups, last_stage=None) -> LossFn:
     """The callable (output, target) -> scalar the executor calls on the last stage for a non-built-in loss:
-    a loss spec that needs process groups gets this rank's (`groups`: grid.GridGroups); a plain callable gets
-    the fp32 cast of `as_micro_loss`."""
+    a loss spec that needs process groups gets this rank's (`groups`: grid.GridGroups), the fused linear +
+    cross-entropy also the head of `last_stage` (this rank's last stage, None where it holds none); a plain
+    callable gets the fp32 cast of `as_micro_loss`."""
+    if isinstance(loss, LinearCrossEntropy):
+        return loss.bind(groups, last_stage)
     if isinstance(loss, VocabParallelCrossEntropy):
         mp_group, vocab_size = groups.mp, loss.vocab_size
 
@@ -71,8 +75,8 @@ def bind(loss: LossSpec, groups) -> LossFn:
 def as_micro_loss(loss: LossSpec) -> LossFn:
     """A plain callable loss as the executor calls it: in fp32 whatever the stage's output dtype (half weights).
     Loss specs that compute in fp32 themselves (VocabParallelCrossEntropy) are not cast: use `bind`."""
-    if isinstance(loss, VocabParallelCrossEntropy):
-        raise TypeError("VocabParallelCrossEntropy needs the engine's MP group: use losses.bind(loss, groups)")
+    if isinstance(loss, (VocabParallelCrossEntropy, LinearCrossEntropy)):
+        raise TypeError(f"{type(loss).__name__} needs the engine's MP group: use losses.bind(loss, groups)")
     if not callable(loss):
         raise TypeError(f"loss must be hybrid_engine.models.losses.MSE(), VocabParallelCrossEntropy(vocab_size) or a "
                         f"callable (output, target) -> scalar, got {type(loss).__name__}")
@@ -97,5 +101,7 @@ def describe(loss: LossSpec, native_last_stage: bool = False) -> str:
     if isinstance(loss, VocabParallelCrossEntropy):
         return (f"vocab-parallel cross-entropy over {loss.vocab_size} tokens (fp32 inside, logits never gathered, "
                 "through autograd)")
+    if isinstance(loss, LinearCrossEntropy):
+        return loss.describe()
     name = getattr(loss, "__qualname__", None) or type(loss).__name__
     return f"Python callable {name} (through autograd)"

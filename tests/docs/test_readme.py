@@ -116,7 +116,7 @@ def test_the_first_ten_minutes_run_as_written_on_a_few_steps(tmp_path):
 
 
 @pytest.mark.parametrize("doc", ["architecture.md", "api.md", "gpt.md", "llama.md", "checkpoints.md", "failures.md",
-                                 "performance.md", "planning.md", "cluster.md"])
+                                 "performance.md", "planning.md", "cluster.md", "kernels.md"])
 def test_the_docs_state_what_is_and_link_to_what_exists(doc):
     path = os.path.join(REPO, "docs", doc)
     with open(path, encoding="utf-8") as f:

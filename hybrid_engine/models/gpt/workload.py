@@ -11,6 +11,8 @@ import torch.nn as nn
 
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.data import TokenDataset
+from hybrid_engine.kernels.apply import apply_kernels, loss_for
+from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
@@ -29,11 +31,13 @@ RECOMPUTE = ("none", "full", "selective")
 @dataclass(frozen=True)
 class ParallelizeGPT:
     """A GPT stage over the MP group (models/gpt/parallelize.py), with selective recompute switched on in
-    its blocks when asked (the attention core recomputed in backward, every other activation kept)."""
+    its blocks when asked (the attention core recomputed in backward, every other activation kept), then the
+    kernels pass (the fused loss's head, fp8 GEMMs) the run's KernelOptions ask for."""
 
     sequence_parallel: bool = False
     selective_recompute: bool = False
     fp32_residual: bool = False
+    kernels: KernelOptions = KernelOptions()
 
     def __call__(self, stage: nn.Sequential, mp_group) -> nn.Sequential:
         out = parallelize_gpt(stage, mp_group, self.sequence_parallel)
@@ -42,7 +46,7 @@ class ParallelizeGPT:
                 module.recompute_attention_core = True
             if isinstance(module, Embedding) and self.fp32_residual:
                 module.fp32_residual = True
-        return out
+        return apply_kernels(out, self.kernels) if self.kernels.any else out
 
 
 def gpt_checkpoint_model(cfg: GPTConfig) -> dict:
@@ -60,7 +64,8 @@ def gpt_config_of(model: dict) -> GPTConfig:
 
 
 def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
-                 recompute: str = "none", fp32_residual: bool = False) -> Workload:
+                 recompute: str = "none", fp32_residual: bool = False,
+                 kernels: KernelOptions = KernelOptions()) -> Workload:
     """A GPT of shape `cfg` on `data`: a text or token file path, a ready TokenDataset, or None for the built-in
     Markov corpus of seed cfg.seed (vocabulary 256, known entropy rate). The vocabulary is the data's:
     cfg.vocab_size is replaced by it. Windows are cfg.seq_len + 1 tokens drawn from (cfg.seed, step).
@@ -69,7 +74,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
     "selective" (keep everything but the attention core, Megatron's selective recompute). The loss is the
     vocab-parallel cross-entropy; stages are cut by `balanced_partition(layer_costs(cfg), n)`. fp32_residual: the
     residual stream stays fp32 under half weights (models/gpt.py, Embedding.fp32_residual); the stages then
-    exchange fp32 activations."""
+    exchange fp32 activations. kernels: the fused loss and fp8 GEMMs (kernels/options.py)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     data = open_token_data(data, cfg.seq_len, cfg.seed)
@@ -80,10 +85,12 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
                f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings, "
                f"{params / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
                f"{'on' if sequence_parallel else 'off'}; recompute {recompute}"
-               f"{'; residual stream fp32' if fp32_residual else ''}")
+               f"{'; residual stream fp32' if fp32_residual else ''}; "
+               f"{kernels.describe('chunked linear + cross-entropy (LayerNorm and GELU are one kernel each already)')}")
     return Workload(
-        name="gpt", model=build_gpt(cfg, "meta"), loss=losses.VocabParallelCrossEntropy(cfg.vocab_size),
-        parallelize=ParallelizeGPT(sequence_parallel, recompute == "selective", fp32_residual),
+        name="gpt", model=build_gpt(cfg, "meta"),
+        loss=loss_for(losses.VocabParallelCrossEntropy(cfg.vocab_size), kernels),
+        parallelize=ParallelizeGPT(sequence_parallel, recompute == "selective", fp32_residual, kernels),
         layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
@@ -124,13 +131,14 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     m = cfg.model.options
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
     return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
-                        fp32_residual=m.fp32_residual)
+                        fp32_residual=m.fp32_residual, kernels=m.kernels(torch.device(device).type))
 
 
 def check(cfg, grid, device_type: str) -> None:
     """The GPT's rules on this grid and its data, before any collective (check_gpt), and its precision's."""
     m = cfg.model.options
     check_gpt(m, grid, m.sequence_parallel, cfg.schedule.chunks, cfg.data.path, device_type)
+    m.kernels(device_type)  # fp8 on a card without it: refused here
     if m.fp32_residual and not cfg.precision.half_weights:
         why = ("--amp off keeps everything in fp32" if cfg.precision.amp == "off" else
                "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")

@@ -32,7 +32,7 @@ from hybrid_engine.models.init import _generator, init_layer, stream_seed
 
 from .config import LlamaConfig, apply_rope, rope_tables
 
-__all__ = ["RMSNorm", "Embedding", "Block", "Head", "dense_llama", "layer_costs", "check_split"]
+__all__ = ["RMSNorm", "Rotary", "SwiGLU", "Embedding", "Block", "Head", "dense_llama", "layer_costs", "check_split"]
 
 SEED_STREAMS = (5,)  # the stream the registry (models/registry.py) gives it, after the GPT's
 
@@ -63,6 +63,22 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight if weight is None else weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """rope(q, k, cos, sin): q [b, s, heads, d] and k [b, s, kv_heads, d] rotated by the cos and sin rows [s, d] of
+    each token's position (any positions: the rows are the caller's); the part a kernels pass swaps for a fused one
+    (hybrid_engine/kernels)."""
+
+    def forward(self, q, k, cos, sin):
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+class SwiGLU(nn.Module):
+    """swiglu(gate, up) = silu(gate) * up (Shazeer 2020); the part a kernels pass swaps for a fused one."""
+
+    def forward(self, gate, up):
+        return F.silu(gate) * up
 
 
 class _Layer(nn.Module):
@@ -120,6 +136,7 @@ class Block(_Layer):
         self.mlp_gate = Dense(h, f, bias=False, **factory)
         self.mlp_up = Dense(h, f, bias=False, **factory)
         self.mlp_down = Dense(f, h, bias=False, **factory)
+        self.rope, self.swiglu = Rotary(), SwiGLU()
         self.register_buffer("rope_cos", torch.empty(cfg.seq_len, d, device=device), persistent=False)
         self.register_buffer("rope_sin", torch.empty(cfg.seq_len, d, device=device), persistent=False)
         self.reset_parameters()
@@ -157,7 +174,7 @@ class Block(_Layer):
         k, v = kv.view(b, s, -1, 2, d).unbind(3)
         cos, sin = ((self.rope_cos[:s], self.rope_sin[:s]) if s <= self.rope_cos.shape[0]
                     else rope_tables(self.cfg, s, q.device))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, k, cos, sin)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                            enable_gqa=q.shape[2] != k.shape[2])
         return y.transpose(1, 2).reshape(b, s, -1)
@@ -169,7 +186,7 @@ class Block(_Layer):
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm_mlp(x)
-        return self.mlp_down(F.silu(self.mlp_gate(x)) * self.mlp_up(x))
+        return self.mlp_down(self.swiglu(self.mlp_gate(x), self.mlp_up(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(x)

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybrid_engine.kernels.apply import apply_kernels
+from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models.decoder import embedding_tags
 from hybrid_engine.parallel.tensor.layers import _rank_and_size
 from hybrid_engine.parallel.tensor.plan import (Column, ReplicatedHeads, Row, Sequence, VocabHead, VocabLookup,
@@ -77,10 +79,13 @@ def build_llama(cfg: LlamaConfig, device: torch.device | str = "cpu", dtype: tor
 
 @dataclass(frozen=True)
 class ParallelizeLlama:
-    """parallelize_llama with the run's options, as the value an Engine takes (`Engine(parallelize=...)`)."""
+    """parallelize_llama with the run's options, as the value an Engine takes (`Engine(parallelize=...)`), then
+    the kernels pass (fused modules, fp8 GEMMs) the run's KernelOptions ask for."""
 
     sequence_parallel: bool = False
     selective_recompute: bool = False
+    kernels: KernelOptions = KernelOptions()
 
     def __call__(self, stage: nn.Sequential, mp_group) -> nn.Sequential:
-        return parallelize_llama(stage, mp_group, self.sequence_parallel, self.selective_recompute)
+        stage = parallelize_llama(stage, mp_group, self.sequence_parallel, self.selective_recompute)
+        return apply_kernels(stage, self.kernels) if self.kernels.any else stage

@@ -10,6 +10,8 @@ import torch
 
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.data import TokenDataset
+from hybrid_engine.kernels.apply import loss_for
+from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
@@ -57,11 +59,12 @@ def llama_weight_bytes(cfg: LlamaConfig) -> float:
 
 
 def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
-                   recompute: str = "none", vocab_from_data: bool = True) -> Workload:
+                   recompute: str = "none", vocab_from_data: bool = True,
+                   kernels: KernelOptions = KernelOptions()) -> Workload:
     """A Llama of shape `cfg` on `data` (a text or token file path, a ready TokenDataset, or None for the built-in
     Markov corpus of cfg.seed). vocab_from_data: the vocabulary is the data's (cfg.vocab_size replaced by it);
     else cfg.vocab_size, which must hold the data's ids. recompute: none | full | selective (RoPE and the
-    attention core rerun in backward)."""
+    attention core rerun in backward). kernels: the fused kernels and fp8 GEMMs (kernels/options.py)."""
     if recompute not in RECOMPUTE:
         raise ConfigError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     data = open_token_data(data, cfg.seq_len, cfg.seed)
@@ -75,10 +78,11 @@ def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, 
                f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings, RoPE theta {cfg.rope_theta:g}"
                f"{' llama3-scaled ' + cfg.rope_scaling.text() if cfg.rope_scaling else ''}, "
                f"{llama_param_count(cfg) / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
-               f"{'on' if sequence_parallel else 'off'}; recompute {recompute}")
+               f"{'on' if sequence_parallel else 'off'}; recompute {recompute}; {kernels.describe()}")
     return Workload(
-        name="llama", model=build_llama(cfg, "meta"), loss=losses.VocabParallelCrossEntropy(cfg.vocab_size),
-        parallelize=ParallelizeLlama(sequence_parallel, recompute == "selective"),
+        name="llama", model=build_llama(cfg, "meta"),
+        loss=loss_for(losses.VocabParallelCrossEntropy(cfg.vocab_size), kernels),
+        parallelize=ParallelizeLlama(sequence_parallel, recompute == "selective", kernels),
         layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
         flops_per_sample=llama_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
@@ -98,8 +102,9 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the Llama)."""
     m = cfg.model.options
     shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
+    kernels = m.kernels(torch.device(device).type)
     return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
-                          recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size)
+                          recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels)
 
 
 # The shape's names in LlamaConfig's and check_split's messages (each spelled as its flag, without the dashes).
@@ -125,6 +130,7 @@ def check(cfg, grid, device_type: str) -> None:
         check_split(shape, mp)
     except ValueError as exc:
         raise ConfigError(as_flags(str(exc))) from None
+    m.kernels(device_type)  # fp8 on a card without it: refused here
     if m.sequence_parallel and m.seq_len % mp:
         raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
     if m.seq_len > shape.max_positions:

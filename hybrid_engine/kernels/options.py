@@ -1,0 +1,86 @@
+"""Which run gets fused kernels and fp8 GEMMs: the user's --fused-kernels (auto | on | off) and --fp8 (with its
+--fp8-recipe) resolved against the device once, before anything is built, and said in one line."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from hybrid_engine.config.engine import ConfigError
+
+FUSED_MODES = ("auto", "on", "off")
+FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first cards with fp8 tensor cores (torch._scaled_mm)
+
+
+def has_triton() -> bool:
+    """Whether torch.compile can write Triton kernels here (a CUDA device and the Triton package)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from torch.utils._triton import has_triton as torch_has_triton
+    except ImportError:
+        return False
+    return torch_has_triton()
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """The resolved choice: `fused` swaps in the fused modules, `compiled` makes each (and fp8's quantization) a
+    torch.compile'd region (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8),
+    `fp8_native` runs them through torch._scaled_mm (a card with fp8) instead of the emulation (quantize,
+    dequantize, fp32 GEMM)."""
+
+    fused: bool = False
+    compiled: bool = False
+    fp8: Optional[str] = None
+    fp8_native: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.fused or self.fp8 is not None
+
+    def describe(self, fused_parts: str = "RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy") -> str:
+        """The one line a run prints of this choice (fused_parts: what the model has that is fused)."""
+        if self.fused:
+            how = "torch.compile'd Triton regions" if self.compiled else "eager (no CUDA with Triton here)"
+            fused = f"fused kernels on ({how}): {fused_parts}"
+        else:
+            fused = "fused kernels off"
+        if self.fp8 is None:
+            return f"{fused}; fp8 off"
+        grads = "e5m2" if self.fp8 == "tensorwise" else "e4m3"
+        how = "torch._scaled_mm" if self.fp8_native else "emulated: quantized, dequantized, fp32 GEMMs"
+        return (f"{fused}; fp8 {self.fp8} on the blocks' linear layers (e4m3 forward, {grads} gradients, dynamic "
+                f"scales; {how}; the LM head stays in the weights' dtype)")
+
+
+def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) -> KernelOptions:
+    """The run's KernelOptions on `device_type` ("cuda" or "cpu"); ConfigError (one line) for a bad choice or fp8
+    on a card without it. auto: fused where CUDA and Triton are (their eager form elsewhere equals the unfused
+    model, at the unfused model's speed)."""
+    if fused_kernels not in FUSED_MODES:
+        raise ConfigError(f"--fused-kernels must be one of {', '.join(FUSED_MODES)}, got {fused_kernels!r}")
+    if fp8_recipe not in FP8_RECIPES:
+        raise ConfigError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
+    cuda = device_type == "cuda"
+    compiled = cuda and has_triton()
+    fused = fused_kernels == "on" or (fused_kernels == "auto" and compiled)
+    native = False
+    if fp8 and cuda:
+        capability = torch.cuda.get_device_capability()
+        if capability < FP8_CAPABILITY:
+            raise ConfigError(f"--fp8 needs a card with fp8 tensor cores (compute capability 8.9 or later); "
+                              f"{torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}")
+        native = True
+    return KernelOptions(fused=fused, compiled=compiled and (fused or fp8), fp8=fp8_recipe if fp8 else None,
+                         fp8_native=native)
+
+
+def region(fn, compiled: bool):
+    """`fn` as a torch.compile'd region when `compiled`, else as it is. A second shape compiles it once more with
+    that dimension symbolic, so the many shapes of fp8's operands stay within dynamo's recompile limit; past it
+    (or at a graph break) a call runs eagerly, never fails (tests/kernels/test_compiled_regions.py holds every
+    region to one graph)."""
+    return torch.compile(fn) if compiled else fn
