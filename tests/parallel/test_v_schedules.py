@@ -82,8 +82,20 @@ def test_pp4_m8_bubbles_printed_by_the_cli(capsys):
     assert "rank 3 | 3F0 4F0 3F1 4F1" in out
     assert main(["--schedule", "dualpipev", "--pp", "4", "--micro-batches", "8"]) == 0
     assert "makespan 25.5, bubble 0.059 (1/17)" in capsys.readouterr().out
-    assert main(["--schedule", "zbv", "--pp", "4", "--micro-batches", "16"]) == 0
-    assert "bubble 0.030 (1/33)" in capsys.readouterr().out
+    for name in V_SCHEDULES:
+        assert main(["--schedule", name, "--pp", "4", "--micro-batches", "16"]) == 0
+        assert "makespan 49.5, bubble 0.030 (1/33)" in capsys.readouterr().out
+        assert main(["--schedule", name, "--pp", "4", "--micro-batches", "8", "--latency", "0.1"]) == 0
+        assert "bubble 0.104 (7/67)" in capsys.readouterr().out  # zb1: 7/47 (the turn costs no message)
+    assert main(["--schedule", "zb1", "--pp", "4", "--micro-batches", "8", "--latency", "0.1"]) == 0
+    assert "bubble 0.149 (7/47)" in capsys.readouterr().out
+
+
+def test_dualpipev_pairs_on_rank_0():
+    """docs/schedules.md: at pp 4, m 16, 21 of rank 0's 32 forwards sit in a (forward, other chunk's backward) pair."""
+    actions = compute_schedule("dualpipev", 4, 16, 2)[0]
+    pairs = sum(a.type.name == "F" and b.type.name == "B" and a.stage != b.stage for a, b in zip(actions, actions[1:]))
+    assert (pairs, sum(a.type.name == "F" for a in actions)) == (21, 32)
 
 
 @pytest.mark.parametrize("request_,message", [
