@@ -130,6 +130,8 @@ void bind_schedule(py::module_& root) {
         "Whether the named schedule splits the backward into I and W (what --merge-wgrad merges).");
   m.def("least_virtual_stages", &least_virtual_stages, py::arg("name"),
         "The fewest model chunks per rank the named schedule runs (a count left to the planner is asked at it).");
+  m.def("least_micro_batches", &least_micro_batches, py::arg("name"), py::arg("pp"),
+        "The fewest micro-batches the named schedule takes on pp ranks (a count left to the planner is asked at it).");
   m.def("activation_bound", &activation_bound, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("lookahead") = 0,
         "The most micro-batch activations of one stage chunk any rank holds at once (generators.h).");

@@ -110,6 +110,11 @@ bool splits_backward(const std::string& name) { return name == "zb1" || name == 
 
 int least_virtual_stages(const std::string& name) { return name == "interleaved" || runs_v(name) ? 2 : 1; }
 
+int least_micro_batches(const std::string& name, int pp) {
+  if (name == "dualpipev") return 2 * pp;
+  return name == "interleaved" ? pp : 1;
+}
+
 void check_schedule_name(const std::string& name) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {

@@ -39,6 +39,10 @@ bool splits_backward(const std::string& name);
 // schedules (exactly 2: one per arm of the V), else 1.
 int least_virtual_stages(const std::string& name);
 
+// The fewest micro-batches a schedule takes on pp ranks: 2 pp for dualpipev, pp for interleaved (a multiple of
+// pp), else 1. A count left to the planner is checked at this value, so only what the user fixed is refused.
+int least_micro_batches(const std::string& name, int pp);
+
 // Throws std::invalid_argument with one clear sentence if (name, pp, micro_batches, virtual_stages) is not a
 // schedule we can build: sizes < 1, an unknown name, v > 1 for a one-chunk schedule, interleaved with v < 2,
 // pp < 2 or micro_batches not a multiple of pp, zbv or dualpipev with v != 2, dualpipev with fewer than 2 pp

@@ -92,12 +92,13 @@ class ScheduleConfig:
     def check_rules(self, pp: int) -> None:
         """The C++ core's rules for what this request fixes (csrc/schedule/generators.h check_schedule_request),
         never restated here; its line names the flag at fault. A schedule left to the planner is checked once the
-        planner has named one; a count left to it is asked at a value every schedule takes (micro-batches: pp,
+        planner has named one; a count left to it is asked at a value the schedule takes (micro-batches and
         virtual stages: the schedule's least, lookahead: 0), so only what the user fixed can be refused."""
         self.check_merge()
         if self.name == AUTO:
             return
-        micro = pp if self.micro_batches is None else self.micro_batches
+        micro = (_C.schedule.least_micro_batches(self.name, pp) if self.micro_batches is None
+                 else self.micro_batches)
         chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None
                   else self.virtual_stages)
         try:

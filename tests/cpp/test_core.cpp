@@ -262,6 +262,14 @@ void test_v_schedules() {
   check(throws([] { hybrid::check_schedule_request("dualpipev", 4, 7, 2); }), "dualpipev needs 2 pp micro-batches");
   check(throws([] { hybrid::check_schedule_request("zbv", 4, 8, 2, 1); }), "zbv takes no lookahead");
   check(hybrid::splits_backward("zbv") && !hybrid::splits_backward("dualpipev"), "only zbv's W's all merge");
+  // The least counts are requests the schedule takes (what a count left to the planner is checked at).
+  for (const std::string& name : hybrid::schedule_names()) {
+    for (int pp = name == "interleaved" ? 2 : 1; pp <= 8; ++pp) {
+      const int m = hybrid::least_micro_batches(name, pp), v = hybrid::least_virtual_stages(name);
+      check(!throws([&] { hybrid::check_schedule_request(name, pp, m, v); }), name + ": its least counts");
+      check(m == 1 || throws([&] { hybrid::check_schedule_request(name, pp, m - 1, v); }), name + ": m - 1 refused");
+    }
+  }
 }
 
 }  // namespace

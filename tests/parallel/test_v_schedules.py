@@ -120,6 +120,18 @@ def test_merged_weight_gradients_need_every_backward_split():
         ScheduleConfig("dualpipev", 8, 2, merge_weight_grads=True).validate(4)
 
 
+def test_a_micro_batch_count_left_to_the_planner_is_not_refused():
+    """--schedule dualpipev alone: the planner picks the micro-batches (at least 2 pp), the check does not guess pp."""
+    from hybrid_engine.models import registry
+    from hybrid_engine.train.cli import parse_config
+
+    parse_config(["--pp", "2", "--schedule", "dualpipev", "--depth", "8", "--batch-size", "16"]).validate(
+        2, "cpu", registry.check_model)
+    with pytest.raises(ConfigError, match="dualpipev needs at least 2 x pp micro-batches"):
+        parse_config(["--pp", "2", "--schedule", "dualpipev", "--micro-batches", "2", "--depth", "8"]).validate(
+            2, "cpu", registry.check_model)
+
+
 def test_cli_refuses_in_one_line_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--schedule", "dualpipev", "--pp", "4", "--micro-batches", "4"])
