@@ -21,6 +21,7 @@ import argparse
 import inspect
 
 import torch
+import torch._functorch.config
 import torch.distributed as dist
 
 from gpt_peer_run import engine_cut
@@ -46,6 +47,11 @@ def build(a: argparse.Namespace, cfg: GPTConfig, device: torch.device, compile_b
     cut = engine_cut(cfg, num_stages)
     mine = rank_stages(rank, pp, num_stages, placement)
     dtype = torch.bfloat16 if a.precision == "bf16" else None
+    # The V schedules split a backward into I and W, which runs autograd with retain_graph: a compiled backward that
+    # donates its buffers refuses that, and its error names this switch, what a user would turn
+    donation_off = compile_blocks and placement == "v"
+    if donation_off:
+        torch._functorch.config.donated_buffer = False
     stages, params = [], []
     for s in mine:
         block_ids = [i - 1 for i in cut[s] if 1 <= i <= cfg.layers]
@@ -79,6 +85,7 @@ def build(a: argparse.Namespace, cfg: GPTConfig, device: torch.device, compile_b
     return step, {"system": "torch-pp-compile" if compile_blocks else "torch-pp", "pp": pp, "tp": 1,
                   "schedule": class_name, "stages_per_rank": per_rank,
                   "stage_modules": [f"{lay[0]}..{lay[-1]}" for lay in cut],
-                  "compile": "each block" if compile_blocks else None,
+                  "compile": ("each block" + (", donated buffers off" if donation_off else "")) if compile_blocks
+                  else None,
                   "optimizer": "AdamW (fused)",
                   "init": "the engine's initial weights"}

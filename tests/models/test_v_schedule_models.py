@@ -4,7 +4,8 @@ recompute, merged W, tied embeddings and compiled stages; fp16 half weights with
 fp32.
 
 Tiny shapes as in test_gpt_engine.py / test_llama_grids.py but 6 blocks, so pp4's eight V stages each get a module
-(embedding, 6 blocks, head); 8 micro-batches of 16 sequences (dualpipev needs 2 pp; one sequence each under dp2), 3 steps of SGD with momentum.
+(embedding, 6 blocks, head); 16 sequences in 8 micro-batches (dualpipev needs 2 pp; one sequence each under dp2),
+3 steps of SGD with momentum.
 One run_ranks call of 4 ranks sweeps every grid of both models; one of 1 rank gives the baselines."""
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def train(rank: int, world: int, runs: list[dict]) -> list[dict]:
         engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                              micro_batches=MICRO, virtual_stages=v, merge_weight_grads=run.get("merge", False),
                              optimizer=optim.SGD(LR, MOMENTUM), recompute=workload.full_recompute,
-                             amp=run.get("amp", "off"), zero=run.get("zero", 0), stage_compile=run.get("compile", False),
+                             amp=run.get("amp", "off"), zero=run.get("zero", 0),
+                             stage_compile=run.get("compile", False),
                              **workload.engine_kwargs(pp * v))
         per_dp = BATCH // dp
         d = groups.coords.dp
