@@ -24,7 +24,7 @@ from gpt_pp_tp_results import LOSS_TOLERANCE, engine_run, max_rel_diff, peer_run
 from launch import error_line  # noqa: E402
 
 REFERENCE = "engine_pp4_1f1b"  # the losses every run must reproduce (bf16: within LOSS_TOLERANCE)
-TARGET = 1.3  # the engine's best pp4 over torch pipelining's best (issue 39)
+TARGET = 1.3  # the engine's best pp4 over torch pipelining's best: the goal the pass measures against
 
 
 def read_run(log_dir: Path, name: str, skipped: set[str]) -> dict:
