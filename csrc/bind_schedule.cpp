@@ -132,6 +132,11 @@ void bind_schedule(py::module_& root) {
         "The fewest model chunks per rank the named schedule runs (a count left to the planner is asked at it).");
   m.def("check_lookahead", &check_lookahead, py::arg("micro_batches"), py::arg("lookahead"),
         "Refuses more lookahead forwards than the step has micro-batches (any schedule).");
+  m.def("least_micro_batches", &least_micro_batches, py::arg("name"), py::arg("pp"),
+        "The fewest micro-batches the named schedule takes on pp ranks (a count left to the planner is asked at it).");
+  m.def("activation_bound", &activation_bound, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
+        py::arg("virtual_stages") = 1, py::arg("lookahead") = 0,
+        "The most micro-batch activations of one stage chunk any rank holds at once (generators.h).");
   m.def("check_schedule_request", &check_schedule_request, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),
         py::arg("virtual_stages") = 1, py::arg("lookahead") = 0);
   m.def("make_compute_schedule", &make_compute_schedule, py::arg("name"), py::arg("pp"), py::arg("micro_batches"),

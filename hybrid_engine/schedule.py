@@ -11,6 +11,7 @@ import sys
 from fractions import Fraction
 from typing import NoReturn, Optional, Sequence
 
+import hybrid_engine._C as _C
 from hybrid_engine.parallel.pipeline.schedule import (SCHEDULES, Costs, Schedule, SimResult, format_grid,
                                                       make_schedule, schedule_placement, simulate, timeline_rows)
 
@@ -28,7 +29,8 @@ def _number(x: float) -> str:
 def _report(name: str, pp: int, micro_batches: int, virtual_stages: int, costs: Costs, rank_costs: Costs,
             schedule: Schedule, result: SimResult, include_comms: bool) -> str:
     lines = [
-        f"schedule {name}: pp={pp}, micro-batches={micro_batches}, virtual stages={virtual_stages}",
+        f"schedule {name}: pp={pp}, micro-batches={micro_batches}, virtual stages={virtual_stages}, "
+        f"{schedule_placement(name)} placement",
         f"costs per rank F={_number(rank_costs.F)} B={_number(rank_costs.B)} I={_number(rank_costs.I)} "
         f"W={_number(rank_costs.W)}, latency {_number(costs.latency)}"
         + (f" (each of {virtual_stages} chunks costs 1/{virtual_stages})" if virtual_stages > 1 else ""),
@@ -69,7 +71,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--schedule", required=True, choices=SCHEDULES)
     parser.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     parser.add_argument("--micro-batches", type=int, required=True)
-    parser.add_argument("--virtual-stages", type=int, default=1, help="model chunks per rank (interleaved)")
+    parser.add_argument("--virtual-stages", type=int,
+                        help="model chunks per rank (interleaved; zbv and dualpipev run 2; default: the schedule's "
+                             "fewest)")
     parser.add_argument("--lookahead", type=int, default=0,
                         help="1f1b/zb1: extra warm-up forwards on every rank but the last (default 0)")
     parser.add_argument("--costs", type=_parse_costs, default=Costs(),
@@ -83,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--latency must be >= 0 (got {args.latency:g})")
 
     rank_costs: Costs = args.costs
-    v = args.virtual_stages
+    v = args.virtual_stages if args.virtual_stages is not None else _C.schedule.least_virtual_stages(args.schedule)
     try:
         schedule = make_schedule(args.schedule, args.pp, args.micro_batches, v, args.lookahead)
         # Same model, same work per rank: a chunk holds 1/v of the rank's layers, so makespans compare across v.

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from engine_builders import NonfiniteGradAt, make_engine
+from hybrid_engine._C.schedule import splits_backward
 from hybrid_engine import ProcessGrid
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
@@ -16,8 +17,9 @@ def train_on_grid(rank: int, world: int, dp: int, pp: int, mp: int, schedule: st
     model = large_linear_model(cfg["dim"], cfg["depth"], cfg.get("seed", 0))
     engine = make_engine(model, groups, schedule=schedule, micro_batches=cfg["micro_batches"],
                          virtual_stages=v, optimizer=cfg.get("optimizer", "sgd"), lr=cfg["lr"],
-                         merge_weight_grads=cfg.get("merge_weight_grads", False) and schedule == "zb1",
-                         lookahead=cfg.get("lookahead", 0), stage_impl=cfg.get("stage_impl", "auto"))
+                         merge_weight_grads=cfg.get("merge_weight_grads", False) and splits_backward(schedule),
+                         lookahead=cfg.get("lookahead", 0), stage_impl=cfg.get("stage_impl", "auto"),
+                         recompute=cfg.get("recompute", False), zero=cfg.get("zero", 0))
     data = SyntheticRegression(cfg["dim"], cfg.get("seed", 0), "cpu")
     per_dp = cfg["batch_size"] // dp
     d = groups.coords.dp

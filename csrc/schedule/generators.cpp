@@ -95,21 +95,31 @@ Schedule one_stage_1f1b(int pp, int micro_batches, bool zero_bubble, int lookahe
   return schedule;
 }
 
+// The schedules that run the v placement, two chunks per rank (v_schedules.cpp).
+bool runs_v(const std::string& name) { return name == "zbv" || name == "dualpipev"; }
+
 }  // namespace
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"naive", "gpipe", "1f1b", "interleaved", "zb1"};
+  static const std::vector<std::string> names = {"naive", "gpipe",     "1f1b", "interleaved",
+                                                 "zb1",   "dualpipev", "zbv"};
   return names;
 }
 
-bool splits_backward(const std::string& name) { return name == "zb1"; }
+bool splits_backward(const std::string& name) { return name == "zb1" || name == "zbv"; }
 
-int least_virtual_stages(const std::string& name) { return name == "interleaved" ? 2 : 1; }
+int least_virtual_stages(const std::string& name) { return name == "interleaved" || runs_v(name) ? 2 : 1; }
+
+int least_micro_batches(const std::string& name, int pp) {
+  if (name == "dualpipev") return 2 * pp;
+  return name == "interleaved" ? pp : 1;
+}
 
 void check_schedule_name(const std::string& name) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
-    throw std::invalid_argument("unknown schedule '" + name + "' (expected naive, gpipe, 1f1b, interleaved or zb1)");
+    throw std::invalid_argument("unknown schedule '" + name +
+                                "' (expected naive, gpipe, 1f1b, interleaved, zb1, dualpipev or zbv)");
   }
 }
 
@@ -138,6 +148,19 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
     throw std::invalid_argument("--lookahead applies to --schedule 1f1b and zb1 only (got " + name + ")");
   }
   check_lookahead(micro_batches, lookahead);
+  if (runs_v(name)) {
+    if (virtual_stages != 2) {
+      throw std::invalid_argument(name + " runs two stages per rank in a V (--virtual-stages must be 2, got " +
+                                  std::to_string(virtual_stages) + ")");
+    }
+    if (name == "dualpipev" && micro_batches < 2 * pp) {
+      // Its main step pairs a forward with a backward from the first micro-batch that has turned around; with
+      // fewer micro-batches than stages no rank has both at once.
+      throw std::invalid_argument("dualpipev needs at least 2 x pp micro-batches (got micro-batches=" +
+                                  std::to_string(micro_batches) + ", pp=" + std::to_string(pp) + ")");
+    }
+    return;
+  }
   if (virtual_stages < least_virtual_stages(name)) {
     throw std::invalid_argument("the " + name + " schedule needs --virtual-stages >= " +
                                 std::to_string(least_virtual_stages(name)) + " (it interleaves model chunks; got " +
@@ -155,6 +178,17 @@ void check_schedule_request(const std::string& name, int pp, int micro_batches, 
     throw std::invalid_argument(name + " runs one stage per rank (--virtual-stages must be 1, got " +
                                 std::to_string(virtual_stages) + "); use interleaved or gpipe for more");
   }
+}
+
+int activation_bound(const std::string& name, int pp, int micro_batches, int virtual_stages, int lookahead) {
+  check_schedule_request(name, pp, micro_batches, virtual_stages, lookahead);
+  const int m = micro_batches, v = virtual_stages;
+  if (name == "naive") return 1;
+  if (name == "gpipe") return m * v;
+  if (name == "interleaved") return std::min(m * v, 2 * (pp - 1) + (v - 1) * pp + 1);
+  if (name == "zbv") return std::min(2 * m, 2 * pp);
+  if (name == "dualpipev") return 2 * pp + 1;
+  return std::min(m, pp + (pp > 1 ? lookahead : 0));  // 1f1b, zb1: rank 0's warm-up plus the one in flight
 }
 
 Schedule naive_compute(int pp, int micro_batches) {
@@ -223,12 +257,14 @@ Schedule make_compute_schedule(const std::string& name, int pp, int micro_batche
   if (name == "gpipe") return gpipe_compute(pp, micro_batches, virtual_stages);
   if (name == "1f1b") return one_f_one_b_compute(pp, micro_batches, lookahead);
   if (name == "interleaved") return interleaved_compute(pp, micro_batches, virtual_stages);
+  if (name == "zbv") return zbv_compute(pp, micro_batches);
+  if (name == "dualpipev") return dualpipev_compute(pp, micro_batches);
   return zb1_compute(pp, micro_batches, lookahead);
 }
 
 Placement schedule_placement(const std::string& name) {
   check_schedule_name(name);
-  return Placement::Loop;  // every generator here runs chunk c of rank r as stage r + c pp
+  return runs_v(name) ? Placement::V : Placement::Loop;
 }
 
 StagePlacement schedule_stage_placement(const std::string& name, int pp, int virtual_stages) {

@@ -5,7 +5,8 @@ per run.
     torchrun --nproc_per_node=2 experiments/peers/gpt_pp_tp_peers.py --mode MODE --data TOKENS [--hidden 2048 ...]
 
 Modes (all ranks form one pipeline or one tensor-parallel group):
-  torch-pp, torch-pp-compile  torch.distributed.pipelining Schedule1F1B (torch_pp_peer.py), per-block compile
+  torch-pp, torch-pp-compile  torch.distributed.pipelining (torch_pp_peer.py), per-block compile; --pp-schedule
+                              1f1b (Schedule1F1B, the default), interleaved, zbv or dualpipev
   dtensor-tp, dtensor-tp-sp   DTensor tensor parallel, torchtitan's plan, with SequenceParallel (dtensor_tp_peer.py)
   megatron-pp, megatron-tp, megatron-tp-sp, megatron-pp-tp
                               Megatron-core's GPTModel, local spec, its pipeline schedule / TP / SP over all ranks, or
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 import common  # first of ours: it puts the repository on sys.path
 import gpt_peer_run
+import torch_pp_peer
 from hybrid_engine.models.gpt.model import gpt_loss
 from plain_gpt import PlainGPT, load_engine_init
 
@@ -63,8 +65,8 @@ def build(a: argparse.Namespace, cfg, device: torch.device):
     if dist.get_world_size() < 2:
         common.fail(f"--mode {a.mode} needs at least 2 ranks (torchrun --nproc_per_node=2)")
     if a.mode.startswith("torch-pp"):
-        import torch_pp_peer
-        return torch_pp_peer.build(a, cfg, device, compile_blocks=a.mode == "torch-pp-compile")
+        return torch_pp_peer.build(a, cfg, device, compile_blocks=a.mode == "torch-pp-compile",
+                                   schedule_name=a.pp_schedule)
     if a.mode.startswith("dtensor-tp"):
         import dtensor_tp_peer
         return dtensor_tp_peer.build(a, cfg, device, sequence_parallel=a.mode == "dtensor-tp-sp")
@@ -79,6 +81,8 @@ def build(a: argparse.Namespace, cfg, device: torch.device):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", required=True, choices=MODES)
+    p.add_argument("--pp-schedule", choices=torch_pp_peer.SCHEDULES, default="1f1b",
+                   help="torch-pp modes: torch pipelining's schedule (torch_pp_peer.py)")
     gpt_peer_run.add_args(p)
     a = p.parse_args()
     gpt_peer_run.check_args(a)

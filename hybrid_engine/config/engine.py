@@ -44,16 +44,17 @@ class ScheduleConfig:
 
     name: str = field(default="1f1b", metadata=flag("--schedule", choices=(AUTO, *SCHEDULES)))
     """auto (the planner picks the fastest plan that fits memory) | naive | gpipe | 1f1b | interleaved | zb1
-    (zero-bubble: weight gradients deferred into the bubbles)."""
+    (zero-bubble: weight gradients deferred into the bubbles) | dualpipev | zbv (two chunks per rank in a V,
+    --virtual-stages 2: DeepSeek's DualPipe folded, and ZB-V)."""
     micro_batches: int | None = field(default=4, metadata=flag(metavar="M", words={AUTO: None}))
     """Micro-batches per DP rank per step (auto: the planner's); the step's loss is their mean."""
     virtual_stages: int | None = field(default=1, metadata=flag(metavar="V", words={AUTO: None}))
-    """Model chunks per pipeline rank (interleaved only; auto: the planner's)."""
+    """Model chunks per pipeline rank (interleaved; zbv and dualpipev run exactly 2; auto: the planner's)."""
     lookahead: int | None = field(default=0, metadata=flag(metavar="K", words={AUTO: None}))
     """1f1b/zb1: forwards every rank but the last runs beyond the 1F1B warm-up, hiding the gradient's round trip
     at the cost of one more micro-batch of activations each (auto: the planner's)."""
     merge_weight_grads: bool | None = field(default=False, metadata=flag("--merge-wgrad"))
-    """zb1: compute a stage's weight gradients once over all micro-batches (one GEMM per layer); unset: the
+    """zb1, zbv: compute a stage's weight gradients once over all micro-batches (one GEMM per layer); unset: the
     planner's."""
 
     @staticmethod
@@ -91,7 +92,7 @@ class ScheduleConfig:
     def check_rules(self, pp: int) -> None:
         """The C++ core's rules for what this request fixes (csrc/schedule/generators.h check_schedule_request),
         never restated here; its line names the flag at fault. A schedule left to the planner is checked once the
-        planner has named one; a count left to it is asked at a value every schedule takes (micro-batches: pp,
+        planner has named one; a count left to it is asked at a value the schedule takes (micro-batches and
         virtual stages: the schedule's least, lookahead: 0), so only what the user fixed can be refused."""
         self.check_merge()
         if self.name == AUTO:
@@ -101,7 +102,8 @@ class ScheduleConfig:
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
             return
-        micro = pp if self.micro_batches is None else self.micro_batches
+        micro = (_C.schedule.least_micro_batches(self.name, pp) if self.micro_batches is None
+                 else self.micro_batches)
         chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None
                   else self.virtual_stages)
         try:
@@ -110,10 +112,13 @@ class ScheduleConfig:
             raise ConfigError(str(exc)) from None
 
     def check_merge(self) -> None:
-        """--merge-wgrad only with zb1 (or a schedule left to the planner, which then picks zb1)."""
+        """--merge-wgrad only with a schedule that splits every backward (the C++ core's splits_backward: zb1, zbv),
+        or one left to the planner, which then picks such a schedule."""
         if self.merge_weight_grads and self.name != AUTO and not _C.schedule.splits_backward(self.name):
-            raise ConfigError(f"merging weight gradients applies to the zb1 schedule only (got {self.name}): it "
-                              "merges the deferred W actions, which only zb1 has")
+            split = [name for name in SCHEDULES if _C.schedule.splits_backward(name)]
+            raise ConfigError(f"merging weight gradients applies to the {' and '.join(split)} schedules only (got "
+                              f"{self.name}): it merges the deferred W actions, which only they have for every "
+                              "backward")
 
 
 @dataclass(frozen=True)

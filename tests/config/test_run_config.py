@@ -104,7 +104,7 @@ def validate(*flags: str, world: int = 1, device: str = "cpu"):
 
 @pytest.mark.parametrize("flags,message", [
     (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
-    (("--schedule", "1f1b", "--merge-wgrad"), "applies to the zb1 schedule only (got 1f1b)"),
+    (("--schedule", "1f1b", "--merge-wgrad"), "applies to the zb1 and zbv schedules only (got 1f1b)"),
     (("--dim", "2147483648"), "--dim 2147483648 is too large"),
     (("--depth", "4294967296"), "--depth 4294967296 is too large"),
     (("--lookahead", "2147483648"), "--lookahead 2147483648 is too large"),

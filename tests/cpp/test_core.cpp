@@ -1,5 +1,6 @@
 // Torch-free core, tested alone: tests/cpp/test_cpp_core.py compiles this with csrc/grid/*.cpp and
 // csrc/schedule/*.cpp using a plain C++17 compiler and no torch include path, then runs it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -105,7 +106,11 @@ void test_every_schedule_runs() {
             const hybrid::Schedule s = hybrid::make_schedule(name, pp, m, v);
             const hybrid::StagePlacement placement = hybrid::schedule_stage_placement(name, pp, v);
             hybrid::validate(s, placement, m);
-            hybrid::simulate(s, placement, hybrid::Costs());
+            const hybrid::SimResult r = hybrid::simulate(s, placement, hybrid::Costs());
+            int peak = 0;
+            for (int p : r.peak_activations) peak = std::max(peak, p);
+            check(peak == hybrid::activation_bound(name, pp, m, v), what + ": peak activations " +
+                                                                       std::to_string(peak) + " off the bound");
             ++count;
           } catch (const std::exception& e) {
             check(false, what + ": " + e.what());
@@ -221,6 +226,52 @@ void test_v_lowering() {
         "the v program is refused under the loop placement");
 }
 
+void test_v_schedules() {
+  // zbv and dualpipev: v placement, every micro-batch F'd and backwarded once per stage, the split backwards'
+  // W's all present, and a smaller bubble than 1f1b's and zb1's at equal stage costs (F = I = W = B / 2).
+  using hybrid::ActionType;
+  const int pp = 4, m = 8;
+  const hybrid::StagePlacement one_chunk(pp, pp);
+  const double bubble_1f1b = hybrid::simulate(hybrid::make_schedule("1f1b", pp, m), one_chunk).bubble;
+  const double bubble_zb1 = hybrid::simulate(hybrid::make_schedule("zb1", pp, m), one_chunk).bubble;
+  for (const std::string name : {"zbv", "dualpipev"}) {
+    check(hybrid::schedule_placement(name) == hybrid::Placement::V, name + " runs the v placement");
+    const hybrid::StagePlacement v(pp, 2 * pp, hybrid::Placement::V);
+    const hybrid::Schedule s = hybrid::make_schedule(name, pp, m, 2);
+    for (int r = 0; r < pp; ++r) {
+      for (int stage : v.stages_of(r)) {
+        int f = 0, b = 0, i = 0, w = 0;
+        for (const hybrid::Action& a : s[r]) {
+          if (a.stage != stage) continue;
+          f += a.type == ActionType::F;
+          b += a.type == ActionType::B;
+          i += a.type == ActionType::I;
+          w += a.type == ActionType::W;
+        }
+        const std::string what = name + " rank " + std::to_string(r) + " stage " + std::to_string(stage);
+        check(f == m && b + i == m && w == i, what + ": F B I W counts");
+        check(name != "zbv" || b == 0, what + ": zbv splits every backward");
+      }
+    }
+    const hybrid::SimResult r = hybrid::simulate(s, v);
+    check(r.bubble < bubble_zb1 && bubble_zb1 < bubble_1f1b,
+          name + " bubble " + std::to_string(r.bubble) + " below zb1's " + std::to_string(bubble_zb1));
+  }
+  check(throws([] { hybrid::check_schedule_request("zbv", 4, 8, 1); }), "zbv refuses one chunk per rank");
+  check(throws([] { hybrid::check_schedule_request("dualpipev", 4, 8, 3); }), "dualpipev refuses three chunks");
+  check(throws([] { hybrid::check_schedule_request("dualpipev", 4, 7, 2); }), "dualpipev needs 2 pp micro-batches");
+  check(throws([] { hybrid::check_schedule_request("zbv", 4, 8, 2, 1); }), "zbv takes no lookahead");
+  check(hybrid::splits_backward("zbv") && !hybrid::splits_backward("dualpipev"), "only zbv's W's all merge");
+  // The least counts are requests the schedule takes (what a count left to the planner is checked at).
+  for (const std::string& name : hybrid::schedule_names()) {
+    for (int pp = name == "interleaved" ? 2 : 1; pp <= 8; ++pp) {
+      const int m = hybrid::least_micro_batches(name, pp), v = hybrid::least_virtual_stages(name);
+      check(!throws([&] { hybrid::check_schedule_request(name, pp, m, v); }), name + ": its least counts");
+      check(m == 1 || throws([&] { hybrid::check_schedule_request(name, pp, m - 1, v); }), name + ": m - 1 refused");
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -232,6 +283,7 @@ int main() {
   test_loop_placement();
   test_v_placement();
   test_v_lowering();
+  test_v_schedules();
   if (failures == 0) std::printf("all core checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -31,9 +31,9 @@ def tokens(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_peer(mode: str, nproc: int, tokens: str) -> dict:
+def run_peer(mode: str, nproc: int, tokens: str, *extra: str) -> dict:
     cmd = launch.torchrun(nproc, launch.free_port()) + [str(REPO / "experiments" / "peers" / "gpt_pp_tp_peers.py"),
-                                                        "--mode", mode, "--data", tokens, *SHAPE,
+                                                        "--mode", mode, *extra, "--data", tokens, *SHAPE,
                                                         "--precision", "fp32", "--device", "cpu", "--lr", "3e-3"]
     done = subprocess.run(cmd, cwd=REPO, env=launch.child_env(cpu=True), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, launch.worker_stderr(done.stderr)
@@ -59,6 +59,15 @@ def test_two_rank_peer_reproduces_the_one_process_losses(mode, pp, tp, tokens, s
         assert rec["stage_modules"] == ["0..3", "4..5"]  # the engine's cut: embeddings + 3 blocks | 1 block + head
     else:
         assert rec["sequence_parallel"] == (mode == "dtensor-tp-sp") and rec["optimizer"].startswith("AdamW")
+
+
+@pytest.mark.parametrize("schedule,torch_class", [("zbv", "ScheduleZBVZeroBubble"), ("dualpipev", "ScheduleDualPipeV")])
+def test_torch_v_schedules_reproduce_the_one_process_losses(schedule, torch_class, tokens, single):
+    """torch pipelining's V schedules on the engine's cut into 4 stages and the engine's v placement."""
+    rec = run_peer("torch-pp", 2, tokens, "--pp-schedule", schedule)
+    assert (rec["schedule"], rec["stages_per_rank"]) == (torch_class, 2)
+    assert rec["stage_modules"] == ["0..1", "2..2", "3..4", "5..5"]
+    assert rec["losses"] == pytest.approx(single["losses"], rel=REL)
 
 
 def test_the_peers_train_what_the_engine_trains(tmp_path, tokens, single):

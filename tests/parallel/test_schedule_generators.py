@@ -1,10 +1,11 @@
-"""Generators (naive, gpipe, 1f1b, interleaved, zb1), the lowering pass, and request checking."""
+"""Generators (naive, gpipe, 1f1b, interleaved, zb1; zbv and dualpipev in test_v_schedules.py), the lowering
+pass, and request checking."""
 from __future__ import annotations
 
 import pytest
 
-from hybrid_engine.parallel.pipeline.schedule import (SCHEDULES, Action, add_communication, compute_schedule, make_schedule, simulate,
-                                    validate)
+from hybrid_engine.parallel.pipeline.schedule import (SCHEDULES, Action, add_communication, compute_schedule,
+                                                      make_schedule, schedule_placement, simulate, validate)
 
 
 def grid(schedule) -> list[str]:
@@ -18,7 +19,10 @@ def legal_requests(max_pp: int = 8, max_m: int = 32, max_v: int = 4):
                 for name in SCHEDULES:
                     if name == "interleaved" and (v < 2 or pp < 2 or m % pp):
                         continue
-                    if name not in ("interleaved", "gpipe") and v != 1:
+                    if name in ("zbv", "dualpipev"):
+                        if v != 2 or (name == "dualpipev" and m < 2 * pp):
+                            continue
+                    elif name not in ("interleaved", "gpipe") and v != 1:
                         continue
                     yield name, pp, m, v
 
@@ -91,10 +95,11 @@ def test_every_generated_schedule_is_valid_and_simulates():
     count = 0
     for name, pp, m, v in legal_requests():
         schedule = make_schedule(name, pp, m, v)
-        validate(schedule, micro_batches=m, num_stages=pp * v)
-        result = simulate(schedule, num_stages=pp * v)
+        placement = schedule_placement(name)
+        validate(schedule, micro_batches=m, num_stages=pp * v, placement=placement)
+        result = simulate(schedule, num_stages=pp * v, placement=placement)
         assert result.makespan > 0, (name, pp, m, v)
-        count += 1
+        count += name not in ("zbv", "dualpipev")
     assert count == 1951
 
 

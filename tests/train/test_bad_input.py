@@ -72,6 +72,11 @@ def test_interleaved_with_one_virtual_stage():
                         "the interleaved schedule needs --virtual-stages >= 2")
 
 
+def test_dualpipev_with_fewer_micro_batches_than_stages():
+    fails_on_every_rank(("--pp", "2", "--schedule", "dualpipev", "--micro-batches", "2"),
+                        "dualpipev needs at least 2 x pp micro-batches (got micro-batches=2, pp=2)")
+
+
 def test_lookahead_with_a_schedule_that_has_none():
     fails_on_every_rank(("--pp", "2", "--schedule", "gpipe", "--lookahead", "1"),
                         "--lookahead applies to --schedule 1f1b and zb1 only (got gpipe)")
