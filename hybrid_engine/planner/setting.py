@@ -51,4 +51,4 @@ class Setting:
         d = cfg.data_parallel
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip), cp,
-                       getattr(d, "zero_shard_size", None) or 0, d.bucket_mb * 2**20)
+                       d.shard_size, d.bucket_mb * 2**20)
