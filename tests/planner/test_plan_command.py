@@ -22,9 +22,10 @@ def test_plan_command_ranks_every_grid_of_the_world(capsys):
                       "bf16", "--plan-card", "h200"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line[:4].strip().isdigit()]
-    # 4x1x1 1x4x1 1x1x4 2x2x1 2x1x2 1x2x2, and the three with DP ranks again under the other ZeRO level
-    assert len(rows) == 9 and len({line.split()[1] for line in rows}) == 6
-    assert sorted(line.split()[1] for line in rows if line.split()[2] == "1") == ["2x1x2", "2x2x1", "4x1x1"]
+    # 4x1x1 1x4x1 1x1x4 2x2x1 2x1x2 1x2x2, and the three with DP ranks again under each other ZeRO level (1-3)
+    assert len(rows) == 15 and len({line.split()[1] for line in rows}) == 6
+    for level in "123":
+        assert sorted(line.split()[1] for line in rows if line.split()[2] == level) == ["2x1x2", "2x2x1", "4x1x1"]
     times = [float(re.search(r"\s([\d.e+]+)\s+[\d.e+]+\s+[\d.]+(\s|$)", line).group(1)) for line in rows]
     assert times == sorted(times) and "why not" in out[1]
     assert all(line.split()[1].count("x") == 2 for line in rows)
@@ -168,7 +169,7 @@ def test_the_winners_zero_level_is_on_its_command_line_and_a_given_zero_is_kept(
     assert plan.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line[:4].strip().isdigit()]
-    assert {line.split()[2] for line in rows if line.split()[1] == "2x1x1"} == {"0", "1"}
+    assert {line.split()[2] for line in rows if line.split()[1] == "2x1x1"} == {"0", "1", "2", "3"}
     command = shlex.split(out[-1].split(" hybrid_engine.py ", 1)[1])
     cfg = cli.parse_config(command)
     first = rows[0].split()
