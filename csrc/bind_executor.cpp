@@ -86,21 +86,23 @@ void bind_executor(py::module_& m) {
                                                       "Sums flat gradient buckets over the DP group.")
       .def(py::init([](std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype,
                        bool shard, std::shared_ptr<CommTrace> trace, std::vector<at::Tensor> keep_shards,
-                       std::optional<GroupPtr> replica_group) {
+                       std::optional<GroupPtr> replica_group, bool every_micro) {
              return std::make_shared<DpGradSync>(std::move(buckets), std::move(dp_group), wire_dtype, shard,
                                                  std::move(trace), std::move(keep_shards),
-                                                 replica_group ? *replica_group : GroupPtr());
+                                                 replica_group ? *replica_group : GroupPtr(), every_micro);
            }),
            py::arg("buckets"), py::arg("dp_group"), py::arg("wire_dtype") = std::nullopt, py::arg("shard") = false,
            py::arg("trace") = nullptr, py::arg("keep_shards") = std::vector<at::Tensor>{},
-           py::arg("replica_group") = std::nullopt,
+           py::arg("replica_group") = std::nullopt, py::arg("every_micro") = false,
            "wire_dtype: the dtype the buckets travel in (e.g. torch.bfloat16: half the bytes for fp32 gradients); "
            "None: their own. shard: reduce-scatter (each DP rank's equal piece of a bucket gets the sum) instead "
            "of all-reduce. trace: a CommTrace that records each launch (--trace). keep_shards (ZeRO-2): one "
            "tensor per bucket that receives this rank's summed piece, the bucket's bytes then released. "
-           "replica_group (hybrid sharding): each summed piece is all-reduced over it too.")
+           "replica_group (hybrid sharding): each summed piece is all-reduced over it too. every_micro (with "
+           "keep_shards): a stage's buckets are reduced after each of its gradient actions and summed into the shards.")
       .def_property_readonly("shard", &DpGradSync::shard)
       .def_property_readonly("keeps_shards", &DpGradSync::keeps_shards)
+      .def_property_readonly("every_micro", &DpGradSync::every_micro)
       .def("restore", &DpGradSync::restore, py::call_guard<py::gil_scoped_release>(),
            "Reallocate the buckets released after their reduce-scatter (keep_shards) and zero every bucket.")
       .def_property_readonly("wire_dtype", &DpGradSync::wire_dtype)

@@ -30,6 +30,9 @@ void bind_grad(py::module_& m) {
       .def("set_main_grad", &GradBuffer::set_main_grad, py::arg("param"), py::arg("buffer"),
            "Accumulate `param`'s gradient into `buffer` (e.g. fp32 for a half weight) instead of param.grad.")
       .def("has_main_grad", &GradBuffer::has_main_grad, py::arg("param"))
+      .def("set_restore_on_write", &GradBuffer::set_restore_on_write, py::arg("restore"),
+           "While set, a released bucket is restored (zeroed) by the first gradient write into it (ZeRO-2/3 "
+           "reducing per micro-batch).")
       .def(
           "install_grad_hooks",
           [](GradBuffer& g, const std::vector<at::Tensor>& params) {

@@ -42,15 +42,18 @@ def train_runs(rank: int, world: int, runs: list[dict], cfg: dict) -> list[dict]
         held = {}
         if engine.zero is not None:
             engine.add_post_backward_hook(lambda e: held.setdefault("after_backward", e.zero.held_bytes()))
-        if engine.zero is not None and engine.zero.params is not None:
-            # the most parameter bytes held as any layer starts its forward (engine._stages: `stages` would gather)
-            def watch(module, args, params=engine.zero.params):
-                held["in_forward"] = max(held.get("in_forward", 0), params.held_bytes())
+        if engine.zero is not None and engine.zero.level >= 2:
+            # as each layer starts its forward (engine._stages: `stages` would gather): the most parameter bytes
+            # held, and the (parameter, gradient) bytes held as the step's first layer starts
+            def watch(module, args, zero=engine.zero):
+                held["in_forward"] = max(held.get("in_forward", 0), zero.held_bytes()[0])
+                held.setdefault("step_start", zero.held_bytes())
             for stage in engine._stages.values():
                 for layer in stage:
                     layer.register_forward_pre_hook(watch)
         losses, norms = [], []
         for step in range(cfg["steps"]):
+            held.pop("step_start", None)
             result = engine.train_step(*_rows(groups, dp, step, cfg))
             losses.append(result.loss)
             norms.append(result.grad_norm)

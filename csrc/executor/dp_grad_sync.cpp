@@ -5,14 +5,13 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "executor/buffer_address.h"
 #include "grad/released_storage.h"
 
 namespace hybrid {
 
 DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
                        std::optional<at::ScalarType> wire_dtype, bool shard, std::shared_ptr<CommTrace> trace,
-                       std::vector<at::Tensor> keep_shards, GroupPtr replica_group)
+                       std::vector<at::Tensor> keep_shards, GroupPtr replica_group, bool every_micro)
     : buckets_(std::move(buckets)),
       dp_group_(std::move(dp_group)),
       wire_dtype_(wire_dtype),
@@ -20,6 +19,7 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
       trace_(std::move(trace)),
       keep_shards_(std::move(keep_shards)),
       replica_group_(std::move(replica_group)),
+      every_micro_(every_micro),
       launched_(buckets_.size(), false),
       armed_(buckets_.size(), false),
       announced_(buckets_.size()),
@@ -33,6 +33,7 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
   }
   TORCH_CHECK(!replica_group_ || is_trivial(replica_group_) || (shard_ && !is_trivial(dp_group_)),
               "DpGradSync: a replica group needs a shard group of two or more ranks");
+  TORCH_CHECK(!every_micro_ || !keep_shards_.empty(), "DpGradSync: every_micro accumulates into keep_shards");
   TORCH_CHECK(keep_shards_.empty() || (shard_ && keep_shards_.size() == buckets_.size()),
               "DpGradSync: keep_shards needs shard and one shard tensor per bucket");
   const int64_t size = is_trivial(dp_group_) ? 1 : dp_group_->getSize();
@@ -40,31 +41,44 @@ DpGradSync::DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group,
     TORCH_CHECK(keep_shards_[b].numel() * size == buckets_[b].numel(), "DpGradSync: bucket ", b, "'s kept shard has ",
                 keep_shards_[b].numel(), " elements, not 1/", size, " of ", buckets_[b].numel());
   }
-  index_addresses_locked();
+  // Keyed by storage, not address: a released bucket comes back at another address, its storage the same.
+  for (int b = 0; b < num_buckets(); ++b) by_storage_[buckets_[b].storage().unsafeGetStorageImpl()] = b;
   clear_step_locked();
-}
-
-void DpGradSync::index_addresses_locked() {
-  by_address_.clear();
-  for (int b = 0; b < num_buckets(); ++b) {
-    if (buckets_[b].nbytes() > 0 && !storage_released(buckets_[b])) by_address_[buffer_address(buckets_[b])] = b;
-  }
 }
 
 void DpGradSync::restore() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (every_micro_) {
+    // The shards sum the micro-batches' pieces; the buckets come back one by one as the backward writes them
+    // (GradBuffer's restore on write).
+    for (at::Tensor& shard : keep_shards_) shard.zero_();
+    for (at::Tensor& bucket : buckets_) {
+      if (bucket.numel() > 0 && !storage_released(bucket)) release_storage(bucket);
+    }
+    return;
+  }
   for (at::Tensor& bucket : buckets_) {
-    restore_storage(bucket);  // a released one gets a new allocation: its address is indexed again below
+    restore_storage(bucket);
     bucket.zero_();
   }
-  index_addresses_locked();
 }
 
 void DpGradSync::keep_shard_and_release(int bucket, const at::Tensor& summed) {
   const int64_t piece = keep_shards_[bucket].numel();
   const int64_t rank = is_trivial(dp_group_) ? 0 : dp_group_->getRank();
-  keep_shards_[bucket].copy_(summed.narrow(0, rank * piece, piece));
+  at::Tensor mine = summed.narrow(0, rank * piece, piece);
+  if (every_micro_) {
+    keep_shards_[bucket].add_(mine);
+  } else {
+    keep_shards_[bucket].copy_(mine);
+  }
   release_storage(buckets_[bucket]);
+}
+
+void DpGradSync::rearm_locked(int bucket) {
+  launched_[bucket] = false;
+  announced_[bucket].clear();
+  unannounced_bytes_[bucket] = static_cast<int64_t>(buckets_[bucket].nbytes());
 }
 
 void DpGradSync::launch(int bucket, LaunchCause cause) {
@@ -77,6 +91,8 @@ void DpGradSync::launch(int bucket, LaunchCause cause) {
 
 void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   if (launched_[bucket]) return;
+  // Per micro-batch, a bucket nothing wrote since its last reduction stays released and is not sent.
+  if (every_micro_ && storage_released(buckets_[bucket])) return;
   launched_[bucket] = true;
   launches_.push_back({bucket, cause});
   // On CUDA, c10d's NCCL all-reduce makes its stream wait on the caller's current stream at launch; called
@@ -84,6 +100,7 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
   // ordered after that write without any synchronisation here.
   if (is_trivial(dp_group_)) {
     if (!keep_shards_.empty()) keep_shard_and_release(bucket, buckets_[bucket]);
+    if (every_micro_) rearm_locked(bucket);
     return;
   }
   at::Tensor& grads = buckets_[bucket];
@@ -102,7 +119,7 @@ void DpGradSync::launch_locked(int bucket, LaunchCause cause) {
 
 void DpGradSync::complete_one(InFlight& f) {
   f.work->wait();  // on CUDA: the current stream waits for the all-reduce, then the cast back follows it
-  if (replica_group_ && !is_trivial(replica_group_)) {
+  if (replica_group_ && !is_trivial(replica_group_) && !every_micro_) {
     at::Tensor& summed = f.wire.defined() ? f.wire : buckets_[f.bucket];
     const int64_t piece = summed.numel() / dp_group_->getSize();
     at::Tensor mine = summed.narrow(0, dp_group_->getRank() * piece, piece);
@@ -112,6 +129,7 @@ void DpGradSync::complete_one(InFlight& f) {
   }
   if (!keep_shards_.empty()) {
     keep_shard_and_release(f.bucket, f.wire.defined() ? f.wire : buckets_[f.bucket]);
+    if (every_micro_) rearm_locked(f.bucket);
   } else if (f.wire.defined()) {
     buckets_[f.bucket].copy_(f.wire);
   }
@@ -125,7 +143,7 @@ void DpGradSync::complete(std::vector<InFlight>& in_flight) {
 void DpGradSync::complete_finished_locked() {
   // With replicas, completing a bucket issues its all-reduce across the copies, a blocking collective: that waits
   // for finish(), where no pipeline traffic of the step is left to wait on this rank.
-  if (keep_shards_.empty() || (replica_group_ && !is_trivial(replica_group_))) return;
+  if (keep_shards_.empty() || (replica_group_ && !is_trivial(replica_group_) && !every_micro_)) return;
   // The finished prefix only, in launch order.
   size_t done = 0;
   while (done < pending_.size() && pending_[done].work->isCompleted()) complete_one(pending_[done++]);
@@ -134,6 +152,11 @@ void DpGradSync::complete_finished_locked() {
 
 void DpGradSync::arm(const std::vector<int>& buckets) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (every_micro_) {
+    // The backward about to run writes these buckets again: the previous micro-batch's reductions must be done
+    // with them (they have run beside the forwards in between).
+    complete(pending_);
+  }
   for (int b : buckets) {
     if (b < 0 || b >= num_buckets()) {
       throw std::out_of_range("DP gradient bucket " + std::to_string(b) + " does not exist");
@@ -147,20 +170,16 @@ void DpGradSync::disarm() {
   std::fill(armed_.begin(), armed_.end(), false);
 }
 
-int DpGradSync::bucket_of(uintptr_t begin, uintptr_t end) const {
-  auto it = by_address_.upper_bound(begin);
-  if (it == by_address_.begin()) return -1;
-  const int b = std::prev(it)->second;
-  return end <= std::prev(it)->first + buckets_[b].nbytes() ? b : -1;
-}
-
 bool DpGradSync::notify(const at::Tensor& grad) {
-  if (!grad.defined() || grad.nbytes() == 0 || !grad.is_contiguous()) return false;
-  const uintptr_t begin = buffer_address(grad);
-  const uintptr_t end = begin + grad.nbytes();
+  if (!grad.defined() || grad.nbytes() == 0 || !grad.is_contiguous() || !grad.has_storage()) return false;
   std::lock_guard<std::mutex> lock(mutex_);
-  const int b = bucket_of(begin, end);
-  if (b < 0 || !armed_[b] || launched_[b]) return false;
+  auto found = by_storage_.find(grad.storage().unsafeGetStorageImpl());
+  if (found == by_storage_.end()) return false;
+  const int b = found->second;
+  if (!armed_[b] || launched_[b] || grad.dtype() != buckets_[b].dtype()) return false;
+  // Byte range within the bucket (whose storage starts at its first element).
+  const uintptr_t begin = static_cast<uintptr_t>(grad.storage_offset()) * grad.element_size();
+  const uintptr_t end = begin + grad.nbytes();
   // Count only ranges disjoint from everything announced before: a gradient announced twice (or overlapping
   // one that was) counts once, so reaching zero means every byte of the bucket was announced final.
   auto& ranges = announced_[b];
@@ -183,6 +202,14 @@ void DpGradSync::finish() {
     pending.swap(pending_);
   }
   complete(pending);
+  if (every_micro_ && replica_group_ && !is_trivial(replica_group_)) {
+    // The micro-batches' summed pieces, then across the copies once.
+    for (int b = 0; b < num_buckets(); ++b) {
+      auto across = all_reduce_sum_async(keep_shards_[b], replica_group_);
+      if (trace_) trace_->launched(CommKind::AllReduce, b, across);
+      across->wait();
+    }
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   last_launches_ = std::move(launches_);
   clear_step_locked();

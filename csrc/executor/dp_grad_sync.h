@@ -18,6 +18,13 @@
 // lives only from the step's start to its own reduce-scatter; finished collectives are collected as each new one
 // is launched, not only at finish(). restore() brings every bucket back, zeroed, before the next step's backward.
 //
+// Per micro-batch (`every_micro`, with keep_shards): the executor arms and launches a stage's buckets after every
+// gradient action, not only the last; each bucket's summed piece is added into its shard (zeroed by restore()),
+// and the bucket released until the backward writes it again (GradBuffer restores it on the first write). A
+// bucket is then whole only from its first write in a micro-batch's backward to its reduce-scatter; the next
+// arm() finishes the reductions still running (they travel beside the forwards in between). The gradients move
+// once per micro-batch instead of once per step.
+//
 // Hybrid sharding: with a `replica_group` (the same shard position in every sharded copy), each bucket's summed
 // piece is then all-reduced over it once the backward is over (finish), bucket by bucket in launch order.
 //
@@ -35,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/collectives.h"
@@ -60,7 +68,7 @@ class DpGradSync {
   // divide by the DP size (GradBuffer pads them). trace: where launches are recorded for --trace (may be null).
   DpGradSync(std::vector<at::Tensor> buckets, GroupPtr dp_group, std::optional<at::ScalarType> wire_dtype = {},
              bool shard = false, std::shared_ptr<CommTrace> trace = nullptr,
-             std::vector<at::Tensor> keep_shards = {}, GroupPtr replica_group = nullptr);
+             std::vector<at::Tensor> keep_shards = {}, GroupPtr replica_group = nullptr, bool every_micro = false);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Start the all-reduce of one bucket; each bucket is launched at most once per step.
@@ -79,6 +87,7 @@ class DpGradSync {
   std::optional<at::ScalarType> wire_dtype() const { return wire_dtype_; }
   bool shard() const { return shard_; }
   bool keeps_shards() const { return !keep_shards_.empty(); }
+  bool every_micro() const { return every_micro_; }
   // Reallocate every released bucket (keep_shards) and zero every bucket: before the step's first gradient write.
   void restore();
   // Forget launches of an aborted step.
@@ -89,7 +98,7 @@ class DpGradSync {
 
  private:
   void launch_locked(int bucket, LaunchCause cause);
-  int bucket_of(uintptr_t begin, uintptr_t end) const;  // -1: not inside one bucket
+  void rearm_locked(int bucket);  // every_micro: launchable again for the next micro-batch
   void clear_step_locked();
 
   // An all-reduce in flight: its work and, when the bucket travels in the wire dtype, the narrower copy that is
@@ -103,7 +112,6 @@ class DpGradSync {
   void complete_one(InFlight& f);
   void keep_shard_and_release(int bucket, const at::Tensor& summed);
   void complete_finished_locked();  // the pending collectives already done (keep_shards only)
-  void index_addresses_locked();
 
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
@@ -112,7 +120,8 @@ class DpGradSync {
   std::shared_ptr<CommTrace> trace_;
   std::vector<at::Tensor> keep_shards_;
   GroupPtr replica_group_;
-  std::map<uintptr_t, int> by_address_;  // bucket start address -> bucket
+  bool every_micro_ = false;
+  std::unordered_map<const c10::StorageImpl*, int> by_storage_;  // bucket storage -> bucket
 
   // Announcements may arrive on autograd's device thread (CUDA), so everything below is under the mutex.
   mutable std::mutex mutex_;

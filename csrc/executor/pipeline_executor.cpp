@@ -113,7 +113,10 @@ StageProgram& PipelineExecutor::program(const Action& a) const { return *program
 const std::vector<int>* PipelineExecutor::final_grad_buckets(int stage, size_t index) const {
   if (!dp_sync_) return nullptr;
   auto last = last_grad_action_.find(stage);
-  if (last == last_grad_action_.end() || last->second != index) return nullptr;
+  if (last == last_grad_action_.end()) return nullptr;
+  // Reducing per micro-batch: every gradient action of the stage; else its last one.
+  const bool reduces = dp_sync_->every_micro() ? is_backward_type(actions_[index].type) : last->second == index;
+  if (!reduces) return nullptr;
   auto buckets = stage_buckets_.find(stage);
   return buckets == stage_buckets_.end() ? nullptr : &buckets->second;
 }

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "grad/accumulate.h"
+#include "grad/released_storage.h"
 
 namespace hybrid {
 
@@ -37,7 +38,19 @@ struct TouchedParams {
 GradBuffer::GradBuffer(std::vector<at::Tensor> buckets) : buckets_(std::move(buckets)) {
   for (const at::Tensor& b : buckets_) {
     TORCH_CHECK(b.defined() && b.dim() == 1 && b.is_contiguous(), "GradBuffer: a bucket must be a flat tensor");
+    bucket_of_storage_[b.storage().unsafeGetStorageImpl()] = bucket_of_storage_.size();
   }
+}
+
+void GradBuffer::restore_bucket_of(const at::Tensor& grad) {
+  if (!grad.defined() || !grad.has_storage()) return;
+  auto found = bucket_of_storage_.find(grad.storage().unsafeGetStorageImpl());
+  if (found == bucket_of_storage_.end()) return;
+  std::lock_guard<std::mutex> lock(restore_mutex_);
+  at::Tensor& bucket = buckets_[found->second];
+  if (!storage_released(bucket)) return;
+  restore_storage(bucket);
+  bucket.zero_();
 }
 
 std::pair<int64_t, int64_t> GradBuffer::bucket_shard(int bucket, int rank, int size) const {
@@ -62,12 +75,15 @@ bool GradBuffer::has_main_grad(const at::Tensor& param) const {
 }
 
 at::Tensor& GradBuffer::grad_target(const at::Tensor& param) {
+  at::Tensor* target = nullptr;
   {
     std::lock_guard<std::mutex> lock(routes_mutex_);
     auto it = main_grads_.find(param.unsafeGetTensorImpl());
-    if (it != main_grads_.end()) return it->second.second;  // the map's nodes never move
+    if (it != main_grads_.end()) target = &it->second.second;  // the map's nodes never move
   }
-  return param.mutable_grad();
+  if (target == nullptr) target = &param.mutable_grad();
+  if (restore_on_write_.load()) restore_bucket_of(*target);
+  return *target;
 }
 
 void GradBuffer::accumulate_linear_grads(const at::Tensor& grad_output_2d, const at::Tensor& input_2d,
@@ -177,8 +193,15 @@ void GradBuffer::grad_final(const at::Tensor& param) {
   if (!param.defined() || !listening_.load()) return;
   std::lock_guard<std::mutex> lock(listener_mutex_);
   if (!listener_) return;
-  const at::Tensor& grad = grad_target(param);
-  if (grad.defined()) listener_(grad);
+  const at::Tensor* grad = nullptr;
+  {
+    std::lock_guard<std::mutex> routes(routes_mutex_);
+    auto it = main_grads_.find(param.unsafeGetTensorImpl());
+    if (it != main_grads_.end()) grad = &it->second.second;
+  }
+  if (grad == nullptr) grad = &param.grad();
+  // A bucket already reduced and released (per micro-batch) has nothing left to announce.
+  if (grad->defined() && !storage_released(*grad)) listener_(*grad);
 }
 
 }  // namespace hybrid

@@ -51,6 +51,11 @@ class GradBuffer : public torch::CustomClassHolder {
 
   WeightGradStore& wgrad() { return wgrad_; }
 
+  // While set (ZeRO-2/3 reducing per micro-batch), a bucket released after its reduction (grad/released_storage.h)
+  // is restored and zeroed by the first grad_target() that returns a view into it: every gradient write goes through
+  // grad_target, so a bucket exists only from its first write to its reduction.
+  void set_restore_on_write(bool restore) { restore_on_write_.store(restore); }
+
   // While set (an OverwriteWeightGrads scope), the backward running is every gradient's only write of the step:
   // a native chain then writes its weight gradients instead of adding them (the step skips zeroing them).
   bool overwrites() const { return overwrite_.load(); }
@@ -92,6 +97,10 @@ class GradBuffer : public torch::CustomClassHolder {
   GradFinalListener listener_;
   std::atomic<bool> listening_{false};  // lets grad_final skip the lock when nobody listens (most actions)
   std::atomic<bool> overwrite_{false};
+  std::atomic<bool> restore_on_write_{false};
+  std::mutex restore_mutex_;
+  std::unordered_map<const c10::StorageImpl*, size_t> bucket_of_storage_;
+  void restore_bucket_of(const at::Tensor& grad);
 };
 
 // Scope of a backward that writes every gradient of its stage for the last time in the step (its only write).

@@ -105,12 +105,15 @@ class Engine(EngineState, UpdateStep, Reschedule):
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
         # ZeRO flat shards that the sharded optimizer owns (it reads the gradient buckets directly).
         sharded = data_parallel.zero >= 1
+        # ZeRO-2/3 without a pipeline reduce-scatter each micro-batch's gradients into the shards (a bucket exists
+        # from its first write to its reduction); a pipeline stage's interleaved micro-batches reduce once a step.
+        per_micro = data_parallel.zero >= 2 and self.pp_size == 1
         # Who shares one sharded copy (every rank creates every group, so before anything else collective).
         self._shard_groups = (build_shard_groups(groups, data_parallel.shard_size, precision.max_grad_norm > 0)
                               if sharded else None)
         self.masters = MasterWeights(self._parameters) if precision.half_weights and not sharded else None
         self.optimized = self.masters.masters if self.masters else self._parameters
-        stepped = {id(p): None if sharded and precision.half_weights else o
+        stepped = {id(p): None if sharded and (precision.half_weights or per_micro) else o
                    for p, o in zip(self._parameters, self.optimized)}
         # Tied copies (first and last stage): their groups are created here, by every rank, in the same order.
         # Under ZeRO each copy gets a bucket of its own, so the copies' DP shards line up (data_parallel/tied.py).
@@ -118,8 +121,10 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
                                                pad_to=self._shard_groups.size if sharded else 1,
-                                               alone=self._tied.param_ids if sharded else frozenset())
+                                               alone=self._tied.param_ids if sharded else frozenset(),
+                                               route_all=per_micro)
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
+        self.grads.set_restore_on_write(per_micro)
         # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
         self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
         attach(self._stages, self.grads, self._comm_trace)
@@ -129,7 +134,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
                                       data_parallel.overlap_param_gather, self._comm_trace, self._tied.not_counted,
                                       data_parallel.prefetch, {p.stage for p in self.plans if p.native},
                                       {s for s in self.stage_ids if self.pp_size == 1 and not self.plans[s].native
-                                       and not stages.compile})
+                                       and not stages.compile}, per_micro)
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
@@ -200,7 +205,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self._dp_sync = dp_sync = _C.DpGradSync(
             list(self.grads.buckets), group, self.data_parallel.wire_dtype, shard=self.zero is not None,
             trace=self._comm_trace, keep_shards=self.zero.keep_shards() if self.zero is not None else [],
-            replica_group=shards.replicas if shards is not None else None)
+            replica_group=shards.replicas if shards is not None else None,
+            every_micro=self.zero is not None and self.zero.reduce_every_micro)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
             actions=self.actions, pp_rank=self.pp_rank, pp_size=self.pp_size, num_stages=self.num_stages,

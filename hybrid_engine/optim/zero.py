@@ -50,8 +50,9 @@ class ShardedOptimizer(ShardedState):
                  shards: ShardGroups, level: int, device: torch.device, stages: dict[int, nn.Sequential],
                  overlap: bool = True, comm_trace: _C.CommTrace | None = None,
                  not_counted: set[int] = frozenset(), prefetch: int = 1, native_stages: set[int] = frozenset(),
-                 reshard_stages: set[int] = frozenset()):
+                 reshard_stages: set[int] = frozenset(), reduce_every_micro: bool = False):
         self.layout, self.groups, self.device, self.level = layout, groups, device, level
+        self.reduce_every_micro = reduce_every_micro  # stage 2/3: each micro-batch's gradients into the shards
         self.shard_groups = shards
         self.dp_rank, self.dp_size = shards.rank, shards.size
         self.half_weights, self.clip_group = half_weights, shards.clip
@@ -111,8 +112,14 @@ class ShardedOptimizer(ShardedState):
         how = "fused SGD + master -> half cast" if self.fused else "torch step"
         what = {1: "optimizer state", 2: "optimizer state and gradients",
                 3: "optimizer state, gradients and parameters"}[self.level]
+        when = ""
+        if self.level >= 2:
+            when = ("; gradients reduce-scattered after every micro-batch's backward, a bucket allocated at its first "
+                    "write and released once reduced" if self.reduce_every_micro else
+                    "; gradients reduce-scattered once, after the step's last backward (a pipeline stage's "
+                    "micro-batches interleave: reducing each would move the gradients m times)")
         return (f"optimizer: {type(self.optimizer).__name__} (ZeRO-{self.level}: {what} "
-                f"{self.shard_groups.describe()}; {how}): "
+                f"{self.shard_groups.describe()}; {how}{when}): "
                 f"{(self.master_bytes() + optim.state_bytes(self.optimizer)) / 2**20:.1f} MiB of masters and "
                 "optimizer state on this rank")
 

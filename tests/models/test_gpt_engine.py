@@ -159,8 +159,7 @@ GRIDS_2 = {
     "mp2 sp tied clipped": {"mp": 2, "sp": True, "tied": True, "clip": 0.5},
     # ZeRO-1 with both tied copies on one stage: each in a bucket of its own, their DP shards added locally.
     "dp2 zero1 tied": {"dp": 2, "zero": 1, "tied": True, "unsharded": "dp2 tied"},
-    # ZeRO-3 without a pipeline: each block's bucket gathered ahead of it and released after its forward and its
-    # backward, the two tied copies in buckets of their own on one stage.
+    # ZeRO-3 without a pipeline: buckets gathered and released around their layers, tied copies in their own.
     "dp2 zero3 tied": {"dp": 2, "zero": 3, "tied": True, "bucket_mb": 0.004, "unsharded": "dp2 tied"},
 }
 # Half weights (fp32 masters, the loss in fp32 from half logits): close to fp32, not equal.
@@ -187,8 +186,7 @@ GRIDS_4 = {
                            "unsharded": "dp2 pp2 tied"},
     # the tied weight counts once in the norm summed over DP shards, and its uncounted copy is still clipped
     "dp2 pp2 zero1 tied clipped": {"dp": 2, "pp": 2, "zero": 1, "tied": True, "clip": 0.5},
-    # ZeRO-2 and 3 across the pipeline: gradient buckets released once reduce-scattered, parameters kept gathered
-    # for the step, the tied copies' shards summed across it
+    # ZeRO-2 and 3 across the pipeline: the tied copies' gradient shards summed across it
     "dp2 pp2 zero2 tied clipped": {"dp": 2, "pp": 2, "zero": 2, "tied": True, "clip": 0.5},
     "dp2 pp2 zero3 tied": {"dp": 2, "pp": 2, "zero": 3, "tied": True, "bucket_mb": 0.004,
                            "unsharded": "dp2 pp2 tied"},

@@ -75,7 +75,7 @@ def _isolate(runs: list[list[nn.Parameter]], alone: set[int]) -> list[list[nn.Pa
 
 def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Tensor | None], half_weights: bool,
                       cap_bytes: int, device: torch.device, pad_to: int = 1,
-                      alone: set[int] = frozenset()) -> BufferLayout:
+                      alone: set[int] = frozenset(), route_all: bool = False) -> BufferLayout:
     """The GradBuffer of `stages`.
 
     stepped: id(model parameter) -> the tensor whose .grad becomes the parameter's view into its bucket (the
@@ -83,7 +83,9 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
     buckets directly); the bucket then has the parameter's dtype, or fp32 with half weights. half_weights: route
     each half weight's gradient to its view (its fp32 main grad). pad_to: every bucket's length is a multiple of
     it (a reduce-scatter over that many DP ranks splits it into equal shards). alone: id() of parameters that
-    get a bucket of their own (ZeRO-1's tied copies: equal buckets, so equal DP shards, on both stages)."""
+    get a bucket of their own (ZeRO-1's tied copies: equal buckets, so equal DP shards, on both stages).
+    route_all: route every parameter's gradient to its view, not only half ones (ZeRO-2/3 reducing per
+    micro-batch: every write then goes through the C++ GradBuffer, which restores a released bucket first)."""
     def grad_dtype(p: nn.Parameter) -> torch.dtype:
         owner = stepped[id(p)]
         return owner.dtype if owner is not None else (torch.float32 if half_weights else p.dtype)
@@ -106,7 +108,7 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
                     view = flat[offset : offset + p.numel()].view_as(p)
                     if stepped[id(p)] is not None:
                         stepped[id(p)].grad = view
-                    if half_weights:
+                    if half_weights or route_all:
                         routes.append((p, view))
                     members.append((p, offset))
                     offset += p.numel()
