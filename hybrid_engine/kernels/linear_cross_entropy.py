@@ -126,6 +126,8 @@ class LinearCrossEntropyHead(nn.Module):
     vocabulary rows, its placement and tags kept) and passes its input into the MP region, the hidden states
     [b, s, h] being the stage's output."""
 
+    parameters_read_after_forward = True  # by the loss: ZeRO-3 keeps the weight gathered until the backward
+
     def __init__(self, head: nn.Module):
         super().__init__()
         self.weight = head.weight

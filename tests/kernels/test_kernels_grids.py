@@ -1,5 +1,5 @@
 """The kernels pass on the engine's grids (2 gloo ranks, one launch): with fused kernels every grid -- mp 2 with
-and without sequence parallelism, pp 2 under 1f1b and zb1 with selective recompute, dp 2 under ZeRO-1 -- trains
+and without sequence parallelism, pp 2 under 1f1b and zb1 with selective recompute, dp 2 under ZeRO-1, 2 and 3 -- trains
 what the unfused model trains on one process (fp32: relative 1e-5), evaluates to the same validation loss and
 gives the same logits; with fp8 the mp 2 and pp 2 (zb1) grids train what one process trains in fp8 (the same
 quantization: the scales are the full tensors', so only the products' rounding differs), and so does dp 2 under
@@ -32,6 +32,9 @@ RUNS = [
     dict(grid=(1, 2, 1), kernels=FUSED, tied=True),
     dict(grid=(1, 2, 1), kernels=FUSED, schedule="zb1", recompute="selective"),
     dict(grid=(2, 1, 1), kernels=FUSED, zero=1),
+    # ZeRO-3 releases a layer's parameters after its forward: the fused loss reads the head's after the head's
+    dict(grid=(2, 1, 1), kernels=FUSED, zero=3),
+    dict(grid=(2, 1, 1), kernels=FUSED, zero=2),
     dict(grid=(1, 1, 2), kernels=KernelOptions(fp8="tensorwise")),
     dict(grid=(1, 1, 2), kernels=KernelOptions(fp8="rowwise"), sp=True),
     dict(grid=(1, 2, 1), kernels=KernelOptions(fused=True, fp8="rowwise"), schedule="zb1"),

@@ -89,7 +89,7 @@ class ParamShards:
         first such layer's input is computed, the bucket's backward has read its parameters for the last time:
         release it again (only its gradient, in the gradient buffer, is still written)."""
         first: dict[int, int] = {}
-        last: dict[int, int] = {}
+        last: dict[int, int] = {}  # a layer whose parameters are read after its forward keeps them to its backward
         for i, layer in enumerate(layers):
             for b in buckets_of(layer):
                 first.setdefault(b, i)
@@ -99,7 +99,7 @@ class ParamShards:
             if starting:
                 layer.register_forward_pre_hook(self._release_after_backward(starting))
             done = [b for b, at in last.items() if at == i]
-            if done:
+            if done and not _read_after_forward(layer):
                 layer.register_forward_hook(self._releaser(done))
 
     def _release(self, buckets: list[int]) -> None:
@@ -146,6 +146,13 @@ class ParamShards:
         """Bytes of parameters this rank holds now: its pieces and whatever buffers are not released."""
         whole = sum(f.numel() * f.element_size() for f in self.flats if not _C.storage_released(f))
         return whole + sum(p.numel() * p.element_size() for p in self.pieces)
+
+
+def _read_after_forward(layer: nn.Module) -> bool:
+    """Whether something reads the layer's parameters after its forward, outside it (a module marked
+    `parameters_read_after_forward`: an LM head whose logits the loss computes); its buckets then stay whole until
+    its backward has passed."""
+    return any(getattr(m, "parameters_read_after_forward", False) for m in layer.modules())
 
 
 def describe(prefetch: int, pp_size: int, native: list[int], resharded: list[int]) -> str:
