@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import hybrid_engine._C as _C
-from hybrid_engine.models import losses
+from hybrid_engine.models import losses, materialize
 from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.data_parallel import param_gather
 from hybrid_engine.optim.scaling import OverflowWatch, clip_grad_norm, make_loss_scaler
@@ -26,14 +26,15 @@ from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, Sch
 from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
 from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
+from .global_loss import global_mean_loss
 from .micro_batches import MicroBatches, micro_batch_fn
-from hybrid_engine.models import materialize
 from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
 from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
+from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
 from hybrid_engine.parallel.tensor.layers import is_mp_split, parallelize_mlp
 from hybrid_engine.optim.zero import ShardedOptimizer, clip_group_for_shards
 
@@ -50,7 +51,8 @@ class StepResult:
 
 
 class Engine(EngineState):
-    """Hybrid DP x PP x MP training of an nn.Sequential.
+    """Hybrid DP x CP x PP x MP training of an nn.Sequential (cp: the grid's; its attention by `cp_comm`,
+    ring | all-gather | auto, hybrid_engine/parallel/context; the sequences given are this cp rank's chunks).
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
         nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
@@ -62,11 +64,10 @@ class Engine(EngineState):
         stage (`tp_layers.parallelize_mlp`, the default, or e.g. a GPT's `parallelize_gpt` with its options).
     layout: the module indices of every stage (pp x virtual stages lists, contiguous, covering the model), e.g.
         `balance.balanced_partition(costs, n)`; None cuts by layer count (`partition.partition`).
-        Parameters tagged `param.tied` (a tied embedding) get their gradients summed between the first and
-        the last stage before every update (hybrid_engine/parallel/data_parallel/tied.py).
+        Tied parameters (`param.tied`) get their gradients summed between the first and the last stage.
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
-    schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/config/engine.py).
-    trace: time every action of each step (`trace` property) and its DP and MP collectives (`comm_trace`).
+    schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/config/engine.py); trace:
+    time every action of each step (`trace`), its DP and MP collectives (`comm_trace`) and its cp transfers.
     """
 
     def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
@@ -75,7 +76,8 @@ class Engine(EngineState):
                  precision: PrecisionConfig = PrecisionConfig(),
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
-                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None):
+                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None,
+                 cp_comm: str = "auto"):
         for cfg in (stages, precision, data_parallel):
             cfg.validate()
         schedule.validate(groups.grid.pp_size)
@@ -84,6 +86,8 @@ class Engine(EngineState):
         self.precision, self.data_parallel, self._trace = precision, data_parallel, trace
         self.micro_batches = schedule.micro_batches
         self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
+        self.replicas = self.dp_size * self.grid.cp_size  # the weights' copies: gradients summed over dp x cp
+        self.context = context_of(groups, cp_comm, trace)  # None without context parallelism
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
@@ -97,6 +101,7 @@ class Engine(EngineState):
         self._stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
             stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
+            stage = apply_context_parallel(stage, self.context)
             self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
@@ -111,7 +116,7 @@ class Engine(EngineState):
         self._tied = TiedGradients(model, layout, groups, self._stages, self.placement)
         self.buffer_layout = build_grad_buffer(self._stages, stepped, precision.half_weights,
                                                int(data_parallel.bucket_mb * 2**20), self.device,
-                                               pad_to=self.dp_size if sharded else 1,
+                                               pad_to=self.replicas if sharded else 1,
                                                alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
@@ -182,7 +187,7 @@ class Engine(EngineState):
                 sends[(dst, code)] = entry
             if dst == self.pp_rank:
                 recvs[(src, code)] = entry
-        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp, self.data_parallel.wire_dtype,
+        dp_sync = _C.DpGradSync(list(self.grads.buckets), self.groups.dp_cp, self.data_parallel.wire_dtype,
                                 shard=self.zero is not None, trace=self._comm_trace)
         builtin = losses.is_builtin(self.loss)
         return _C.PipelineExecutor(
@@ -224,10 +229,10 @@ class Engine(EngineState):
         as a whole. Returns the global mean loss on every rank."""
         start = time.perf_counter()
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once (and
+        # The loss of each micro-batch is divided by the micro-batch count and dp x cp here, exactly once (and
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
         # gradients. The executor returns the losses before this multiplier.
-        micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.replicas))
         if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
             self._comm_spans = self._comm_trace.take()
         for hook in self._post_backward_hooks:
@@ -339,15 +344,9 @@ class Engine(EngineState):
         return norm
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
-        """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the
-        last stage's MP rank 0 of each replica contributes."""
-        contributes = self.holds_last_stage and self.groups.coords.mp == 0
-        value = (torch.stack(micro_losses).mean() if (contributes and micro_losses)
-                 else torch.zeros((), device=self.device))
-        value = value.detach().to(torch.float64 if self.device.type == "cpu" else torch.float32).reshape(1)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(value)
-        return float(value.item()) / self.dp_size
+        """Mean loss over the global batch, on every rank (engine/global_loss.py)."""
+        return global_mean_loss(micro_losses, self.holds_last_stage and self.groups.coords.mp == 0, self.replicas,
+                                self.device)
 
     def close(self) -> None:
         """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of

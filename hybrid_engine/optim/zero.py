@@ -52,7 +52,9 @@ class ShardedOptimizer:
                  overlap: bool = True, comm_trace: _C.CommTrace | None = None,
                  not_counted: set[int] = frozenset()):
         self.layout, self.groups, self.device = layout, groups, device
-        self.dp_rank, self.dp_size = groups.coords.dp, groups.grid.dp_size
+        # Shards over every copy of the weights, dp x cp (the dp group itself while cp = 1), by group rank.
+        self.dp_rank = groups.coords.dp if groups.cp is None else dist.get_rank(group=groups.dp_cp)
+        self.dp_size = groups.grid.dp_size * groups.grid.cp_size
         self.half_weights, self.clip_group = half_weights, clip_group
         self.world = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
         self.param_flats: list[torch.Tensor] = []
@@ -87,7 +89,7 @@ class ShardedOptimizer:
         # The updated parameters go back to every replica through one in-place all-gather per bucket, launched in
         # the order the next forward reads the buckets; with overlap, each layer of that forward waits for its own.
         self.overlap = overlap
-        self.gather = _C.DpParamGather(self.param_flats, groups.dp, comm_trace)
+        self.gather = _C.DpParamGather(self.param_flats, groups.dp_cp, comm_trace)
         self.waits = ForwardWaits(self.gather, layout)
         self.launch_order = self.waits.launch_order(stages)
 
@@ -217,7 +219,7 @@ class ShardedOptimizer:
         if self.dp_size == 1:
             return shard.detach().clone()
         pieces = [torch.empty_like(shard) for _ in range(self.dp_size)]
-        dist.all_gather(pieces, shard.detach().contiguous(), group=self.groups.dp)
+        dist.all_gather(pieces, shard.detach().contiguous(), group=self.groups.dp_cp)
         return torch.cat(pieces)
 
     def full_state(self, names: dict[int, str], with_optimizer: bool = True) -> tuple[dict, dict]:

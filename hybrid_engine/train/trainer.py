@@ -77,7 +77,7 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
     factory = optim.from_name(o.name, o.lr, parse_betas(o.betas) if o.betas else None, o.weight_decay)
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
-                  trace=cfg.reporting.trace is not None,
+                  trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
 
@@ -100,15 +100,17 @@ def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int
     """(inputs, targets) for streamed data: callables micro -> that micro-batch's rows of this DP rank, drawn
     when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
     consumes none. `poison` fills the inputs with NaN (FaultPlan.nan_at_step)."""
+    chunks = (engine.groups.coords.cp, engine.grid.cp_size)  # a context-parallel rank's tokens only
+
     def rows_of(micro: int) -> tuple[int, int]:
         return first_row + micro * rows, first_row + (micro + 1) * rows
 
     def inputs(micro: int) -> torch.Tensor:
-        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device)[0]
+        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device, chunks=chunks)[0]
         return x.fill_(float("nan")) if poison and x.is_floating_point() else x
 
     def targets(micro: int) -> torch.Tensor:
-        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device)[1]
+        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device, chunks=chunks)[1]
 
     return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
 
@@ -135,6 +137,7 @@ class Trainer:
         self.predicted = predicted  # the planner's Prediction of this run's plan: the summary sets it beside the run
         self.state = state if state is not None else RunState()
         self.per_dp = cfg.data.batch_size // grid.dp_size
+        self.chunks = (groups.coords.cp, grid.cp_size)  # a context-parallel rank draws its chunks' tokens only
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
 
     def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
@@ -230,7 +233,7 @@ class Trainer:
         batch, start = self.cfg.data.batch_size, self.groups.coords.dp * self.per_dp
         losses = []
         for i in range(min(max_batches, data.val_batches(batch))):
-            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device)
+            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device, chunks=self.chunks)
             losses.append(engine.evaluate(x if engine.holds_first_stage else None,
                                           y if engine.holds_last_stage else None, micro_batches=m))
         val = sum(losses) / len(losses)
@@ -257,7 +260,8 @@ class Trainer:
                                        engine, self.data_dtype, self.device, poison)
         elif engine.holds_first_stage or engine.holds_last_stage:  # a middle stage draws nothing
             x, y = self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
-                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device,
+                                      chunks=self.chunks)
             if poison and x is not None and x.is_floating_point():
                 x.fill_(float("nan"))  # this step's own tensor: no copy
         else:
@@ -286,7 +290,8 @@ class Trainer:
         first_row = self.groups.coords.dp * self.per_dp
         engine = self.engine
         x, y = (self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
-                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device,
+                                   chunks=self.chunks)
                 if engine.holds_first_stage or engine.holds_last_stage else (None, None))
         return engine.evaluate(x, y, micro_batches=self.cfg.schedule.micro_batches)
 

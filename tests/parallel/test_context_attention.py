@@ -1,0 +1,96 @@
+"""Context-parallel attention against one process's causal SDPA (fp32, gloo): the ring and the all-gather, cp 2 and
+4, every block kernel the CPU has, grouped-query attention (only kv heads travel): the outputs and the gradients of
+q, k and v match to 1e-5; a later token changed changes no earlier token's output, across chunk boundaries; the
+split refuses a sequence it cannot cut evenly. One launch per cp size runs every case."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dist_utils import run_ranks
+from hybrid_engine.parallel.context import ContextParallel, check_sequence, local_chunks, positions
+from hybrid_engine.parallel.context.all_gather import AllGatherAttention
+from hybrid_engine.parallel.context.ring import RingAttention
+
+B, HEADS, KV_HEADS, D, SEQ = 2, 4, 2, 8, 48
+
+
+def _full(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, h, SEQ, D, generator=g, dtype=torch.float64).float() for h in (HEADS, KV_HEADS, KV_HEADS)]
+
+
+def reference(q, k, v):
+    """Dense causal attention, its output and the gradients of sum(out * weight)."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    weight = torch.linspace(-1, 1, out.numel()).view_as(out)
+    (out * weight).sum().backward()
+    return out.detach(), weight, q.grad, k.grad, v.grad
+
+
+def cases(rank: int, world: int) -> list[dict]:
+    group = dist.new_group(list(range(world)))
+    ctx = ContextParallel.of_group(group, list(range(world)), spans=[])
+    out = []
+    q, k, v = _full(1)
+    _, weight, *_ = reference(q, k, v)
+    for fn in (RingAttention, AllGatherAttention):
+        for backend in ("cpu-flash", "math"):
+            mine = [local_chunks(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
+            y = fn.apply(*mine, ctx.comm, D ** -0.5, backend)
+            (y * local_chunks(weight, rank, world, dim=2)).sum().backward()
+            out.append({"fn": fn.__name__, "backend": backend, "out": y.detach().numpy(),
+                        "grads": [t.grad.numpy() for t in mine]})
+    # causality: change the last chunk's tokens (and one token inside chunk 1): no earlier output moves
+    later = [t.clone() for t in (q, k, v)]
+    for t in later:
+        t[:, :, SEQ // 2 + 3:] += 1.0
+    for name in ("ring", "all-gather"):
+        ctx.asked = name
+        before = ctx.attention(*(local_chunks(t, rank, world, dim=2) for t in (q, k, v)))
+        after = ctx.attention(*(local_chunks(t, rank, world, dim=2) for t in later))
+        out.append({"causal": name, "before": before.numpy(), "after": after.numpy()})  # tensors would travel as fds
+    out.append({"spans": [s.kind for s in ctx.comm.spans]})
+    dist.barrier()
+    return out
+
+
+def test_ring_and_all_gather_match_one_process_and_are_causal():
+    q, k, v = _full(1)
+    ref_out, _, *ref_grads = reference(q, k, v)
+    for world in (2, 4):
+        results = run_ranks(world, cases, timeout=120)
+        checked = 0
+        for rank, per_rank in enumerate(results):
+            where = positions(SEQ, rank, world)
+            for case in per_rank:
+                if "fn" in case:
+                    case = {**case, "out": torch.from_numpy(case["out"]),
+                            "grads": [torch.from_numpy(g) for g in case["grads"]]}
+                    assert torch.allclose(case["out"], ref_out[:, :, where], atol=1e-5), (world, rank, case["fn"])
+                    for got, want in zip(case["grads"], ref_grads):
+                        assert torch.allclose(got, want[:, :, where], atol=1e-5), (world, rank, case["fn"],
+                                                                                   case["backend"])
+                    checked += 1
+                elif "causal" in case:
+                    earlier = where < SEQ // 2 + 3
+                    case = {k: torch.from_numpy(v) if k != "causal" else v for k, v in case.items()}
+                    assert torch.equal(case["before"][:, :, earlier], case["after"][:, :, earlier]), case["causal"]
+                    assert not torch.allclose(case["before"][:, :, ~earlier], case["after"][:, :, ~earlier])
+                else:  # the trace saw both kinds of transfer: the ring's hops and the gather's collectives
+                    kinds = set(case["spans"])
+                    assert {"cp ring kv +1", "cp ring dkv -1", "cp ring kv -1", "cp all-gather kv",
+                            "cp reduce-scatter dkv"} <= kinds, kinds
+        assert checked == world * 4
+
+
+def test_the_split_is_head_tail_and_refuses_uneven_sequences():
+    assert positions(16, 0, 2).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert positions(16, 1, 2).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    everything = torch.cat([positions(24, r, 3) for r in range(3)])
+    assert sorted(everything.tolist()) == list(range(24))
+    assert check_sequence(20, 4) == ("--seq-len 20 is not divisible by 2 x --cp = 8: context parallelism cuts each "
+                                     "sequence into 2 x cp equal chunks (rank r holds chunk r and chunk 2 cp - 1 - r)")
+    assert check_sequence(24, 3) is None and check_sequence(7, 1) is None
