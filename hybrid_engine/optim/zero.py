@@ -95,7 +95,8 @@ class ShardedOptimizer:
 
     def describe(self) -> str:
         how = "fused SGD + master -> half cast" if self.fused else "torch step"
-        return (f"optimizer: {type(self.optimizer).__name__} sharded over {self.dp_size} DP ranks (ZeRO-1, {how}): "
+        axes = "DP x CP" if self.groups.cp is not None else "DP"
+        return (f"optimizer: {type(self.optimizer).__name__} sharded over {self.dp_size} {axes} ranks (ZeRO-1, {how}): "
                 f"{(self.master_bytes() + optim.state_bytes(self.optimizer)) / 2**20:.1f} MiB of masters and "
                 "optimizer state on this rank")
 

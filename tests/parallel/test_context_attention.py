@@ -94,3 +94,33 @@ def test_the_split_is_head_tail_and_refuses_uneven_sequences():
     assert check_sequence(20, 4) == ("--seq-len 20 is not divisible by 2 x --cp = 8: context parallelism cuts each "
                                      "sequence into 2 x cp equal chunks (rank r holds chunk r and chunk 2 cp - 1 - r)")
     assert check_sequence(24, 3) is None and check_sequence(7, 1) is None
+
+
+def test_a_split_that_cannot_be_cut_is_one_line_and_exit_2_before_any_collective():
+    import os
+    import subprocess
+    import sys
+
+    from hybrid_engine.config.engine import ConfigError
+    from hybrid_engine.models import registry
+    from hybrid_engine.train.cli import parse_config
+
+    env = dict(os.environ, WORLD_SIZE="4", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    done = subprocess.run([sys.executable, "-m", "hybrid_engine", "--model", "llama", "--cp", "2", "--seq-len", "30"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "hybrid_engine: rank 0: error: --seq-len 30 is not divisible by 2 x --cp = 4: context parallelism cuts each "
+        "sequence into 2 x cp equal chunks (rank r holds chunk r and chunk 2 cp - 1 - r)"]
+    for flags, message in (
+            (["--model", "mlp", "--cp", "2"], "--cp 2 splits sequences: it applies to the token models (gpt, llama) "
+                                              "only"),
+            (["--model", "gpt", "--cp", "2", "--mp", "4", "--dp", "1", "--seq-len", "12", "--sequence-parallel"],
+             "--sequence-parallel with --cp 2: the 6 tokens per cp rank are not divisible by --mp 4"),
+            (["--model", "gpt", "--cp", "0"], "--cp must be >= 1, got 0")):
+        try:
+            parse_config(flags).validate(8 if "--mp" in flags else 4, "cpu", registry.check_model)
+        except ConfigError as exc:
+            assert str(exc) == message, flags
+        else:
+            raise AssertionError(f"{flags} accepted")

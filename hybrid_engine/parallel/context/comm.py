@@ -71,7 +71,8 @@ class RingComm:
         to = self.ranks[(self.rank + direction) % self.size]
         frm = self.ranks[(self.rank - direction) % self.size]
         span = self._span(f"cp ring {'kv' if tag == 1 else 'dkv'} {'+1' if direction > 0 else '-1'}", tensor)
-        ops = [dist.P2POp(dist.isend, tensor, to, self.group, tag), dist.P2POp(dist.irecv, received, frm, self.group, tag)]
+        ops = [dist.P2POp(dist.isend, tensor, to, self.group, tag),
+               dist.P2POp(dist.irecv, received, frm, self.group, tag)]
         return Pending(dist.batch_isend_irecv(ops), received, span)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
