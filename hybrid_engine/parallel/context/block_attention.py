@@ -69,10 +69,13 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     heads, kv_heads = q.shape[1], k.shape[1]
     k, v = _expand(k, heads), _expand(v, heads)
     if backend == "flash":
-        sq, sk = q.shape[2], k.shape[2]
-        empty = torch.empty(0, device=q.device, dtype=torch.int64)
+        # Dense batches have no cumulative sequence lengths (the forward returns None for them), and without
+        # dropout the kernel reads no RNG state: placeholders of the forward's shapes stand in for it.
+        seed = torch.empty(2, device=q.device, dtype=torch.uint64)
+        offset = torch.empty((), device=q.device, dtype=torch.uint64)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dout, q, k, v, out, lse, empty, empty, sq, sk, 0.0, causal, empty, empty, scale=scale)
+            dout, q, k, v, out, lse.contiguous(), None, None, q.shape[2], k.shape[2], 0.0, causal, seed, offset,
+            scale=scale)
     elif backend == "cpu-flash":
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), 0.0, causal, scale=scale)
