@@ -87,7 +87,9 @@ class Engine(EngineState):
         self.micro_batches = schedule.micro_batches
         self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
         self.replicas = self.dp_size * self.grid.cp_size  # the weights' copies: gradients summed over dp x cp
-        self.context = context_of(groups, cp_comm, trace)  # None without context parallelism
+        # --trace: the DP, MP and CP collectives' launches and completions, beside the executor's compute spans.
+        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        self.context = context_of(groups, cp_comm, self._comm_trace)  # None without context parallelism
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
@@ -119,8 +121,6 @@ class Engine(EngineState):
                                                pad_to=self.replicas if sharded else 1,
                                                alone=self._tied.param_ids if sharded else frozenset())
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
-        # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
-        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
         attach(self._stages, self.grads, self._comm_trace)
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,

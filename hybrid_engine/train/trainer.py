@@ -305,23 +305,25 @@ class Trainer:
             raise ReportingError(f"cannot write {what}: {os.strerror(err)}")
 
     def _write_trace(self, progress: Progress) -> None:
-        """Gather the last step's timed actions and DP and MP collectives of one pipeline onto rank 0 (collective),
-        which writes them."""
+        """Gather the last step's timed actions, DP and MP collectives and CP transfers of one pipeline onto rank 0
+        (collective), which writes them."""
         cfg, c = self.cfg, self.groups.coords
         comm = self.engine.comm_trace
-        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0,
-                                        comm_spans_of(comm, "dp"), comm_spans_of(comm, "mp"))
+        first = c.dp == 0 and c.cp == 0 and c.mp == 0
+        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, first,
+                                        *(comm_spans_of(comm, axis) for axis in ("dp", "mp", "cp")))
         if self.rank == 0:
-            rows, comm_rows, mp_rows = gathered
+            rows, comm_rows, mp_rows, cp_rows = gathered
             s, path = cfg.schedule, cfg.reporting.trace
             try:
                 summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows,
-                                      mp_rows)
+                                      mp_rows, cp_rows)
             except OSError as exc:  # the directory was checked before the first step; the disk may fill since
                 raise ReportingError(f"cannot write --trace {path}: {exc.strerror or exc}") from None
             beside = "; ".join(f"{axis} collectives beside them: " + ", ".join(f"{n} {kind}" for kind, n in
                                                                              summary[key].items())
-                               for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives")) if key in summary)
+                               for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives"),
+                                                 ("CP", "cp_transfers")) if key in summary)
             progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
                          f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
                          f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)"

@@ -52,7 +52,8 @@ def _engine(rank: int, run: dict):
     engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                          micro_batches=MICRO, virtual_stages=v, optimizer=optim.SGD(LR, MOMENTUM),
                          recompute=workload.full_recompute, amp=run.get("amp", "off"), zero=run.get("zero", 0),
-                         cp_comm=run.get("comm", "ring"), **workload.engine_kwargs(pp * v))
+                         cp_comm=run.get("comm", "ring"), trace=run.get("trace", False),
+                         **workload.engine_kwargs(pp * v))
     return engine, groups, workload
 
 
@@ -79,6 +80,8 @@ def sweep(rank: int, world: int, runs: list[dict]) -> list[dict]:
             first = checkpoint.load(engine, checkpoint.open_checkpoint(run["load"]))
             loaded = engine.full_state_dict()
         out = {"losses": _train(engine, groups, workload, first, run.get("steps", STEPS))}
+        if run.get("trace"):  # the last step's CP transfers, as --trace draws them
+            out["cp_spans"] = [(s.kind, s.bucket) for s in engine.comm_trace if s.axis == "cp"]
         first_copy = groups.coords.dp == 0 and groups.coords.cp == 0  # each pipeline rank's stages, once
         if "load" in run:
             out["loaded"] = {k: v.float().numpy() for k, v in loaded.items()} if first_copy else {}
@@ -122,7 +125,7 @@ TRAIN_4 = [
     dict(model="gpt", grid=(1, 4, 1, 1), comm="all-gather", recompute="selective"),
     dict(model="llama", grid=(1, 2, 1, 2), sp=True, recompute="selective"),
     dict(model="gpt", grid=(1, 2, 1, 2), sp=True),
-    dict(model="gpt", grid=(1, 2, 2, 1), schedule="interleaved", v=2),
+    dict(model="gpt", grid=(1, 2, 2, 1), schedule="interleaved", v=2, trace=True),
     dict(model="llama", grid=(1, 2, 2, 1), schedule="zb1", comm="all-gather"),
     dict(model="llama", grid=(2, 2, 1, 1), zero=1, save="cp2dp2"),
     dict(model="gpt", grid=(2, 2, 1, 1), recompute="full"),
@@ -175,6 +178,17 @@ def test_every_cp_grid_trains_what_one_process_trains(worlds):
                 assert worst[0] <= RTOL, (run, worst)
             checked += 1
     assert checked == len(TRAIN_2) + len(TRAIN_4) + len(TRAIN_8) - 2
+
+
+def test_the_trace_records_every_hop_of_the_ring(worlds):
+    """Interleaved pp 2 x 2 chunks of the 2-block GPT: each pipeline rank holds one block; per micro-batch its ring
+    makes cp - 1 K/V hops forward, cp - 1 backward and cp dK/dV hops (the last one home): 4 at cp 2."""
+    runs, results = worlds[4]
+    i = next(i for i, r in enumerate(runs) if r.get("trace"))
+    for rank in range(4):
+        spans = results[rank][i]["cp_spans"]
+        assert [kind for kind, _ in spans] == ["send_recv"] * (MICRO * 4), (rank, spans)
+        assert sorted(hop for _, hop in spans) == sorted([0, 0, 0, 1] * MICRO), (rank, spans)
 
 
 def test_a_checkpoint_reshards_across_cp_sizes(worlds):

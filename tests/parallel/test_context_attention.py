@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import hybrid_engine._C as _C
 from dist_utils import run_ranks
 from hybrid_engine.parallel.context import ContextParallel, check_sequence, local_chunks, positions
 from hybrid_engine.parallel.context.all_gather import AllGatherAttention
@@ -32,7 +33,8 @@ def reference(q, k, v):
 
 def cases(rank: int, world: int) -> list[dict]:
     group = dist.new_group(list(range(world)))
-    ctx = ContextParallel.of_group(group, list(range(world)), spans=[])
+    trace = _C.CommTrace("cpu")
+    ctx = ContextParallel.of_group(group, list(range(world)), trace=trace)
     out = []
     q, k, v = _full(1)
     _, weight, *_ = reference(q, k, v)
@@ -48,11 +50,12 @@ def cases(rank: int, world: int) -> list[dict]:
     for t in later:
         t[:, :, SEQ // 2 + 3:] += 1.0
     for name in ("ring", "all-gather"):
-        ctx.asked = name
-        before = ctx.attention(*(local_chunks(t, rank, world, dim=2) for t in (q, k, v)))
-        after = ctx.attention(*(local_chunks(t, rank, world, dim=2) for t in later))
+        forced = ContextParallel(ctx.comm, name)
+        before = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in (q, k, v)))
+        after = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in later))
+        assert forced.choice(SEQ // world) == name
         out.append({"causal": name, "before": before.numpy(), "after": after.numpy()})  # tensors would travel as fds
-    out.append({"spans": [s.kind for s in ctx.comm.spans]})
+    out.append({"spans": [(s.axis, s.kind) for s in trace.take()]})
     dist.barrier()
     return out
 
@@ -81,8 +84,10 @@ def test_ring_and_all_gather_match_one_process_and_are_causal():
                     assert not torch.allclose(case["before"][:, :, ~earlier], case["after"][:, :, ~earlier])
                 else:  # the trace saw both kinds of transfer: the ring's hops and the gather's collectives
                     kinds = set(case["spans"])
-                    assert {"cp ring kv +1", "cp ring dkv -1", "cp ring kv -1", "cp all-gather kv",
-                            "cp reduce-scatter dkv"} <= kinds, kinds
+                    assert kinds == {("cp", "send_recv"), ("cp", "all_gather"), ("cp", "all_reduce")}, kinds
+                    # the ring: cp - 1 K/V hops forward, as many backward and cp dK/dV hops, per call
+                    hops = sum(k == ("cp", "send_recv") for k in case["spans"])
+                    assert hops == 2 * (3 * world - 2) + 2 * (world - 1), hops  # and 2 forwards in the causal check
         assert checked == world * 4
 
 

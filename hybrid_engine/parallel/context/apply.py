@@ -10,12 +10,12 @@ from .attention import ContextParallel
 __all__ = ["ContextRows", "apply_context_parallel", "context_of"]
 
 
-def context_of(groups, asked: str = "auto", traced: bool = False) -> ContextParallel | None:
-    """This rank's ContextParallel on the grid's cp group (None while cp = 1); traced: keep its transfers' spans."""
+def context_of(groups, asked: str = "auto", trace=None) -> ContextParallel | None:
+    """This rank's ContextParallel on the grid's cp group (None while cp = 1); trace: the engine's _C.CommTrace,
+    which then records every transfer (None: untraced)."""
     if groups.cp is None:
         return None
-    return ContextParallel.of_group(groups.cp, groups.grid.group_of(groups.rank, "cp"), asked,
-                                    [] if traced else None)
+    return ContextParallel.of_group(groups.cp, groups.grid.group_of(groups.rank, "cp"), asked, trace)
 
 
 class ContextRows(nn.Module):

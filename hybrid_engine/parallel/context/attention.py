@@ -48,10 +48,10 @@ class ContextParallel:
     _positions: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
-    def of_group(group: dist.ProcessGroup, ranks: list[int], asked: str = "auto",
-                 spans: list | None = None) -> "ContextParallel":
+    def of_group(group: dist.ProcessGroup, ranks: list[int], asked: str = "auto", trace=None) -> "ContextParallel":
+        """ranks: the group's global ranks by cp coordinate; trace: the engine's _C.CommTrace (None: untraced)."""
         rank = ranks.index(dist.get_rank())
-        return ContextParallel(RingComm(group, rank, len(ranks), ranks, spans), asked, dist.get_rank() == 0)
+        return ContextParallel(RingComm(group, rank, len(ranks), ranks, trace), asked, dist.get_rank() == 0)
 
     @property
     def size(self) -> int:

@@ -44,7 +44,7 @@ class RingAttention(torch.autograd.Function):
         lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v])
         for step in range(comm.size):
-            pending = comm.shift(kv, +1, KV_TAG) if step + 1 < comm.size else None
+            pending = comm.shift(kv, +1, KV_TAG, step) if step + 1 < comm.size else None
             rows, cols, causal = _block(comm.rank, comm.source(step, +1), half)
             block_out, block_lse = block_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal,
                                                  scale, backend)
@@ -66,7 +66,7 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])
         grads_in = None  # the accumulator of the block now held, on its way from the previous holder
         for step in range(comm.size):
-            pending = comm.shift(kv, -1, KV_TAG) if step + 1 < comm.size else None
+            pending = comm.shift(kv, -1, KV_TAG, step) if step + 1 < comm.size else None
             rows, cols, causal = _block(comm.rank, comm.source(step, -1), half)
             bq, bk, bv = block_backward(dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
                                         out[:, :, rows], lse[:, :, rows], causal, scale, backend)
@@ -75,7 +75,7 @@ class RingAttention(torch.autograd.Function):
                      else grads_in.wait())
             grads[0][:, :, cols] += bk.float()
             grads[1][:, :, cols] += bv.float()
-            grads_in = comm.shift(grads, -1, GRAD_TAG)  # on with the block; the last hop takes it home
+            grads_in = comm.shift(grads, -1, GRAD_TAG, step)  # on with the block; the last hop takes it home
             if pending is not None:
                 kv = pending.wait()
         grads = grads_in.wait()
