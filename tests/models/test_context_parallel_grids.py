@@ -52,6 +52,7 @@ def _engine(rank: int, run: dict):
     engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                          micro_batches=MICRO, virtual_stages=v, optimizer=optim.SGD(LR, MOMENTUM),
                          recompute=workload.full_recompute, amp=run.get("amp", "off"), zero=run.get("zero", 0),
+                         clip_grad=run.get("clip", 0.0),
                          cp_comm=run.get("comm", "ring"), trace=run.get("trace", False),
                          **workload.engine_kwargs(pp * v))
     return engine, groups, workload
@@ -96,9 +97,9 @@ def sweep(rank: int, world: int, runs: list[dict]) -> list[dict]:
     return results
 
 
-def reference(model: str, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(model: str, steps: int = STEPS, clip: float = 0.0) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Plain PyTorch on one process: the dense model, SGD with momentum, the batch in micro-batches of the DP
-    replicas' size whose losses are divided by their count."""
+    replicas' size whose losses are divided by their count; clip: the global gradient norm clipped to it."""
     torch.set_num_threads(1)
     cfg = config(model)
     net = build_gpt(cfg) if model == "gpt" else build_llama(cfg)
@@ -113,6 +114,8 @@ def reference(model: str, steps: int = STEPS) -> tuple[list[float], dict[str, to
             loss = next_token_loss(net(xm), ym) / MICRO
             loss.backward()
             total += loss.item()
+        if clip:
+            assert torch.nn.utils.clip_grad_norm_(net.parameters(), clip) > clip  # it does clip
         opt.step()
         losses.append(total)
     return losses, {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -129,6 +132,9 @@ TRAIN_4 = [
     dict(model="llama", grid=(1, 2, 2, 1), schedule="zb1", comm="all-gather"),
     dict(model="llama", grid=(2, 2, 1, 1), zero=1, save="cp2dp2"),
     dict(model="gpt", grid=(2, 2, 1, 1), recompute="full"),
+    # the clipping norm agrees over cp (the gradients are summed over dp x cp before it), with and without ZeRO-1
+    dict(model="gpt", grid=(1, 2, 1, 2), sp=True, clip=0.05),
+    dict(model="llama", grid=(2, 2, 1, 1), zero=1, clip=0.05),
     dict(model="llama", grid=(1, 2, 1, 2), amp="bf16"),
     # the checkpoint of cp 2 x dp 2 on cp 4 and on dp 4: the same weights, the same next step
     dict(model="llama", grid=(1, 4, 1, 1), load="cp2dp2", steps=1),
@@ -158,7 +164,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_every_cp_grid_trains_what_one_process_trains(worlds):
-    refs = {m: reference(m) for m in ("gpt", "llama")}
+    refs = {(m, clip): reference(m, clip=clip) for m in ("gpt", "llama") for clip in (0.0, 0.05)}
     checked = 0
     for world, (runs, results) in worlds.items():
         for i, run in enumerate(runs):
@@ -167,7 +173,7 @@ def test_every_cp_grid_trains_what_one_process_trains(worlds):
             per_rank = [results[r][i] for r in range(world)]
             losses = per_rank[0]["losses"]
             assert all(r["losses"] == losses for r in per_rank), f"{run}: ranks disagree on the loss"
-            ref_losses, ref_state = refs[run["model"]]
+            ref_losses, ref_state = refs[(run["model"], run.get("clip", 0.0))]
             tol = 3e-2 if run.get("amp") else RTOL
             for a, b in zip(losses, ref_losses):
                 assert abs(a - b) <= tol * abs(b), f"{run}: loss {a} vs {b}"
