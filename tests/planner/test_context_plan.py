@@ -38,3 +38,13 @@ def test_128k_tokens_fit_four_h100s_on_cp4_and_not_one():
     assert 40 * 2**30 < choice.chosen.peak < 70 * 2**30
     with pytest.raises(ConfigError, match="no plan fits"):
         _plan(131072, 1)
+
+
+def test_a_sequence_that_fits_no_plan_hears_which_cp_would_fit():
+    cfg = parse_config(SHAPE + ["--seq-len", "131072", "--batch-size", "4", "--micro-batches", "auto"])
+    grid = cfg.validate(4, "cpu", registry.check_model)
+    with pytest.raises(ConfigError) as refused:
+        plan_run(cfg, grid, "cpu", registry.check_model)
+    assert str(refused.value).startswith("planner: no plan fits")
+    assert str(refused.value).endswith("; --cp 4 fits: each rank then keeps 1/4 of a sequence's activations "
+                                       "(55.6 GiB predicted)")
