@@ -145,6 +145,7 @@ TRAIN_8 = [
     dict(model="gpt", grid=(1, 4, 2, 1)),
     dict(model="llama", grid=(2, 4, 1, 1), zero=1, comm="all-gather"),
     dict(model="gpt", grid=(1, 2, 2, 2), sp=True, schedule="zb1"),
+    dict(model="llama", grid=(2, 2, 2, 1), schedule="gpipe", recompute="full", comm="all-gather"),
 ]
 
 

@@ -91,6 +91,18 @@ def test_ring_and_all_gather_match_one_process_and_are_causal():
         assert checked == world * 4
 
 
+def test_a_rank_draws_its_chunks_of_each_row_only():
+    from hybrid_engine.data import MarkovChain, TokenDataset
+
+    data = TokenDataset(MarkovChain(5, vocab=50).sample(4096, 7), 50, 24, seed=11)
+    x, y = data.draw(3, 2, 6)
+    for rank in range(3):
+        mine = data.draw(3, 2, 6, chunks=(rank, 3))
+        assert torch.equal(mine[0], local_chunks(x, rank, 3)) and torch.equal(mine[1], local_chunks(y, rank, 3))
+        assert torch.equal(data.val_batch(1, 8, 0, 4, chunks=(rank, 3))[1], local_chunks(data.val_batch(1, 8, 0, 4)[1],
+                                                                                          rank, 3))
+
+
 def test_the_split_is_head_tail_and_refuses_uneven_sequences():
     assert positions(16, 0, 2).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert positions(16, 1, 2).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
