@@ -48,3 +48,17 @@ def test_a_sequence_that_fits_no_plan_hears_which_cp_would_fit():
     assert str(refused.value).startswith("planner: no plan fits")
     assert str(refused.value).endswith("; --cp 4 fits: each rank then keeps 1/4 of a sequence's activations "
                                        "(55.6 GiB predicted)")
+
+
+def test_plan_only_ranks_the_grids_beside_a_fixed_cp():
+    from hybrid_engine.planner.grids import grid_table
+
+    cfg = parse_config(SHAPE + ["--seq-len", "32768", "--batch-size", "2", "--micro-batches", "auto", "--cp", "2"])
+    table = grid_table(cfg, 8, "cpu", registry.check_model)
+    rows = [line.split() for line in table.splitlines()[2:] if line.split() and line.split()[0].isdigit()]
+    assert {row[1] for row in rows} <= {"4x1x1", "2x2x1", "2x1x2", "1x4x1", "1x2x2", "1x1x4"} and rows
+    first = rows[0]  # the fastest: no "why not" after its numbers
+    step_ms, rate = float(first[-3]), float(first[-2])
+    assert rate == pytest.approx(2 * 32768 / (step_ms / 1e3), rel=0.02)  # the whole sequences' tokens
+    with pytest.raises(ConfigError, match="world size 6 is not divisible by --cp 4"):
+        grid_table(parse_config(SHAPE + ["--seq-len", "32768", "--cp", "4"]), 6, "cpu", registry.check_model)
