@@ -56,11 +56,12 @@ void bind_executor(py::module_& m) {
       .def(
           "launched",
           [](CommTrace& trace, const std::string& kind, int bucket, c10d::Work& work) {
+            if (kind != "send_recv" && kind != "all_gather" && kind != "reduce_scatter" && kind != "all_reduce")
+              throw std::invalid_argument("CommTrace.launched: kind " + kind);
             const CommKind k = kind == "send_recv"        ? CommKind::SendRecv
                                : kind == "all_gather"     ? CommKind::AllGather
                                : kind == "reduce_scatter" ? CommKind::ReduceScatter
-                               : kind == "all_reduce"     ? CommKind::AllReduce
-                                                          : throw std::invalid_argument("CommTrace.launched: kind " + kind);
+                                                          : CommKind::AllReduce;
             trace.launched(k, bucket, c10::intrusive_ptr<c10d::Work>::reclaim_copy(&work), CommAxis::CP);
           },
           py::arg("kind"), py::arg("bucket"), py::arg("work"),

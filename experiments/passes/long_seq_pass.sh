@@ -6,7 +6,8 @@
 #   gpu1_8k          one GPU at 8k tokens (the reference MFU)
 #   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: >= 4096 tokens per rank, said at start)
 #   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (all-gather attention: cp 2)
-#   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k (experiments/peers/torch_cp_llama.py)
+#   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k
+#                    (experiments/peers/torch_cp_llama.py)
 #   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k, the other variant, if the budget still allows
 # tokens/s, MFU (the engine's formula, attention counted: 6 N + 12 L s heads d per token; and its causal half) and
 # peak memory per GPU of every run, the targets checked, in one JSON: $OUT/<date>-4x<card>-long-seq.json (and the
@@ -47,14 +48,15 @@ L="--model llama $SHAPE $RUN --optimizer adamw --lr 3e-4 --weight-decay 0.1 --be
 LAUNCH=(torchrun); [[ $SMOKE == 1 ]] && LAUNCH=("$PY" -m torch.distributed.run)
 engine() {  # name gpus seq driver-args...
   local name=$1 n=$2 seq=$3; shift 3
-  budget_run "$name" "$LIMIT" "${LAUNCH[@]}" --nproc_per_node="$n" hybrid_engine.py --quiet --metrics "$RES/$name.jsonl" $L --seq-len "$seq" "$@" \
-    && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
+  budget_run "$name" "$LIMIT" "${LAUNCH[@]}" --nproc_per_node="$n" hybrid_engine.py --quiet \
+    --metrics "$RES/$name.jsonl" $L --seq-len "$seq" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
 }
 
 engine gpu1_8k 1 $BASE
 engine cp4_32k 4 $MID --cp 4
-budget_run torch_cp4_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=4 experiments/peers/torch_cp_llama.py --data /tmp/long_seq_tokens.bin \
-    $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV && echo "torch_cp4_32k: $(grep '^{' "$RES/torch_cp4_32k.log")"
+budget_run torch_cp4_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=4 experiments/peers/torch_cp_llama.py \
+    --data /tmp/long_seq_tokens.bin $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV \
+    && echo "torch_cp4_32k: $(grep '^{' "$RES/torch_cp4_32k.log")"
 engine cp4_128k 4 ${SEQS[3]} --cp 4
 engine cp2tp2_32k 4 $MID --cp 2 --mp 2 --sequence-parallel
 engine cp4_64k 4 ${SEQS[2]} --cp 4

@@ -83,8 +83,9 @@ def main() -> None:
 
         plain_llama.Block.forward = block_forward
         model = plain_llama.load_engine_init(plain_llama.PlainLlama(cfg).to(device))
+        # the RoPE tables are sharded in place per rank by context_parallel: DDP must not broadcast rank 0's
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if a.device == "cuda"
-                                                        else None)
+                                                        else None, broadcast_buffers=False)
         optimizer = torch.optim.AdamW(plain_llama.decay_groups(model, 0.1), lr=a.lr, betas=(0.9, 0.95),
                                       fused=a.device == "cuda")
         mesh = init_device_mesh(a.device, (world,), mesh_dim_names=("cp",))

@@ -141,3 +141,13 @@ def test_a_split_that_cannot_be_cut_is_one_line_and_exit_2_before_any_collective
             assert str(exc) == message, flags
         else:
             raise AssertionError(f"{flags} accepted")
+
+
+def test_auto_takes_the_ring_for_long_shares_on_more_than_two_ranks():
+    from hybrid_engine.parallel.context import choose_comm
+
+    assert choose_comm("auto", 8192, 4) == ("ring", "auto: 8192 tokens per rank >= 4096 and cp 4 > 2, so each K/V "
+                                                    "hop hides under a block's attention")
+    assert choose_comm("auto", 4096, 8)[0] == "ring"
+    assert choose_comm("auto", 4095, 8)[0] == choose_comm("auto", 65536, 2)[0] == "all-gather"
+    assert choose_comm("ring", 16, 2) == ("ring", "--cp-comm") and choose_comm("all-gather", 10**6, 8)[0] == "all-gather"
