@@ -151,3 +151,16 @@ def test_auto_takes_the_ring_for_long_shares_on_more_than_two_ranks():
     assert choose_comm("auto", 4096, 8)[0] == "ring"
     assert choose_comm("auto", 4095, 8)[0] == choose_comm("auto", 65536, 2)[0] == "all-gather"
     assert choose_comm("ring", 16, 2) == ("ring", "--cp-comm") and choose_comm("all-gather", 10**6, 8)[0] == "all-gather"
+
+
+def test_the_cuda_flash_calls_take_their_arguments():
+    """The flash backend's aten calls, on the meta device (their shape functions: no GPU here): the forward's
+    log-sum-exp per row, and a backward given the merged rows of a smaller key block and grouped kv heads."""
+    from hybrid_engine.parallel.context.block_attention import block_backward, block_forward
+
+    q = torch.empty(2, 8, 64, 16, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 32, 16, device="meta", dtype=torch.bfloat16)
+    out, lse = block_forward(q, k, k, False, 0.25, "flash")
+    assert out.shape == q.shape and lse.shape == (2, 8, 64) and lse.dtype == torch.float32
+    dq, dk, dv = block_backward(q[:, :, 32:], q[:, :, 32:], k, k, out[:, :, 32:], lse[:, :, 32:], False, 0.25, "flash")
+    assert dq.shape == (2, 8, 32, 16) and dk.shape == dv.shape == k.shape
