@@ -37,12 +37,14 @@ std::map<PipelineExecutor::ChannelKey, Channel> to_channels(
 }  // namespace
 
 void bind_executor(py::module_& m) {
-  py::class_<CommSpan>(m, "CommSpan", "One DP or MP collective of a traced step, in microseconds from the step's start.")
+  py::class_<CommSpan>(m, "CommSpan",
+                       "One DP, MP or CP collective of a traced step, in microseconds from the step's start.")
       .def_property_readonly("kind", [](const CommSpan& s) { return std::string(comm_kind_name(s.kind)); },
-                             "all_reduce | reduce_scatter (gradient buckets) | all_gather (ZeRO-1 parameters)")
-      .def_readonly("bucket", &CommSpan::bucket, "DP: the bucket; MP: the chain layer")
+                             "all_reduce | reduce_scatter (gradient buckets) | all_gather (ZeRO-1 parameters, CP's "
+                             "K/V) | send_recv (a hop of CP's ring)")
+      .def_readonly("bucket", &CommSpan::bucket, "DP: the bucket; MP: the chain layer; CP: the hop")
       .def_property_readonly("axis", [](const CommSpan& s) { return std::string(comm_axis_name(s.axis)); },
-                             "dp | mp: the group the collective ran on")
+                             "dp | mp | cp: the group the collective ran on")
       .def_readonly("start_us", &CommSpan::start_us)
       .def_readonly("end_us", &CommSpan::end_us);
   py::class_<CommTrace, std::shared_ptr<CommTrace>>(m, "CommTrace",
@@ -51,6 +53,29 @@ void bind_executor(py::module_& m) {
            py::arg("device"))
       .def("take", &CommTrace::take, py::call_guard<py::gil_scoped_release>(),
            "The completed collectives recorded since the last call, relative to the last step's start.")
+      .def(
+          "launched",
+          [](CommTrace& trace, const std::string& kind, int bucket, c10d::Work& work) {
+            if (kind != "send_recv" && kind != "all_gather" && kind != "reduce_scatter" && kind != "all_reduce")
+              throw std::invalid_argument("CommTrace.launched: kind " + kind);
+            const CommKind k = kind == "send_recv"        ? CommKind::SendRecv
+                               : kind == "all_gather"     ? CommKind::AllGather
+                               : kind == "reduce_scatter" ? CommKind::ReduceScatter
+                                                          : CommKind::AllReduce;
+            trace.launched(k, bucket, c10::intrusive_ptr<c10d::Work>::reclaim_copy(&work), CommAxis::CP);
+          },
+          py::arg("kind"), py::arg("bucket"), py::arg("work"),
+          "Record a context-parallel transfer just issued from Python (its torch.distributed Work): kind "
+          "send_recv | all_gather | reduce_scatter | all_reduce, bucket the hop.")
+      .def(
+          "completed_on_host",
+          [](CommTrace& trace, const std::string& kind, int bucket, int64_t launch_ns, int64_t done_ns) {
+            trace.completed_on_host(kind == "send_recv" ? CommKind::SendRecv : CommKind::AllGather, bucket, launch_ns,
+                                    done_ns, CommAxis::CP);
+          },
+          py::arg("kind"), py::arg("bucket"), py::arg("launch_ns"), py::arg("done_ns"),
+          "Record a host (gloo) context-parallel transfer timed by its caller on time.monotonic_ns's clock: kind "
+          "send_recv | all_gather.")
       .def_property_readonly(
           "script_object",
           [](const std::shared_ptr<CommTrace>& trace) {

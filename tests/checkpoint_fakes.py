@@ -20,7 +20,7 @@ class OneRankEngine:
 
     def __init__(self, weights: dict, optimizer: dict | None = None):
         self.weights, self.optimizer = weights, optimizer or {k: {} for k in weights}
-        self.groups = SimpleNamespace(coords=SimpleNamespace(dp=0, pp=0, mp=0))
+        self.groups = SimpleNamespace(coords=SimpleNamespace(dp=0, cp=0, pp=0, mp=0))
         self.grid = SimpleNamespace(dp_size=1, pp_size=1, mp_size=1, order="mp-dp-pp")
         self.device, self.schedule_name, self.num_stages, self.pp_size = torch.device("cpu"), "1f1b", 1, 1
 

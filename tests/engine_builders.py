@@ -19,7 +19,8 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
                 dp_bucket_mb: float = 256.0, dp_grad_dtype: str = "fp32", zero: int = 0,
                 overlap_param_gather: bool = True, device: str = "cpu",
                 trace: bool = False, parallelize=None, layout: list[list[int]] | None = None,
-                tp_chunks: int = 0, stage_compile: bool = False, shard_size: int = 0, prefetch: int = 1) -> Engine:
+                tp_chunks: int = 0, stage_compile: bool = False, shard_size: int = 0, prefetch: int = 1,
+                cp_comm: str = "auto") -> Engine:
     """parallelize / layout: the Engine's (None: its default, parallelize_mlp and a cut by layer count)."""
     model_kwargs = {"layout": layout} | ({"parallelize": parallelize} if parallelize is not None else {})
     factory = optim.from_name(optimizer, lr) if isinstance(optimizer, str) else optimizer
@@ -30,7 +31,7 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
         precision=PrecisionConfig(amp, impl, loss_scale, scale_window, hysteresis, clip_grad),
         data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype, zero, overlap_param_gather, shard_size, prefetch),
         device=device,
-        trace=trace,
+        trace=trace, cp_comm=cp_comm,
         **model_kwargs)
 
 

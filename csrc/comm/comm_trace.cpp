@@ -27,11 +27,23 @@ const char* comm_kind_name(CommKind kind) {
       return "reduce_scatter";
     case CommKind::AllGather:
       return "all_gather";
+    case CommKind::SendRecv:
+      return "send_recv";
   }
   return "?";
 }
 
-const char* comm_axis_name(CommAxis axis) { return axis == CommAxis::DP ? "dp" : "mp"; }
+const char* comm_axis_name(CommAxis axis) {
+  switch (axis) {
+    case CommAxis::DP:
+      return "dp";
+    case CommAxis::MP:
+      return "mp";
+    case CommAxis::CP:
+      return "cp";
+  }
+  return "?";
+}
 
 CommTrace::CommTrace(at::Device device) : device_(device), on_device_(device.type() != c10::DeviceType::CPU) {}
 
@@ -66,6 +78,13 @@ void CommTrace::launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10
   records_.push_back(std::move(r));
 }
 
+void CommTrace::completed_on_host(CommKind kind, int bucket, int64_t launch_ns, int64_t done_ns, CommAxis axis) {
+  Record r{kind, bucket, axis, {}, Clock::time_point(std::chrono::nanoseconds(launch_ns)),
+           std::make_shared<std::atomic<int64_t>>(done_ns), nullptr, nullptr};
+  std::lock_guard<std::mutex> lock(mutex_);
+  records_.push_back(std::move(r));
+}
+
 std::vector<CommSpan> CommTrace::take() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<CommSpan> spans;
@@ -78,7 +97,7 @@ std::vector<CommSpan> CommTrace::take() {
     step_us = previous_step_event_->elapsedTime(*step_event_) * 1e3;  // elapsedTime is in milliseconds
   }
   for (Record& r : records_) {
-    if (on_device_) {
+    if (on_device_ && r.end) {
       if (!step_event_) continue;  // no step to place it on
       r.end->synchronize();
       spans.push_back({r.kind, r.bucket, r.axis, previous_step_event_->elapsedTime(*r.start) * 1e3 - step_us,

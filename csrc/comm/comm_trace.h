@@ -28,15 +28,17 @@
 
 namespace hybrid {
 
-enum class CommKind { AllReduce = 0, ReduceScatter = 1, AllGather = 2 };
+// SendRecv: one hop of context parallelism's ring (this rank's send and its receive from the other neighbour).
+enum class CommKind { AllReduce = 0, ReduceScatter = 1, AllGather = 2, SendRecv = 3 };
 const char* comm_kind_name(CommKind kind);
-// Which group a collective ran on: data parallel (gradient buckets, parameter gathers) or model parallel.
-enum class CommAxis { DP = 0, MP = 1 };
+// Which group a collective ran on: data parallel (gradient buckets, parameter gathers), model parallel, or context
+// parallel (the ring's hops and the K/V gathers of attention, launched from Python: hybrid_engine/parallel/context).
+enum class CommAxis { DP = 0, MP = 1, CP = 2 };
 const char* comm_axis_name(CommAxis axis);
 
 struct CommSpan {
   CommKind kind = CommKind::AllReduce;
-  int bucket = 0;  // DP: the gradient / parameter bucket; MP: the chain layer
+  int bucket = 0;  // DP: the gradient / parameter bucket; MP: the chain layer; CP: the hop within its attention
   CommAxis axis = CommAxis::DP;
   // Microseconds from the step's start; negative: launched before it (the previous update's all-gathers).
   double start_us = 0;
@@ -54,6 +56,9 @@ class CommTrace {
   // stream.
   void launched(CommKind kind, int bucket, const c10::intrusive_ptr<c10d::Work>& work,
                 CommAxis axis = CommAxis::DP);
+  // A host transfer timed by its caller (steady-clock ns, Python's time.monotonic_ns): gloo's P2P works have no
+  // future to hear their completion from.
+  void completed_on_host(CommKind kind, int bucket, int64_t launch_ns, int64_t done_ns, CommAxis axis);
   // The recorded collectives that have completed, relative to the last start_step, in launch order; they are
   // removed (one still running on the host stays for a later call). On a device this waits for their events.
   std::vector<CommSpan> take();

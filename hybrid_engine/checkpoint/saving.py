@@ -164,7 +164,7 @@ def write(engine, root: str, step: int, run_info: dict, crash_in_save: bool = Fa
     rank, world = _world()
     state = engine.state_for_checkpoint()  # MP all-gathers: every rank, same order
     coords = engine.groups.coords
-    owner = coords.dp == 0 and coords.mp == 0
+    owner = coords.dp == 0 and coords.cp == 0 and coords.mp == 0  # one of the copies over dp x cp
     shard = {"format": FORMAT, "step": step, "rank": rank, "rng": _rng_state(engine.device),
              "scaler": state["scaler"], "weights": state["weights"] if owner else {},
              "optimizer": state["optimizer"] if owner else {}}

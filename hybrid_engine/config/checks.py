@@ -10,6 +10,7 @@ import hybrid_engine._C as _C
 from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
+CP_COMMS = ("auto", "ring", "all-gather")  # hybrid_engine/parallel/context/attention.py choose_comm
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
 DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3, "adamw": 1e-3}  # without --lr, for an optimizer that is not the model's own
 LR_DECAYS = ("constant", "cosine", "linear")  # hybrid_engine/train/lr_schedule.py
@@ -44,7 +45,11 @@ def check_numbers(cfg) -> None:
     p, m, s, pr = cfg.parallel, cfg.model, cfg.schedule, cfg.precision
     if p.dp is not None and p.dp < 1:
         raise ConfigError(f"--dp must be >= 1, got {p.dp}")
-    for flag, value in (("--dp", p.dp), ("--pp", p.pp), ("--mp", p.mp)):
+    if p.cp < 1:
+        raise ConfigError(f"--cp must be >= 1, got {p.cp}")
+    if p.cp_comm not in CP_COMMS:
+        raise ConfigError(f"parallel.cp_comm (--cp-comm) must be one of {', '.join(CP_COMMS)}, got {p.cp_comm!r}")
+    for flag, value in (("--dp", p.dp), ("--cp", p.cp), ("--pp", p.pp), ("--mp", p.mp)):
         if value is not None and value > MAX_RANKS:
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")
     if p.device not in DEVICES:  # the flag's choices, for a --config file's value too (case matters: cuda)

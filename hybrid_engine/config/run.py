@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import CP_COMMS, DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .plan import PlanConfig
@@ -56,7 +56,15 @@ class ParallelConfig:
     """The process grid and where it runs (hybrid_engine/parallel/grid.py, csrc/grid)."""
 
     dp: int | None = field(default=None, metadata=flag(metavar="N"))
-    """Data-parallel replicas; None: world size / (pp * mp)."""
+    """Data-parallel replicas; None: world size / (cp * pp * mp)."""
+    cp: int = field(default=1, metadata=flag(metavar="N"))
+    """Context-parallel ranks (GPT, Llama): each sequence split over N ranks, two chunks each, one from the front
+    and its mirror from the back (--seq-len divisible by 2 N); attention over the whole sequence by a ring of K/V
+    blocks or an all-gather of K/V (--cp-comm); gradients summed over dp x cp."""
+    cp_comm: str = field(default="auto", metadata=flag(choices=CP_COMMS))
+    """auto (the ring from 4096 tokens per rank and cp > 2, else the all-gather; said at start) | ring (K/V blocks
+    pass around the cp ranks under the attention of the block before) | all-gather (the whole sequence's K/V
+    gathered once per layer)."""
     pp: int = field(default=1, metadata=flag(metavar="N"))
     """Pipeline-parallel stages (ranks per pipeline)."""
     mp: int = field(default=1, metadata=flag(metavar="N"))
@@ -257,7 +265,7 @@ class RunConfig:
         check_numbers(self)
         self.model.options.check()
         p, s = self.parallel, self.schedule
-        grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size)
+        grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world_size, cp=p.cp)
         model_rules(self, grid, device_type)
         # What the schedule leaves to auto is checked once the planner has filled it (the same checks, again).
         check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, batch_size=self.data.batch_size,

@@ -31,6 +31,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from hybrid_engine.parallel.context.chunks import positions
+
 from .token_files import DataError, fingerprint, load_tokens, read_header
 
 
@@ -196,16 +198,23 @@ class TokenDataset:
         windows = (index * batch_size + np.arange(start, stop, dtype=np.int64)) % self.val_windows
         return self.train_tokens + windows * self.seq_len
 
-    def _windows(self, offsets: np.ndarray, inputs: bool, targets: bool, device) -> tuple:
+    def _windows(self, offsets: np.ndarray, inputs: bool, targets: bool, device,
+                 chunks: tuple[int, int] = (0, 1)) -> tuple:
+        if chunks[1] > 1:  # a context-parallel rank reads its chunks' tokens only
+            where = offsets[:, None] + positions(self.seq_len, *chunks).numpy()
+            return tuple(torch.from_numpy(np.asarray(self.tokens[where + shift], dtype=np.int64)).to(device)
+                         if wanted else None for wanted, shift in ((inputs, 0), (targets, 1)))
         block = np.asarray(self.tokens[offsets[:, None] + self._span], dtype=np.int64)
         window = torch.from_numpy(block).to(device)
         return (window[:, :-1].contiguous() if inputs else None, window[:, 1:].contiguous() if targets else None)
 
     def draw(self, step: int, start: int, stop: int, *, inputs: bool = True, targets: bool = True,
-             device: torch.device | str = "cpu") -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+             device: torch.device | str = "cpu",
+             chunks: tuple[int, int] = (0, 1)) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(inputs, targets) int64 [stop - start, seq_len] of rows [start, stop) of step `step`, each only if
-        asked for (else None): the first stage needs inputs, the last targets."""
-        return self._windows(self.train_offsets(step, start, stop), inputs, targets, device)
+        asked for (else None): the first stage needs inputs, the last targets. chunks (cp rank, cp): that
+        context-parallel rank's tokens of each row only (parallel/context/chunks.py), [rows, seq_len / cp]."""
+        return self._windows(self.train_offsets(step, start, stop), inputs, targets, device, chunks)
 
     def batch(self, step: int, batch_size: int, start: int = 0, stop: Optional[int] = None,
               device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,11 +226,12 @@ class TokenDataset:
         return self.draw(step, start, stop, device=device)
 
     def val_batch(self, index: int, batch_size: int, start: int = 0, stop: Optional[int] = None,
-                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                  device: torch.device | str = "cpu",
+                  chunks: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [start, stop) of validation batch `index` (batch_size rows); ceil(val_windows / batch_size)
-        batches cover the held-out tokens once."""
+        batches cover the held-out tokens once. chunks: as draw's."""
         stop = batch_size if stop is None else stop
-        return self._windows(self.val_offsets(index, batch_size, start, stop), True, True, device)
+        return self._windows(self.val_offsets(index, batch_size, start, stop), True, True, device, chunks)
 
     def val_batches(self, batch_size: int) -> int:
         """How many validation batches of batch_size rows cover every held-out window at least once."""

@@ -25,6 +25,7 @@ from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, Sch
 from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
 from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
+from .global_loss import global_mean_loss
 from .micro_batches import MicroBatches, micro_batch_fn
 from .reschedule import Reschedule
 from hybrid_engine.models import materialize
@@ -35,6 +36,7 @@ from .stage_specs import probe_stage_specs
 from .update import UpdateStep
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
+from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
 from hybrid_engine.optim.zero import ShardedOptimizer
 from hybrid_engine.parallel.data_parallel.shard_groups import build_shard_groups
@@ -52,7 +54,8 @@ class StepResult:
 
 
 class Engine(EngineState, UpdateStep, Reschedule):
-    """Hybrid DP x PP x MP training of an nn.Sequential.
+    """Hybrid DP x CP x PP x MP training of an nn.Sequential (cp: the grid's; its attention by `cp_comm`,
+    ring | all-gather | auto, hybrid_engine/parallel/context; the sequences given are this cp rank's chunks).
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
         nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
@@ -77,7 +80,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
                  precision: PrecisionConfig = PrecisionConfig(),
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
-                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None):
+                 parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None,
+                 cp_comm: str = "auto"):
         for cfg in (stages, precision):
             cfg.validate()
         data_parallel.validate(groups.grid)
@@ -87,6 +91,10 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.precision, self.data_parallel, self._trace = precision, data_parallel, trace
         self.micro_batches = schedule.micro_batches
         self.pp_rank, self.pp_size, self.dp_size = groups.coords.pp, self.grid.pp_size, self.grid.dp_size
+        self.replicas = self.dp_size * self.grid.cp_size  # the weights' copies: gradients summed over dp x cp
+        # --trace: the DP, MP and CP collectives' launches and completions, beside the executor's compute spans.
+        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
+        self.context = context_of(groups, cp_comm, self._comm_trace)  # None without context parallelism
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
@@ -100,6 +108,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self._stages: dict[int, nn.Sequential] = {}
         for s in self.stage_ids:
             stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
+            stage = apply_context_parallel(stage, self.context)
             self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
@@ -125,8 +134,6 @@ class Engine(EngineState, UpdateStep, Reschedule):
                                                route_all=per_micro)
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         self.grads.set_restore_on_write(per_micro)
-        # --trace: the DP and MP collectives' launches and completions, beside the executor's compute spans.
-        self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
         attach(self._stages, self.grads, self._comm_trace)
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
@@ -252,12 +259,12 @@ class Engine(EngineState, UpdateStep, Reschedule):
         as a whole. Returns the global mean loss on every rank."""
         start = time.perf_counter()
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        # The loss of each micro-batch is divided by the micro-batch count and the DP size here, exactly once (and
+        # The loss of each micro-batch is divided by the micro-batch count and dp x cp here, exactly once (and
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
         # gradients. The executor returns the losses before this multiplier.
         if self.zero is not None:
             self.zero.begin_step()  # ZeRO-3: the first buckets' parameter gathers
-        micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.dp_size))
+        micro_losses = self._forward_backward(inputs, targets, scale / (self.micro_batches * self.replicas))
         if self.zero is not None:
             self.zero.end_backward()  # ZeRO-3: the parameter buffers released
         if self._comm_trace is not None:  # this step's gradient collectives and the gathers its forward waited for
@@ -315,15 +322,9 @@ class Engine(EngineState, UpdateStep, Reschedule):
             self.zero_grad()
 
     def _global_loss(self, micro_losses: list[torch.Tensor]) -> float:
-        """Mean loss over the global batch, on every rank: one small all-reduce over the world in which only the
-        last stage's MP rank 0 of each replica contributes."""
-        contributes = self.holds_last_stage and self.groups.coords.mp == 0
-        value = (torch.stack(micro_losses).mean() if (contributes and micro_losses)
-                 else torch.zeros((), device=self.device))
-        value = value.detach().to(torch.float64 if self.device.type == "cpu" else torch.float32).reshape(1)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(value)
-        return float(value.item()) / self.dp_size
+        """Mean loss over the global batch, on every rank (engine/global_loss.py)."""
+        return global_mean_loss(micro_losses, self.holds_last_stage and self.groups.coords.mp == 0, self.replicas,
+                                self.device)
 
     def close(self) -> None:
         """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of

@@ -11,7 +11,9 @@ step's forward waited for -- launched by the previous step's update, so before t
 are process 1 ("DP collectives"), one thread per pipeline rank, beside process 0's compute actions; in the PNG
 they are the rows under the pipeline's. MP collectives (the all-reduces and all-gathers of native tensor-parallel
 chains, one per layer and row chunk, csrc/tp/linear_chain.h) are process 2 ("MP collectives") and the rows under
-those, from MP rank 0's view. The JSON's times count from its earliest event (otherData.step_start_us says where
+those, from MP rank 0's view. Context parallelism's transfers (each hop of the ring, send_recv with its hop
+number; the K/V all-gathers and the dK/dV reduce-scatters, hybrid_engine/parallel/context) are process 3 ("CP
+transfers"), from CP rank 0's view. The JSON's times count from its earliest event (otherData.step_start_us says where
 the step began).
 
 Measured bubble: 1 - (mean over the pipeline's ranks of the time inside compute actions) / (the step's span,
@@ -38,7 +40,8 @@ Span = tuple[str, int, int, float, float]  # (type, stage, micro, start_us, end_
 CommSpan = tuple[str, int, float, float]  # (kind, bucket, start_us, end_us)
 COMM_PID = 1  # the JSON's process of the DP collectives (0: compute)
 MP_COMM_PID = 2  # and of the MP collectives
-AXIS_PIDS = {"dp": COMM_PID, "mp": MP_COMM_PID}
+CP_COMM_PID = 3  # and of the CP transfers
+AXIS_PIDS = {"dp": COMM_PID, "mp": MP_COMM_PID, "cp": CP_COMM_PID}
 
 
 def spans_of(trace) -> list[Span]:
@@ -46,7 +49,8 @@ def spans_of(trace) -> list[Span]:
 
 
 def comm_spans_of(comm_trace, axis: str = "dp") -> list[CommSpan]:
-    """Engine.comm_trace's collectives of one axis (dp | mp) as plain tuples (for MP, `bucket` is the layer)."""
+    """Engine.comm_trace's collectives of one axis (dp | mp | cp) as plain tuples (MP: `bucket` is the layer; CP:
+    the hop)."""
     return [(c.kind, c.bucket, c.start_us, c.end_us) for c in comm_trace if c.axis == axis]
 
 
@@ -111,31 +115,32 @@ def comm_rows_of_chrome_trace(path: str, axis: str = "dp") -> list[list[CommSpan
 
 
 def gather_pipeline_rows(spans: list[Span], pp_rank: int, pp_size: int, in_first_replica: bool,
-                         comm: list[CommSpan] = (), mp_comm: list[CommSpan] = ()
-                         ) -> tuple[list[list[Span]], list[list[CommSpan]], list[list[CommSpan]]] | None:
-    """All ranks join; rank 0 gets the rows of the pipeline of DP replica 0 / MP rank 0 by pp rank: its compute
-    spans, its DP collectives and its MP collectives."""
+                         comm: list[CommSpan] = (), mp_comm: list[CommSpan] = (), cp_comm: list[CommSpan] = ()
+                         ) -> tuple[list[list[Span]], ...] | None:
+    """All ranks join; rank 0 gets the rows of the pipeline of DP replica 0 / CP rank 0 / MP rank 0 by pp rank:
+    its compute spans, its DP collectives, its MP collectives and its CP transfers."""
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (pp_rank, in_first_replica, spans, list(comm), list(mp_comm)))
+    dist.all_gather_object(everyone, (pp_rank, in_first_replica, spans, list(comm), list(mp_comm), list(cp_comm)))
     if dist.get_rank() != 0:
         return None
-    rows: list[list[Span]] = [[] for _ in range(pp_size)]
-    comm_rows: list[list[CommSpan]] = [[] for _ in range(pp_size)]
-    mp_rows: list[list[CommSpan]] = [[] for _ in range(pp_size)]
-    for rank_pp, first, rank_spans, rank_comm, rank_mp in everyone:
+    out: tuple[list[list], ...] = tuple([[] for _ in range(pp_size)] for _ in range(4))
+    for rank_pp, first, *rank_rows in everyone:
         if first:
-            rows[rank_pp], comm_rows[rank_pp], mp_rows[rank_pp] = rank_spans, rank_comm, rank_mp
-    return rows, comm_rows, mp_rows
+            for rows, mine in zip(out, rank_rows):
+                rows[rank_pp] = mine
+    return out
 
 
 def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches: int, virtual_stages: int,
                 lookahead: int = 0, comm_rows: list[list[CommSpan]] | None = None,
-                mp_comm_rows: list[list[CommSpan]] | None = None) -> dict:
+                mp_comm_rows: list[list[CommSpan]] | None = None, cp_comm_rows: list[list[CommSpan]] | None = None
+                ) -> dict:
     comm_rows = comm_rows if any(comm_rows or []) else []
     mp_comm_rows = mp_comm_rows if any(mp_comm_rows or []) else []
+    cp_comm_rows = cp_comm_rows if any(cp_comm_rows or []) else []
     # Chrome and Perfetto want times from 0: the file counts from its earliest event (a gather launched before the
     # step), and says where the step began.
-    origin = -min([0.0] + [start for row in comm_rows + mp_comm_rows for _, _, start, _ in row])
+    origin = -min([0.0] + [start for row in comm_rows + mp_comm_rows + cp_comm_rows for _, _, start, _ in row])
     events = [
         {"name": f"{stage}{kind}{micro}", "cat": kind, "ph": "X", "ts": start + origin, "dur": end - start, "pid": 0,
          "tid": rank, "args": {"stage": stage, "micro": micro}}
@@ -151,10 +156,16 @@ def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches:
          "pid": MP_COMM_PID, "tid": rank, "args": {"bucket": layer}}
         for rank, row in enumerate(mp_comm_rows) for kind, layer, start, end in row
     ]
+    events += [
+        {"name": f"cp {kind} hop {hop}", "cat": kind, "ph": "X", "ts": start + origin, "dur": end - start,
+         "pid": CP_COMM_PID, "tid": rank, "args": {"bucket": hop}}
+        for rank, row in enumerate(cp_comm_rows) for kind, hop, start, end in row
+    ]
     processes = [(pid, name) for pid, name, present in (
         (0, "compute (thread: pipeline rank)", True),
         (COMM_PID, "DP collectives (thread: pipeline rank)", bool(comm_rows)),
-        (MP_COMM_PID, "MP collectives (thread: pipeline rank)", bool(mp_comm_rows))) if present]
+        (MP_COMM_PID, "MP collectives (thread: pipeline rank)", bool(mp_comm_rows)),
+        (CP_COMM_PID, "CP transfers (thread: pipeline rank)", bool(cp_comm_rows))) if present]
     if len(processes) > 1:
         events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}} for pid, name in processes]
     measured = measured_bubble(rows)
@@ -164,7 +175,8 @@ def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches:
                "measured_bubble": measured, "simulated_bubble": sim.bubble,
                "calibrated_bubble": calibrated_bubble(rows, schedule, micro_batches, virtual_stages, lookahead),
                "step_start_us": origin}
-    for key, axis_rows in (("dp_collectives", comm_rows), ("mp_collectives", mp_comm_rows)):
+    for key, axis_rows in (("dp_collectives", comm_rows), ("mp_collectives", mp_comm_rows),
+                           ("cp_transfers", cp_comm_rows)):
         if axis_rows:
             summary[key] = {kind: sum(1 for row in axis_rows for k, *_ in row if k == kind)
                             for kind in sorted({k for row in axis_rows for k, *_ in row})}
@@ -173,10 +185,12 @@ def write_trace(path: str, rows: list[list[Span]], schedule: str, micro_batches:
     to_ms = [[(s / 1e3, e / 1e3, kind, stage, micro) for kind, stage, micro, s, e in row] for row in rows]
     comm_ms = [[(s / 1e3, e / 1e3, kind, 0, bucket) for kind, bucket, s, e in row] for row in comm_rows]
     mp_ms = [[(s / 1e3, e / 1e3, kind, 0, layer) for kind, layer, s, e in row] for row in mp_comm_rows]
-    t0 = min((b[0] for row in to_ms + comm_ms + mp_ms for b in row), default=0.0)
+    cp_ms = [[(s / 1e3, e / 1e3, kind, 0, hop) for kind, hop, s, e in row] for row in cp_comm_rows]
+    t0 = min((b[0] for row in to_ms + comm_ms + mp_ms + cp_ms for b in row), default=0.0)
     to_ms = [[(s - t0, e - t0, k, st, m) for s, e, k, st, m in row] for row in to_ms]
     extra = [(f"rank {r} {axis}", [(s - t0, e - t0, k, st, m) for s, e, k, st, m in row])
-             for axis, axis_ms in (("DP", comm_ms), ("MP", mp_ms)) for r, row in enumerate(axis_ms) if row]
+             for axis, axis_ms in (("DP", comm_ms), ("MP", mp_ms), ("CP", cp_ms)) for r, row in enumerate(axis_ms)
+             if row]
     draw_timeline(to_ms, f"{path}.png", title=f"measured {schedule}, pp={len(rows)}, m={micro_batches} "
                   f"(bubble {measured:.3f})", time_label="ms", extra_rows=extra)
     draw_timeline(timeline_rows(sim), f"{path}.simulated.png",

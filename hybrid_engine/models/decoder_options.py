@@ -11,6 +11,7 @@ from hybrid_engine.config.fields import flag
 from hybrid_engine.kernels.options import FP8_RECIPES, FUSED_MODES, KernelOptions, resolve
 
 MAX_SIZE = 2**16
+MAX_SEQ_LEN = 2**20  # long-context training (context parallelism) reaches 128k tokens and beyond
 
 
 @dataclass(frozen=True)
@@ -58,5 +59,6 @@ class DecoderOptions:
     def check(self) -> None:
         """Each size in range, before anything is built."""
         for flag, value in self.sizes():
-            if value > MAX_SIZE:
-                raise ConfigError(f"{flag} {value} is too large (at most {MAX_SIZE})")
+            most = MAX_SEQ_LEN if flag == "--seq-len" else MAX_SIZE
+            if value > most:
+                raise ConfigError(f"{flag} {value} is too large (at most {most})")

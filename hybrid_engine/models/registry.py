@@ -37,6 +37,7 @@ from .llama.parallelize import build_llama
 from .llama.options import LlamaOptions
 from .llama.parallelize import ParallelizeLlama
 from .memory_estimate import gpt_weight_bytes
+from .token_workload import check_context_split
 from .mlp import workload as mlp
 from .mlp.model import SEED_STREAMS as MLP_STREAMS
 from .mlp.options import MLPOptions
@@ -117,7 +118,8 @@ def of_checkpoint(model: object) -> tuple[str, ModelEntry] | None:
 
 
 def check_model(cfg, grid, device_type: str) -> None:
-    """The chosen model's own rules (RunConfig.validate calls this first, once the grid is known)."""
+    """The chosen model's own rules (RunConfig.validate calls this first, once the grid is known), after --cp's."""
+    check_context_split(cfg.model.options, grid)
     entry(cfg.model.name).check(cfg, grid, device_type)
 
 

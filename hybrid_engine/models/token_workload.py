@@ -6,6 +6,8 @@ from __future__ import annotations
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.data import DataError, TokenDataset, load_tokens, open_dataset
 
+from hybrid_engine.parallel.context.chunks import check_sequence
+
 from .memory_estimate import refuse_if_too_large
 
 BUILTIN_VOCAB = 256  # the built-in Markov corpus's
@@ -55,3 +57,20 @@ def checkpoint_data(data: TokenDataset) -> dict:
     """run_info["data"]: what a checkpoint records of the data it was trained on."""
     return {"name": data.name, "tokens": len(data.tokens), "vocab_size": data.vocab_size,
             "fingerprint": data.fingerprint, "tokenizer_sha256": data.tokenizer_sha256}
+
+
+def check_context_split(options, grid) -> None:
+    """--cp's rules, before any collective: a model of token sequences (options with seq_len), cut into 2 cp equal
+    chunks, and under sequence parallelism each rank's tokens split evenly over MP."""
+    cp = grid.cp_size
+    if cp == 1:
+        return
+    seq_len = getattr(options, "seq_len", None)
+    if seq_len is None:
+        raise ConfigError(f"--cp {cp} splits sequences: it applies to the token models (gpt, llama) only")
+    problem = check_sequence(seq_len, cp)
+    if problem:
+        raise ConfigError(problem)
+    if getattr(options, "sequence_parallel", False) and (seq_len // cp) % grid.mp_size:
+        raise ConfigError(f"--sequence-parallel with --cp {cp}: the {seq_len // cp} tokens per cp rank are not "
+                          f"divisible by --mp {grid.mp_size}")

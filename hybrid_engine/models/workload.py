@@ -78,9 +78,10 @@ class Workload:
         return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
 
     def draw(self, step: int, start: int, stop: int, *, inputs: bool = True, targets: bool = True,
-             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", chunks: tuple[int, int] = (0, 1)):
         """(inputs, targets) of rows [start, stop) of step `step`'s global batch, each only if asked (else None).
-        Float data comes in `dtype`; token data is int64 (dtype does not apply) on `device`."""
+        Float data comes in `dtype`; token data is int64 (dtype does not apply) on `device`, and with chunks (cp
+        rank, cp) that context-parallel rank's tokens of each sequence only."""
         if isinstance(self.data, TokenDataset):
-            return self.data.draw(step, start, stop, inputs=inputs, targets=targets, device=device)
+            return self.data.draw(step, start, stop, inputs=inputs, targets=targets, device=device, chunks=chunks)
         return self.data.draw(step, start, stop, inputs=inputs, targets=targets, dtype=dtype)

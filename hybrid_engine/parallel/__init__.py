@@ -6,6 +6,7 @@
     pipeline/        schedules, stage programs (native or autograd), the cut of a model into stages, balancing
     tensor/          tensor-parallel layers (Megatron column/row), sequence parallelism, vocab-parallel loss
     data_parallel/   the gradient buffer and its buckets, ZeRO-1, its parameter all-gather, tied weights
+    context/         context parallelism: the head-tail split of sequences, ring and all-gather attention
 
 Imports from the package: config and hybrid_engine._C only (models, engine and train sit above it).
 """

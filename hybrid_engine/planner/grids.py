@@ -69,7 +69,10 @@ def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Calla
 
     shape = None  # once some grid passes the run's checks: a shape the checks refuse is said in their words
     rows = []
-    for dp, pp, mp in grids_of(world):
+    cp = cfg.parallel.cp  # fixed by the flags: the grids split the rest of the world
+    if world % cp:
+        raise ConfigError(f"world size {world} is not divisible by --cp {cp}")
+    for dp, pp, mp in grids_of(world // cp):
         for zero in zero_levels(cfg, dp, user_flags):
             c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp),
                                     data_parallel=dataclasses.replace(cfg.data_parallel, zero=zero))
@@ -157,7 +160,7 @@ def grid_table(cfg, world: int, device_type: str, model_rules: Callable, card: C
         if p is None:
             lines.append(f"{'-':>4}  {name:<9} {zero:>4}  {'':<46} {'':>9} {'':>12} {'':>8}  {note}")
             continue
-        rate = cfg.data.batch_size * shape.tokens_per_sample / p.step_s
+        rate = cfg.data.batch_size * shape.tokens_per_sample * cfg.parallel.cp / p.step_s  # a cp rank's share x cp
         lines.append(f"{n:>4}  {name:<9} {zero:>4}  {p.plan.describe():<46} {plain(p.step_s * 1e3):>9} "
                      f"{plain(rate):>12} {p.peak / GIB:>8.1f}  {note}")
     lines.append("grid: dp x pp x mp (order mp-dp-pp); zero: --zero; GiB: the predicted allocated peak")

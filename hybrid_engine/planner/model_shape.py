@@ -5,9 +5,12 @@ from __future__ import annotations
 from hybrid_engine.models import registry
 from hybrid_engine.models.planner_shape import LayerShape, ModelShape
 
+from .context import per_context_rank
+
 __all__ = ["LayerShape", "ModelShape", "shape_of"]
 
 
 def shape_of(cfg) -> ModelShape:
-    """The shape of the run's model (cfg: RunConfig); a model the registry does not hold is a ConfigError."""
-    return registry.entry(cfg.model.name).shape(cfg)
+    """The shape of the run's model (cfg: RunConfig) on one context-parallel rank; a model the registry does not
+    hold is a ConfigError."""
+    return per_context_rank(registry.entry(cfg.model.name).shape(cfg), cfg.parallel.cp)

@@ -11,6 +11,7 @@ from hybrid_engine.config.engine import ConfigError, ScheduleConfig
 from .candidates import Plan, Request
 from .card import GIB, Card, this_device
 from .choose import Choice, NoPlanFits, choose
+from .context import context_hint
 from .model_shape import ModelShape, shape_of
 from .setting import Setting
 
@@ -65,7 +66,8 @@ def plan_run(cfg, grid, device_type: str, model_rules: Callable) -> tuple[object
     try:
         choice = plan_for(cfg, grid, card, device_type, model_rules)
     except NoPlanFits as exc:
-        raise ConfigError(f"planner: {exc}") from None
+        hint = context_hint(cfg, grid, plan_for, card, device_type, model_rules)
+        raise ConfigError(f"planner: {exc}{hint}") from None
     return with_plan(cfg, choice.chosen.plan), choice
 
 

@@ -60,7 +60,7 @@ def validate_launch(cfg: RunConfig, env: LaunchEnv, device_type: str, argv: list
         return cfg.validate(env.world_size, device_type, registry.check_model)
     except ConfigError as exc:
         p = cfg.parallel
-        needed = (p.dp or 1) * p.pp * p.mp
+        needed = (p.dp or 1) * p.cp * p.pp * p.mp
         if env.launched or env.world_size != 1 or needed <= 1 or "world size 1" not in str(exc):
             raise
         script = prog if prog.endswith(".py") else "-m hybrid_engine"
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     cfg = parse_config(argv, prog)
     env = LaunchEnv.from_environ()
     if cfg.plan.only:  # the planner's ranked grids and plans for this world size and model; no training
-        world = env.world_size if env.launched else (cfg.parallel.dp or 1) * cfg.parallel.pp * cfg.parallel.mp
+        p = cfg.parallel
+        world = env.world_size if env.launched else (p.dp or 1) * p.cp * p.pp * p.mp
         table = grid_table(cfg, world, device_type(cfg.parallel.device), registry.check_model, user_flags=argv)
         if env.rank == 0:
             try:

@@ -135,7 +135,8 @@ def summary_line(grid, schedule: str, batch_size: int, times: list[float], left_
                  peaks: list[float]) -> str:
     """The closing line: the median over the timed steps, naming how many of this run's steps were left out."""
     ranks = f"{grid.world_size} rank{'' if grid.world_size == 1 else 's'}"
-    head = (f"summary: {ranks} ({grid.dp_size} dp x {grid.pp_size} pp x {grid.mp_size} mp), "
+    cp = f"{grid.cp_size} cp x " if grid.cp_size > 1 else ""
+    head = (f"summary: {ranks} ({grid.dp_size} dp x {cp}{grid.pp_size} pp x {grid.mp_size} mp), "
             f"schedule {schedule}, ")
     if not times:
         return head + f"no timed steps (all {left_out} of this run's steps were warm-up)"

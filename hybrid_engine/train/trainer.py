@@ -79,7 +79,7 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
     factory = optim.from_name(o.name, o.lr, parse_betas(o.betas) if o.betas else None, o.weight_decay)
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
-                  trace=cfg.reporting.trace is not None,
+                  trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
 
@@ -102,15 +102,17 @@ def micro_batch_sources(workload: Workload, step: int, first_row: int, rows: int
     """(inputs, targets) for streamed data: callables micro -> that micro-batch's rows of this DP rank, drawn
     when the engine's forward asks (the same values as slicing the whole draw), or None where the rank
     consumes none. `poison` fills the inputs with NaN (FaultPlan.nan_at_step)."""
+    chunks = (engine.groups.coords.cp, engine.grid.cp_size)  # a context-parallel rank's tokens only
+
     def rows_of(micro: int) -> tuple[int, int]:
         return first_row + micro * rows, first_row + (micro + 1) * rows
 
     def inputs(micro: int) -> torch.Tensor:
-        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device)[0]
+        x = workload.draw(step, *rows_of(micro), targets=False, dtype=dtype, device=device, chunks=chunks)[0]
         return x.fill_(float("nan")) if poison and x.is_floating_point() else x
 
     def targets(micro: int) -> torch.Tensor:
-        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device)[1]
+        return workload.draw(step, *rows_of(micro), inputs=False, dtype=dtype, device=device, chunks=chunks)[1]
 
     return (inputs if engine.holds_first_stage else None), (targets if engine.holds_last_stage else None)
 
@@ -139,6 +141,7 @@ class Trainer:
         self.replanner = replanner  # the planner's inputs: its cost model refitted after the first measured steps
         self.state = state if state is not None else RunState()
         self.per_dp = cfg.data.batch_size // grid.dp_size
+        self.chunks = (groups.coords.cp, grid.cp_size)  # a context-parallel rank draws its chunks' tokens only
         self.data_dtype = engine.precision.half_dtype if engine.precision.half_weights else torch.float32
 
     def train(self, start_from: checkpoint.Checkpoint | None = None) -> None:
@@ -256,7 +259,7 @@ class Trainer:
         batch, start = self.cfg.data.batch_size, self.groups.coords.dp * self.per_dp
         losses = []
         for i in range(min(max_batches, data.val_batches(batch))):
-            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device)
+            x, y = data.val_batch(i, batch, start, start + self.per_dp, device=self.device, chunks=self.chunks)
             losses.append(engine.evaluate(x if engine.holds_first_stage else None,
                                           y if engine.holds_last_stage else None, micro_batches=m))
         val = sum(losses) / len(losses)
@@ -302,7 +305,8 @@ class Trainer:
                                        engine, self.data_dtype, self.device, poison)
         elif engine.holds_first_stage or engine.holds_last_stage:  # a middle stage draws nothing
             x, y = self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
-                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                                      targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device,
+                                      chunks=self.chunks)
             if poison and x is not None and x.is_floating_point():
                 x.fill_(float("nan"))  # this step's own tensor: no copy
         else:
@@ -331,7 +335,8 @@ class Trainer:
         first_row = self.groups.coords.dp * self.per_dp
         engine = self.engine
         x, y = (self.workload.draw(step, first_row, first_row + self.per_dp, inputs=engine.holds_first_stage,
-                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device)
+                                   targets=engine.holds_last_stage, dtype=self.data_dtype, device=self.device,
+                                   chunks=self.chunks)
                 if engine.holds_first_stage or engine.holds_last_stage else (None, None))
         return engine.evaluate(x, y, micro_batches=self.cfg.schedule.micro_batches)
 
@@ -345,23 +350,25 @@ class Trainer:
             raise ReportingError(f"cannot write {what}: {os.strerror(err)}")
 
     def _write_trace(self, progress: Progress) -> None:
-        """Gather the last step's timed actions and DP and MP collectives of one pipeline onto rank 0 (collective),
-        which writes them."""
+        """Gather the last step's timed actions, DP and MP collectives and CP transfers of one pipeline onto rank 0
+        (collective), which writes them."""
         cfg, c = self.cfg, self.groups.coords
         comm = self.engine.comm_trace
-        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, c.dp == 0 and c.mp == 0,
-                                        comm_spans_of(comm, "dp"), comm_spans_of(comm, "mp"))
+        first = c.dp == 0 and c.cp == 0 and c.mp == 0
+        gathered = gather_pipeline_rows(spans_of(self.engine.trace), c.pp, self.grid.pp_size, first,
+                                        *(comm_spans_of(comm, axis) for axis in ("dp", "mp", "cp")))
         if self.rank == 0:
-            rows, comm_rows, mp_rows = gathered
+            rows, comm_rows, mp_rows, cp_rows = gathered
             s, path = cfg.schedule, cfg.reporting.trace
             try:
                 summary = write_trace(path, rows, s.name, s.micro_batches, s.virtual_stages, s.lookahead, comm_rows,
-                                      mp_rows)
+                                      mp_rows, cp_rows)
             except OSError as exc:  # the directory was checked before the first step; the disk may fill since
                 raise ReportingError(f"cannot write --trace {path}: {exc.strerror or exc}") from None
             beside = "; ".join(f"{axis} collectives beside them: " + ", ".join(f"{n} {kind}" for kind, n in
                                                                              summary[key].items())
-                               for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives")) if key in summary)
+                               for axis, key in (("DP", "dp_collectives"), ("MP", "mp_collectives"),
+                                                 ("CP", "cp_transfers")) if key in summary)
             progress.say(f"trace: {path}.json, measured bubble {summary['measured_bubble']:.3f}, "
                          f"simulated {summary['simulated_bubble']:.3f} (unit costs), "
                          f"{summary['calibrated_bubble']:.3f} (this run's per-stage action times)"

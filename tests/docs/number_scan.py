@@ -12,7 +12,7 @@ import os
 from doc_sources import REPO, page
 
 PAGES = ("README.md", "docs/api.md", "docs/architecture.md", "docs/checkpoints.md", "docs/cluster.md",
-         "docs/failures.md", "docs/gpt.md", "docs/llama.md", "docs/performance.md", "docs/planning.md",
+         "docs/failures.md", "docs/gpt.md", "docs/llama.md", "docs/long_sequences.md", "docs/performance.md", "docs/planning.md",
          "docs/kernels.md", "docs/schedules.md")
 _NUM = r"\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?"
 _UNIT = r"(?:×|\s?%|\s?k\b|\s?(?:ms|µs|GiB|GB|MB|TFLOP/s)\b|\s(?:tokens|samples)/s|\s?MFU|\s(?:s|min)\b)"

@@ -101,7 +101,7 @@ def test_other_ranks_and_quiet_print_no_step_lines():
 
 
 class Grid:
-    world_size, dp_size, pp_size, mp_size = 2, 1, 2, 1
+    world_size, dp_size, cp_size, pp_size, mp_size = 2, 1, 1, 2, 1
 
 
 def test_the_summary_names_the_warm_up_steps_it_really_left_out():

@@ -107,9 +107,9 @@ def test_the_built_in_mse_is_said_fused_only_with_a_native_last_stage():
 
 
 def test_the_summary_of_a_cpu_run_says_rank_and_gflops():
-    one = SimpleNamespace(world_size=1, dp_size=1, pp_size=1, mp_size=1)
+    one = SimpleNamespace(world_size=1, dp_size=1, cp_size=1, pp_size=1, mp_size=1)
     assert summary_line(one, "1f1b", 8, [0.5], 1, [0.1]).startswith("summary: 1 rank (1 dp x 1 pp x 1 mp)")
-    two = SimpleNamespace(world_size=2, dp_size=2, pp_size=1, mp_size=1)
+    two = SimpleNamespace(world_size=2, dp_size=2, cp_size=1, pp_size=1, mp_size=1)
     assert summary_line(two, "1f1b", 8, [0.5], 1, [0.1]).startswith("summary: 2 ranks (")
     assert flops_text(0.00247, "cpu") == "2.47 model GFLOP/s per rank"
     assert flops_text(495.9, "cuda") == "496 model TFLOP/s per GPU"

@@ -132,12 +132,13 @@ class PositionRows(nn.Module):
         return table[:length]
 
 
-def causal_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
-    """[b, s, heads * 3 * d] in (head, {q, k, v}, d) order -> causal SDPA -> [b, s, heads * d]."""
+def causal_attention(qkv: torch.Tensor, heads: int, context=None) -> torch.Tensor:
+    """[b, s, heads * 3 * d] in (head, {q, k, v}, d) order -> causal SDPA -> [b, s, heads * d]; with a context
+    (parallel/context.ContextParallel) the s tokens are this rank's, attending over the whole sequence."""
     b, s, width = qkv.shape
     d = width // (3 * heads)
     q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)  # each [b, heads, s, d]
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if context is None else context.attention(q, k, v)
     return y.transpose(1, 2).reshape(b, s, heads * d)
 
 
@@ -198,6 +199,9 @@ class Block(nn.Module):
     # Selective recompute (Korthikanti et al. 2022, Megatron's --recompute-granularity selective): keep every
     # activation but the attention core's, recomputed in backward. Set per block by whoever builds the stage.
     recompute_attention_core = False
+    # Context parallelism (parallel/context): attention over the whole sequence from this rank's tokens; None:
+    # the block holds whole sequences. (The embedding's position lookup is made context-parallel from outside.)
+    context_parallel = None
 
     def __init__(self, cfg: GPTConfig, index: int, *, device=None, dtype=None):
         super().__init__()
@@ -236,7 +240,7 @@ class Block(nn.Module):
 
     def attention_core(self, qkv: torch.Tensor) -> torch.Tensor:
         heads = qkv.shape[-1] // (3 * self.cfg.head_dim)  # this block's heads: all, or its rank's
-        return maybe_recompute(self.recompute_attention_core, causal_attention, qkv, heads)
+        return maybe_recompute(self.recompute_attention_core, causal_attention, qkv, heads, self.context_parallel)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         return self.attn_proj(self.attention_core(self.attn_qkv(self.ln1(x))))

@@ -120,6 +120,9 @@ class Block(_Layer):
     # Selective recompute (Megatron's --recompute-granularity selective): RoPE and the attention core rerun in
     # backward, every other activation kept. Set per block by whoever builds the stage.
     recompute_attention_core = False
+    # Context parallelism (parallel/context): this rank's tokens' global positions and attention over the whole
+    # sequence; None: the block holds whole sequences.
+    context_parallel = None
 
     def __init__(self, cfg: LlamaConfig, index: int, *, device=None, dtype=None):
         super().__init__()
@@ -172,11 +175,16 @@ class Block(_Layer):
         d = self.cfg.head_dim
         q = q.view(b, s, -1, d)
         k, v = kv.view(b, s, -1, 2, d).unbind(3)
-        cos, sin = ((self.rope_cos[:s], self.rope_sin[:s]) if s <= self.rope_cos.shape[0]
-                    else rope_tables(self.cfg, s, q.device))
+        cp = self.context_parallel
+        n = s if cp is None else s * cp.size
+        cos, sin = ((self.rope_cos[:n], self.rope_sin[:n]) if n <= self.rope_cos.shape[0]
+                    else rope_tables(self.cfg, n, q.device))
+        if cp is not None:  # this rank's chunks sit at their global positions
+            cos, sin = cos[cp.positions(s, q.device)], sin[cp.positions(s, q.device)]
         q, k = self.rope(q, k, cos, sin)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=q.shape[2] != k.shape[2])
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        y = (F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+             if cp is None else cp.attention(q, k, v))
         return y.transpose(1, 2).reshape(b, s, -1)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:

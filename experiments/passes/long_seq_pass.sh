@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The long-sequence pass: context parallelism on one 4-GPU machine, one device call (PASS_BUDGET_S, default 540 s).
+#
+# A Llama-1B-class model (hidden 2048, 16 layers, 32 heads, 8 kv heads, ffn 5632, vocabulary 32000, RoPE theta 5e5),
+# one sequence per step, bf16 half weights, AdamW; 5 steps, the first 2 left out of the medians:
+#   gpu1_8k          one GPU at 8k tokens (the reference MFU)
+#   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: >= 4096 tokens per rank, said at start)
+#   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (all-gather attention: cp 2)
+#   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k
+#                    (experiments/peers/torch_cp_llama.py)
+#   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k, the other variant, if the budget still allows
+# tokens/s, MFU (the engine's formula, attention counted: 6 N + 12 L s heads d per token; and its causal half) and
+# peak memory per GPU of every run, the targets checked, in one JSON: $OUT/<date>-4x<card>-long-seq.json (and the
+# logs in $OUT/long_seq.tgz), written by experiments/analysis/long_seq_results.py.
+# Expected on 4 x H100: ~100 s of build (none with DEVICE_SO), then ~30-40 s a run at 8k-32k, ~60 s at 64k and
+# ~90 s at 128k: about 7 minutes in all.
+#
+#   bash experiments/passes/long_seq_pass.sh                 # device kind nvidia-h100-x4
+#   SMOKE=1 bash experiments/passes/long_seq_pass.sh         # CPU, gloo, a tiny shape: that it runs (~3 min, 2 cores)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source experiments/passes/pass_lib.sh
+SMOKE=${SMOKE:-0}
+PY=${PYTHON:-python3}
+if [[ $SMOKE == 1 ]]; then
+  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-600})); RESERVE=10
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/long_seq_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
+  SHAPE="--hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 128"
+  SEQS=(256 512 1024 2048); BASE=256; MID=512; DEV="--device cpu"; PEER_DEV="--device cpu"; VOCAB=500
+  LIMIT=150
+else
+  pass_start long_seq
+  SHAPE="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632"
+  SEQS=(16384 32768 65536 131072); BASE=8192; MID=32768; DEV=""; PEER_DEV=""; VOCAB=32000
+  LIMIT=150
+fi
+$PY - "$VOCAB" <<'PY'
+import sys
+import numpy as np
+from hybrid_engine.data import write_token_file
+vocab = int(sys.argv[1])
+write_token_file("/tmp/long_seq_tokens.bin", np.random.default_rng(0).integers(0, vocab, 4_000_000), vocab)
+PY
+RUN="--data /tmp/long_seq_tokens.bin --batch-size 1 --micro-batches 1 --schedule 1f1b --lookahead 0 --virtual-stages 1"
+RUN="$RUN --no-merge-wgrad --steps 5 --warmup 2 --seed 0 --rope-theta 500000 --max-positions 131072"
+L="--model llama $SHAPE $RUN --optimizer adamw --lr 3e-4 --weight-decay 0.1 --betas 0.9,0.95 $DEV"
+[[ $SMOKE == 1 ]] || L="$L --amp bf16"
+LAUNCH=(torchrun); [[ $SMOKE == 1 ]] && LAUNCH=("$PY" -m torch.distributed.run)
+engine() {  # name gpus seq driver-args...
+  local name=$1 n=$2 seq=$3; shift 3
+  budget_run "$name" "$LIMIT" "${LAUNCH[@]}" --nproc_per_node="$n" hybrid_engine.py --quiet \
+    --metrics "$RES/$name.jsonl" $L --seq-len "$seq" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
+}
+
+engine gpu1_8k 1 $BASE
+engine cp4_32k 4 $MID --cp 4
+budget_run torch_cp4_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=4 experiments/peers/torch_cp_llama.py \
+    --data /tmp/long_seq_tokens.bin $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV \
+    && echo "torch_cp4_32k: $(grep '^{' "$RES/torch_cp4_32k.log")"
+engine cp4_128k 4 ${SEQS[3]} --cp 4
+engine cp2tp2_32k 4 $MID --cp 2 --mp 2 --sequence-parallel
+engine cp4_64k 4 ${SEQS[2]} --cp 4
+engine cp4_16k 4 ${SEQS[0]} --cp 4
+engine cp4_32k_gather 4 $MID --cp 4 --cp-comm all-gather
+
+CARD=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo cpu) | head -1)
+SHORT=$(grep -o 'H[0-9]00' <<< "$CARD" | head -1)
+TORCH=$($PY -c 'import torch; print(torch.__version__)')
+RESULT="$OUT/$(date +%F)-4x${SHORT:-$CARD}-long-seq$([[ $SMOKE == 1 ]] && echo -smoke).json"
+$PY experiments/analysis/long_seq_results.py "$RES" "$RESULT" --card "$CARD" --torch "$TORCH" --vocab "$VOCAB" \
+    | tee "$RES/results.txt"
+tar czf "$OUT/long_seq$([[ $SMOKE == 1 ]] && echo _smoke).tgz" -C "$RES" .
+echo "wrote $RESULT after ${SECONDS}s"

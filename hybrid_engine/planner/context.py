@@ -1,0 +1,43 @@
+"""A model's shape as one context-parallel rank sees it: each sample is cut over the cp ranks, so a rank computes
+and keeps 1 / cp of every sample's tokens (their attention still spans the whole sequence: a token's attention
+FLOPs are unchanged), and its activation memory is the sequence's / cp -- what lets a 128k-token sequence fit."""
+from __future__ import annotations
+
+import dataclasses
+
+from hybrid_engine.models.planner_shape import ModelShape
+
+__all__ = ["per_context_rank"]
+
+
+def per_context_rank(shape: ModelShape, cp: int) -> ModelShape:
+    """`shape` with a sample's tokens, data and FLOPs those of one of cp ranks."""
+    if cp == 1:
+        return shape
+    return dataclasses.replace(shape, tokens_per_sample=shape.tokens_per_sample // cp,
+                               data_bytes=shape.data_bytes / cp, flops_per_sample=shape.flops_per_sample / cp)
+
+
+def context_hint(cfg, grid, plan_for, *args) -> str:
+    """When no plan fits a token model on this grid: '; --cp N fits ...', the smallest cp (the same world, dp
+    giving way) whose plan fits, said with the reason -- each rank keeps 1 / N of a sequence's activations; '' when
+    cp is already asked for, the model has no sequences, or no cp fits either. plan_for(cfg, grid, *args): the
+    planner's (run_plan.py)."""
+    from hybrid_engine.config.checks import resolve_grid
+    from hybrid_engine.config.engine import ConfigError
+
+    seq_len, p = getattr(cfg.model.options, "seq_len", None), cfg.parallel
+    if seq_len is None or p.cp > 1:
+        return ""
+    others = grid.pp_size * grid.mp_size
+    for cp in (2, 4, 8, 16, 32):
+        if grid.world_size % (cp * others) or seq_len % (2 * cp):
+            continue
+        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(p, cp=cp, dp=None))
+        try:
+            chosen = plan_for(trial, resolve_grid(None, p.pp, p.mp, p.order, grid.world_size, cp=cp), *args).chosen
+        except (ConfigError, ValueError):  # NoPlanFits is a ValueError
+            continue
+        return (f"; --cp {cp} fits: each rank then keeps 1/{cp} of a sequence's activations ({chosen.peak / 2**30:.1f} "
+                f"GiB predicted)")
+    return ""

@@ -1,0 +1,64 @@
+"""The planner sees a context-parallel rank's share of each sequence: a Llama-1B-class model at 128k tokens fits an
+H100 on cp 4 (about 56 GiB predicted) where one rank would need far more; and a sequence that long is a size the
+flags take."""
+from __future__ import annotations
+
+import pytest
+
+from hybrid_engine.config.engine import ConfigError
+from hybrid_engine.models import registry
+from hybrid_engine.planner import plan_run
+from hybrid_engine.planner.context import per_context_rank
+from hybrid_engine.planner.model_shape import shape_of
+from hybrid_engine.train.cli import parse_config
+
+SHAPE = ["--model", "llama", "--layers", "16", "--hidden", "2048", "--heads", "32", "--kv-heads", "8",
+         "--ffn-hidden", "5632", "--max-positions", "131072", "--batch-size", "1", "--micro-batches", "1",
+         "--schedule", "1f1b", "--amp", "bf16", "--plan-card", "h100"]
+
+
+def _plan(seq: int, cp: int):
+    cfg = parse_config(SHAPE + ["--seq-len", str(seq), "--cp", str(cp)])
+    grid = cfg.validate(cp, "cpu", registry.check_model)
+    return cfg, plan_run(cfg, grid, "cpu", registry.check_model)[1]
+
+
+def test_a_cp_rank_keeps_its_share_of_each_sequence():
+    whole = shape_of(parse_config(SHAPE + ["--seq-len", "131072"]))
+    mine = per_context_rank(whole, 4)
+    assert mine.tokens_per_sample == whole.tokens_per_sample // 4 == 32768
+    assert mine.flops_per_sample == whole.flops_per_sample / 4 and mine.data_bytes == whole.data_bytes / 4
+    assert mine.layers == whole.layers  # a token's attention still spans the whole sequence
+    assert per_context_rank(whole, 1) is whole
+
+
+def test_128k_tokens_fit_four_h100s_on_cp4_and_not_one():
+    cfg, choice = _plan(131072, 4)
+    assert shape_of(cfg).tokens_per_sample == 32768
+    assert 40 * 2**30 < choice.chosen.peak < 70 * 2**30
+    with pytest.raises(ConfigError, match="no plan fits"):
+        _plan(131072, 1)
+
+
+def test_a_sequence_that_fits_no_plan_hears_which_cp_would_fit():
+    cfg = parse_config(SHAPE + ["--seq-len", "131072", "--batch-size", "4", "--micro-batches", "auto"])
+    grid = cfg.validate(4, "cpu", registry.check_model)
+    with pytest.raises(ConfigError) as refused:
+        plan_run(cfg, grid, "cpu", registry.check_model)
+    assert str(refused.value).startswith("planner: no plan fits")
+    assert str(refused.value).endswith("; --cp 4 fits: each rank then keeps 1/4 of a sequence's activations "
+                                       "(55.6 GiB predicted)")
+
+
+def test_plan_only_ranks_the_grids_beside_a_fixed_cp():
+    from hybrid_engine.planner.grids import grid_table
+
+    cfg = parse_config(SHAPE + ["--seq-len", "32768", "--batch-size", "2", "--micro-batches", "auto", "--cp", "2"])
+    table = grid_table(cfg, 8, "cpu", registry.check_model)
+    rows = [line.split() for line in table.splitlines()[2:] if line.split() and line.split()[0].isdigit()]
+    assert {row[1] for row in rows} <= {"4x1x1", "2x2x1", "2x1x2", "1x4x1", "1x2x2", "1x1x4"} and rows
+    first = rows[0]  # the fastest: no "why not" after its numbers
+    step_ms, rate = float(first[-3]), float(first[-2])
+    assert rate == pytest.approx(2 * 32768 / (step_ms / 1e3), rel=0.02)  # the whole sequences' tokens
+    with pytest.raises(ConfigError, match="world size 6 is not divisible by --cp 4"):
+        grid_table(parse_config(SHAPE + ["--seq-len", "32768", "--cp", "4"]), 6, "cpu", registry.check_model)
