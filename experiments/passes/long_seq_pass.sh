@@ -52,21 +52,22 @@ engine() {  # name gpus seq driver-args...
     --metrics "$RES/$name.jsonl" $L --seq-len "$seq" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
 }
 
+C=${CP:-4}  # the cp size of the runs (CP=2 on a 2-GPU machine: no cp2 x tp2 run then)
 engine gpu1_8k 1 $BASE
-engine cp4_32k 4 $MID --cp 4
-budget_run torch_cp4_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=4 experiments/peers/torch_cp_llama.py \
+engine cp${C}_32k $C $MID --cp $C
+budget_run torch_cp${C}_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=$C experiments/peers/torch_cp_llama.py \
     --data /tmp/long_seq_tokens.bin $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV \
-    && echo "torch_cp4_32k: $(grep '^{' "$RES/torch_cp4_32k.log")"
-engine cp4_128k 4 ${SEQS[3]} --cp 4
-engine cp2tp2_32k 4 $MID --cp 2 --mp 2 --sequence-parallel
-engine cp4_64k 4 ${SEQS[2]} --cp 4
-engine cp4_16k 4 ${SEQS[0]} --cp 4
-engine cp4_32k_gather 4 $MID --cp 4 --cp-comm all-gather
+    && echo "torch_cp${C}_32k: $(grep '^{' "$RES/torch_cp${C}_32k.log")"
+engine cp${C}_128k $C ${SEQS[3]} --cp $C
+(( C == 4 )) && engine cp2tp2_32k 4 $MID --cp 2 --mp 2 --sequence-parallel
+engine cp${C}_64k $C ${SEQS[2]} --cp $C
+engine cp${C}_16k $C ${SEQS[0]} --cp $C
+engine cp${C}_32k_gather $C $MID --cp $C --cp-comm all-gather
 
 CARD=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo cpu) | head -1)
 SHORT=$(grep -o 'H[0-9]00' <<< "$CARD" | head -1)
 TORCH=$($PY -c 'import torch; print(torch.__version__)')
-RESULT="$OUT/$(date +%F)-4x${SHORT:-$CARD}-long-seq$([[ $SMOKE == 1 ]] && echo -smoke).json"
+RESULT="$OUT/$(date +%F)-${C}x${SHORT:-$CARD}-long-seq$([[ $SMOKE == 1 ]] && echo -smoke).json"
 $PY experiments/analysis/long_seq_results.py "$RES" "$RESULT" --card "$CARD" --torch "$TORCH" --vocab "$VOCAB" \
     | tee "$RES/results.txt"
 tar czf "$OUT/long_seq$([[ $SMOKE == 1 ]] && echo _smoke).tgz" -C "$RES" .
