@@ -47,7 +47,7 @@ def test_a_sequence_that_fits_no_plan_hears_which_cp_would_fit():
         plan_run(cfg, grid, "cpu", registry.check_model)
     assert str(refused.value).startswith("planner: no plan fits")
     assert str(refused.value).endswith("; --cp 4 fits: each rank then keeps 1/4 of a sequence's activations "
-                                       "(55.6 GiB predicted)")
+                                       "(55.1 GiB predicted)")
 
 
 def test_plan_only_ranks_the_grids_beside_a_fixed_cp():
