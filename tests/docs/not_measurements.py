@@ -11,6 +11,9 @@ BOUND = "the time bound the named test holds the failure to (its timeout), not a
 
 NOT_MEASUREMENTS = [
     ("README.md", "largest batch, pp=2, 8 GiB per GPU", SETTING + " (--memory-cap-gib 8)"),
+    ("README.md", "Llama-1B-like shape at 128k tokens a sequence", SETTING + " (--seq-len 131072)"),
+    ("README.md", "84.0 GiB per GPU; at 32k 49,771 | at 32k: torch context_parallel 57,166 | at 32k:",
+     SETTING + " (--seq-len 32768 of the runs compared)"),
     ("docs/performance.md", "each GPU capped at 8 GiB", SETTING + " (--memory-cap-gib 8)"),
     ("docs/failures.md", "Timed out waiting 8000ms", "the message quotes the --comm-timeout the example set"),
     ("docs/failures.md", "SIGKILL, 3 ranks, under 60 s]", BOUND),

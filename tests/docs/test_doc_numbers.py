@@ -24,6 +24,7 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, P
                          summary_ms, summary_rate, zero_scaling)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
+LONG_SEQ = "2026-11-27-2xH200-long-seq.json"
 SP_COLLECTIVES = ("c10d::reduce_scatter_", "c10d::allgather_")  # the host-side ops of the sequence-parallel collectives
 def step_errors(prefix: str, four: bool) -> list[float]:
     """The plan pass's (measured - predicted) / predicted step times of a model's runs."""
@@ -42,6 +43,10 @@ def gpt_one_gpu(system: str) -> list:
         out = [lambda: comma(run["tokens_s"]), lambda: pct()(run["mfu"])]
         return out if system == "engine" else out + [lambda: ratio(engine["tokens_s"], run["tokens_s"])]
     return cells(GPT1) + cells(GPT1_H100)
+
+
+def long_seq(name: str) -> dict:
+    return next(r for r in results(LONG_SEQ)["runs"] if r["name"] == name)
 
 
 def realtext(job: str, precision: str) -> float:
@@ -108,6 +113,12 @@ CLAIMS = [
      lambda: comma(max_batch("1f1b", "fp32")), lambda: comma(max_batch("gpipe", "fp32")),
      lambda: ratio(max_batch("1f1b", "fp16-recompute"), max_batch("1f1b", "fp32")),
      lambda: ratio(max_batch("gpipe", "fp16-recompute"), max_batch("gpipe", "fp32"))),
+    ("README.md", "| 2 × H200 | {} tokens/s ({}% MFU), {} GiB per GPU; at 32k {} | at 32k: torch context_parallel {} | "
+     "at 32k: {}× |",
+     lambda: comma(long_seq("cp2_128k")["tokens_s"]), lambda: pct()(long_seq("cp2_128k")["mfu"]),
+     lambda: fixed(1)(max(long_seq("cp2_128k")["peak_gib_per_gpu"])), lambda: comma(long_seq("cp2_32k")["tokens_s"]),
+     lambda: comma(long_seq("torch_cp2_32k")["tokens_s"]),
+     lambda: ratio(long_seq("cp2_32k")["tokens_s"], long_seq("torch_cp2_32k")["tokens_s"])),
     ("README.md", "| 2 × H200 | {}% strong, {}% weak | config L: {}% strong, {}% weak |",
      lambda: pct()(results(GPT_DP)["ratios"]["strong_efficiency"]),
      lambda: pct()(results(GPT_DP)["ratios"]["weak_efficiency"]),
