@@ -146,7 +146,10 @@ void DpGradSync::complete_finished_locked() {
   if (keep_shards_.empty() || (replica_group_ && !is_trivial(replica_group_) && !every_micro_)) return;
   // The finished prefix only, in launch order.
   size_t done = 0;
-  while (done < pending_.size() && pending_[done].work->isCompleted()) complete_one(pending_[done++]);
+  while (done < pending_.size() &&
+         (pending_.size() - done > kShardedInFlight || pending_[done].work->isCompleted())) {
+    complete_one(pending_[done++]);
+  }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 

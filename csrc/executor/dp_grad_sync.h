@@ -111,7 +111,11 @@ class DpGradSync {
   void complete(std::vector<InFlight>& in_flight);
   void complete_one(InFlight& f);
   void keep_shard_and_release(int bucket, const at::Tensor& summed);
-  void complete_finished_locked();  // the pending collectives already done (keep_shards only)
+  // The pending collectives already done, and beyond the newest kShardedInFlight the oldest, waited for (keep_shards
+  // only): on a GPU the host runs ahead of the NCCL stream and would see none done during a backward, leaving every
+  // bucket whole at once; waiting makes only the current stream wait, so the bucket is released in stream order.
+  void complete_finished_locked();
+  static constexpr size_t kShardedInFlight = 2;
 
   std::vector<at::Tensor> buckets_;
   GroupPtr dp_group_;
