@@ -25,6 +25,7 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, P
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 LONG_SEQ = "2026-11-27-2xH200-long-seq.json"
+ZERO_DP2 = "2026-11-27-2xH200-zero-sharding-dp2.json"
 SP_COLLECTIVES = ("c10d::reduce_scatter_", "c10d::allgather_")  # the host-side ops of the sequence-parallel collectives
 def step_errors(prefix: str, four: bool) -> list[float]:
     """The plan pass's (measured - predicted) / predicted step times of a model's runs."""
@@ -43,6 +44,10 @@ def gpt_one_gpu(system: str) -> list:
         out = [lambda: comma(run["tokens_s"]), lambda: pct()(run["mfu"])]
         return out if system == "engine" else out + [lambda: ratio(engine["tokens_s"], run["tokens_s"])]
     return cells(GPT1) + cells(GPT1_H100)
+
+
+def zero_dp2(run: str) -> dict:
+    return results(ZERO_DP2)["micro_batches_8"][run]
 
 
 def long_seq(name: str) -> dict:
@@ -129,6 +134,9 @@ CLAIMS = [
      "validation loss {}", lambda: first_loss(0), lambda: first_loss(1), lambda: first_loss(2), lambda: first_loss(3)),
     ("README.md", "``` {} ```", lambda: " ".join("\n".join(results(FIRST)["sample"].splitlines()[:4]).split())),
     # docs/performance.md
+    (PERF, "FSDP2 on Hugging Face's Llama trains it at {} tokens/s ({}% MFU, {} GiB per GPU; compiled {}), while",
+     lambda: comma(zero_dp2("fsdp2_eager")["tokens_s"]), lambda: pct()(zero_dp2("fsdp2_eager")["mfu"]),
+     lambda: fixed(1)(zero_dp2("fsdp2_eager")["peak_gib"]), lambda: comma(zero_dp2("fsdp2_compile")["tokens_s"])),
     (PERF, "| L pp=2 fp16 | {} samples/s | {} | {} (1F1B: {}) | {}× (1F1B: {}×) | {}× (1F1B: {}×) "
      "|",
      lambda: comma(mlp("base", "L", "practical10")), lambda: comma(mlp("peer", "L", "1f1b")),
