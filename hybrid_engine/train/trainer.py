@@ -230,11 +230,12 @@ class Trainer:
         self.replanner = None  # once
         self.predicted = refit.best_in_place if refit.switch else refit.current
         progress.say(line)
-        progress.record({"step": step, "refit": {
+        # "refit" first: a line that starts '{"step"' is a step's record to the readers of --metrics files
+        progress.record({"refit": {
             "compute_scale": refit.card.compute_scale, "host_action_s": refit.card.host_action_s,
             "allreduce_bytes_s": refit.card.allreduce_bytes_s,
             "measured_step_time_s": refit.measured_s, "predicted_step_time_s": refit.current.step_s,
-            "switched_to": refit.best_in_place.plan.flags() if refit.switch else None}})
+            "switched_to": refit.best_in_place.plan.flags() if refit.switch else None}, "step": step})
         return refit.switch
 
     def _throughput(self, step_time_s: float) -> dict:
