@@ -95,18 +95,15 @@ class ScheduleConfig:
         planner has named one; a count left to it is asked at a value the schedule takes (micro-batches and
         virtual stages: the schedule's least, lookahead: 0), so only what the user fixed can be refused."""
         self.check_merge()
-        if self.name == AUTO:
-            if self.micro_batches is not None and self.lookahead:
-                try:
-                    _C.schedule.check_lookahead(self.micro_batches, self.lookahead)
-                except ValueError as exc:
-                    raise ConfigError(str(exc)) from None
-            return
-        micro = (_C.schedule.least_micro_batches(self.name, pp) if self.micro_batches is None
-                 else self.micro_batches)
-        chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None
-                  else self.virtual_stages)
         try:
+            if self.name == AUTO:  # only the rule that holds for any schedule
+                if self.micro_batches is not None and self.lookahead:
+                    _C.schedule.check_lookahead(self.micro_batches, self.lookahead)
+                return
+            micro = (_C.schedule.least_micro_batches(self.name, pp) if self.micro_batches is None
+                     else self.micro_batches)
+            chunks = (_C.schedule.least_virtual_stages(self.name) if self.virtual_stages is None
+                      else self.virtual_stages)
             _C.schedule.check_schedule_request(self.name, pp, micro, chunks, self.lookahead or 0)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
