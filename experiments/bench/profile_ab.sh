@@ -11,16 +11,9 @@ cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 export CMAKE_BUILD_PARALLEL_LEVEL=32
 GRID=${GRID:---mp 2}; GPUS=${GPUS:-2}
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/profile_ab; mkdir -p "$OUT" "$RES" /tmp/old
+OUT=${OUT:-/tmp/he_out}; RES=/tmp/profile_ab; mkdir -p "$OUT" "$RES"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
-[[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
-start=$SECONDS; build_tree /tmp/old old; build_tree "$PWD" new; echo "built in $((SECONDS - start)) s"
-python3 - <<'PY'
-import numpy as np, os
-from hybrid_engine.data import write_token_file
-if not os.path.exists("/tmp/ab_tokens.bin"):
-    write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+ab_trees
 M="--model gpt --hidden 2560 --layers 12 --heads 20 --seq-len 1024 --batch-size 32 --optimizer adamw
    --data /tmp/ab_tokens.bin --micro-batches 8 --seed 0 --lr 3e-4 --amp bf16 --schedule 1f1b --quiet $GRID"
 run() {  # tree name script extra...: one run from the tree's own folder

@@ -17,17 +17,10 @@ source experiments/passes/pass_lib.sh
 PHASE=${PHASE:-llama}
 [[ $PHASE == llama || $PHASE == gpt ]] || { echo "PHASE must be llama or gpt, got $PHASE"; exit 2; }
 export CMAKE_BUILD_PARALLEL_LEVEL=48
-OUT=${OUT:-/tmp/he_out}; RES=/tmp/engine_ab_$PHASE; mkdir -p "$OUT" "$RES" /tmp/old
+OUT=${OUT:-/tmp/he_out}; RES=/tmp/engine_ab_$PHASE; mkdir -p "$OUT" "$RES"
 DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-560})); RESERVE=20
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
-[[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
-start=$SECONDS; build_tree /tmp/old old; build_tree "$PWD" new; echo "built in $((SECONDS - start)) s"
-python3 - <<'PY'
-import numpy as np, os
-from hybrid_engine.data import write_token_file
-if not os.path.exists("/tmp/ab_tokens.bin"):
-    write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+ab_trees
 RUN="--data /tmp/ab_tokens.bin --micro-batches 8 --steps ${STEPS:-16} --warmup ${WARMUP:-5} --seed 0 --lr 3e-4 --amp bf16 --schedule 1f1b"
 if [[ $PHASE == llama ]]; then
   M="--model llama --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632 --seq-len 2048"

@@ -85,3 +85,17 @@ build_tree() {  # dir name: an in-place build of that tree's extension (kept on 
      > "$RES/build-$2.log" 2>&1 && cp "$(python3 -c 'import hybrid_engine._C as c; print(c.__file__)')" hybrid_engine/ \
      ; python3 -m pip uninstall -y -q hybrid_engine) || { tail -30 "$RES/build-$2.log"; exit 1; }
 }
+
+ab_trees() {  # the two trees of an A/B (the earlier commit's, carried as .ab/old.tar, in /tmp/old; this one), each
+  # built in place, and the random token file both read (/tmp/ab_tokens.bin, vocabulary 32000)
+  mkdir -p /tmp/old
+  [[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
+  local start=$SECONDS
+  build_tree /tmp/old old; build_tree "$PWD" new; echo "built in $((SECONDS - start)) s"
+  python3 - <<'PY'
+import numpy as np, os
+from hybrid_engine.data import write_token_file
+if not os.path.exists("/tmp/ab_tokens.bin"):
+    write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+PY
+}
