@@ -9,7 +9,8 @@
 #
 #   bash experiments/passes/zero_sharding_pass.sh              # device kind nvidia-h100-x4 (or h200-x4)
 #   NPROC=2 CAP= bash experiments/passes/zero_sharding_pass.sh   # dp2 on a 2-GPU machine, the card's own memory
-#   (LEVELS="3": the zero levels to run; PEERS=0: no FSDP2 runs; MICRO: micro-batches, default 4)
+#   (LEVELS="3": the zero levels to run; UNCAPPED="1": those levels without the cap; PEERS=0: no FSDP2 runs;
+#    PEER_RUNS="compile": only those FSDP2 runs; MICRO: micro-batches, default 4)
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
@@ -60,12 +61,16 @@ engine_run() {  # name driver-args...: one engine run with its metrics file
     --metrics "$RES/$name.jsonl" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
 }
 for level in ${LEVELS:-1 2 3}; do
-  engine_run "zero$level" $L --zero "$level"
+  if [[ " ${UNCAPPED:-} " == *" $level "* ]]; then  # the card's own memory: a peak to compare the capped ones with
+    engine_run "zero${level}_uncapped" ${L/$CAP/} --zero "$level"
+  else
+    engine_run "zero$level" $L --zero "$level"
+  fi
 done
 [[ ${PEERS:-1} == 1 ]] || echo "PEERS=0: the FSDP2 peer not run"
-[[ ${PEERS:-1} == 1 ]] && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
+[[ ${PEERS:-1} == 1 && " ${PEER_RUNS:-eager compile} " == *" eager "* ]] && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
   && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
-if [[ $SMOKE == 0 && ${PEERS:-1} == 1 ]]; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
+if [[ $SMOKE == 0 && ${PEERS:-1} == 1 && " ${PEER_RUNS:-eager compile} " == *" compile "* ]]; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
   budget_run fsdp2_compile 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS --compile \
     && echo "fsdp2_compile: $(grep '^{' "$RES/fsdp2_compile.log" | tail -1)"
 fi

@@ -106,8 +106,12 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages, self.placement)
         self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
         self._stages: dict[int, nn.Sequential] = {}
+        # Parallelized while still on the meta device, then built layer by layer in the weights' dtype: a rank
+        # allocates only its slices, and the model's own (meta) layers never take memory.
+        half = precision.half_dtype if precision.half_weights else None
         for s in self.stage_ids:
-            stage = parallelize(materialize(nn.Sequential(*[model[i] for i in layout[s]]), self.device), groups.mp)
+            stage = materialize(parallelize(nn.Sequential(*[model[i] for i in layout[s]]), groups.mp), self.device,
+                                half)
             stage = apply_context_parallel(stage, self.context)
             self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
         self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]

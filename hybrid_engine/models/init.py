@@ -51,15 +51,22 @@ def _initialise(module: nn.Module) -> None:
             _initialise(child)
 
 
-def materialize(module: nn.Module, device: torch.device | str) -> nn.Module:
-    """Move a stage to its device. Modules built on the meta device are allocated there and initialised from
-    their own generators, so only this rank's layers (and of a split layer only its slices) ever exist in
-    memory. Parameters keep their tags (placement, tied, weight decay): `to_empty` makes new Parameters."""
-    if any(p.is_meta for p in module.parameters()):
-        tags = {name: dict(p.__dict__) for name, p in module.named_parameters()}
-        module = module.to_empty(device=device)
-        for name, p in module.named_parameters():
+def materialize(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None) -> nn.Module:
+    """Move a stage to its device (and, given `dtype`, its floating tensors to that dtype). Modules built on the
+    meta device are allocated there and initialised from their own generators, so only this rank's layers (and of
+    a split layer only its slices, when the stage was parallelized on the meta device) ever exist in memory. A
+    Sequential is built layer by layer, each converted to `dtype` before the next is allocated: a half-precision
+    stage holds at most one layer's float32 draw, never a float32 copy of itself. Parameters keep their tags
+    (placement, tied, weight decay): `to_empty` makes new Parameters."""
+    if not any(p.is_meta for p in module.parameters()):
+        module = module.to(device)
+        return module.to(dtype) if dtype is not None else module
+    for part in (list(module.children()) if isinstance(module, nn.Sequential) else [module]):
+        tags = {name: dict(p.__dict__) for name, p in part.named_parameters()}
+        part.to_empty(device=device)
+        for name, p in part.named_parameters():
             p.__dict__.update(tags[name])
-        _initialise(module)
-        return module
-    return module.to(device)
+        _initialise(part)
+        if dtype is not None:
+            part.to(dtype)
+    return module

@@ -4,10 +4,10 @@ weight gradient's stash of every micro-batch, the data, and one backward's tempo
 cap once the caching allocator's overhead and a margin are added (`fits`).
 
 Per parameter, with half weights (bf16/fp16) and an optimizer keeping S bytes of state (AdamW 8, SGD 0): half
-weights 2, fp32 gradients 4, the fp32 weights a stage is built in 4 (they live through the step as measured), fp32
-masters 4 and S. ZeRO shards over the shard group (--zero-shard-size, else every DP rank) and replicates across:
-1 the masters and state, 2 the gradients too (plus the buckets being reduce-scattered, whole), 3 the weights and the
-fp32 copy as well, plus the gathered working set: the layers being computed and prefetched, or under pipeline
+weights 2, fp32 gradients 4, fp32 masters 4 and S (a stage is built layer by layer in its weights' dtype: no fp32
+copy of it outlives its construction). ZeRO shards over the shard group (--zero-shard-size, else every DP rank) and
+replicates across: 1 the masters and state, 2 the gradients too (plus the buckets being reduce-scattered, whole),
+3 the weights as well, plus the gathered working set: the layers being computed and prefetched, or under pipeline
 parallelism the stage's whole half weights, kept gathered from its first forward to its last backward.
 
 Calibrated against peaks measured by torch.cuda.max_memory_allocated: config L on one H200 14.4 GiB (14 bytes a
@@ -36,6 +36,7 @@ CAP_MARGIN = 0.03  # a plan within 3% of the cap is not taken
 DYNAMIC_OVERHEAD = 0.12
 RESERVED_OUTSIDE_BYTES = 1.0 * GIB
 GATHER_PREFETCH = 1  # ZeRO-3: layers gathered ahead of the one computing
+REDUCING_BUCKETS = 3  # ZeRO-2/3: the bucket filling and the two reductions csrc/executor/dp_grad_sync.h lets run
 BACKWARD_TEMPORARIES = 1.0  # a layer's backward holds gradients of about what it keeps
 
 
@@ -70,27 +71,23 @@ def fits(peaks: list[RankPeak], cap: float) -> bool:
 
 def weight_bytes(params: float, largest_layer: float, s: Setting) -> tuple[float, float]:
     """(weights, gradients, masters and optimizer state; the working set gathered or bucketed during a step) of a
-    rank holding `params` (its MP share) whose largest layer holds `largest_layer`. The fp32 weights a stage is
-    built in are the whole stage's, not its MP share: a stage is materialized before it is split (measured: the
-    GPT's tp4 and the 8B's tp4 and pp2 x tp2 hold them through the step)."""
+    rank holding `params` (its MP share) whose largest layer holds `largest_layer`."""
     shard = s.shard_size
     state = STATE_BYTES.get(s.optimizer, 8.0)
-    weights, built, masters = (2.0, 4.0, 4.0) if s.half else (4.0, 0.0, 0.0)
+    weights, masters = (2.0, 4.0) if s.half else (4.0, 0.0)
     by_zero = {
         "weights": weights / shard if s.zero >= 3 else weights,
-        "built": built / shard if s.zero >= 3 else built * s.mp,
         "grads": 4.0 / shard if s.zero >= 2 else 4.0,
         "masters+state": (masters + state) / shard if s.zero >= 1 else masters + state,
     }
     working = 0.0
-    if s.zero >= 2:  # buckets reduce-scattered from whole gradients: one filling, one in flight
-        working += min(params, 2 * s.bucket_bytes / 4.0) * 4.0
+    if s.zero >= 2:  # buckets whole until reduce-scattered: one filling, and at most two reductions in flight
+        working += min(params, REDUCING_BUCKETS * s.bucket_bytes / 4.0) * 4.0
     if s.zero >= 3:
         if s.pp > 1:  # the stage's weights stay gathered through the step's micro-batches
             working += params * weights
         else:
             working += min(params, (1 + GATHER_PREFETCH) * largest_layer) * weights
-        working += largest_layer * built  # and one layer's fp32 copy being built
     return params * sum(by_zero.values()), working
 
 

@@ -85,7 +85,9 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
     it (a reduce-scatter over that many DP ranks splits it into equal shards). alone: id() of parameters that
     get a bucket of their own (ZeRO-1's tied copies: equal buckets, so equal DP shards, on both stages).
     route_all: route every parameter's gradient to its view, not only half ones (ZeRO-2/3 reducing per
-    micro-batch: every write then goes through the C++ GradBuffer, which restores a released bucket first)."""
+    micro-batch: every write then goes through the C++ GradBuffer, which restores a released bucket first); the
+    buckets are then released from the start, so the whole gradient never exists at once, not even before the
+    first step."""
     def grad_dtype(p: nn.Parameter) -> torch.dtype:
         owner = stepped[id(p)]
         return owner.dtype if owner is not None else (torch.float32 if half_weights else p.dtype)
@@ -112,6 +114,8 @@ def build_grad_buffer(stages: dict[int, nn.Module], stepped: dict[int, torch.Ten
                         routes.append((p, view))
                     members.append((p, offset))
                     offset += p.numel()
+                if route_all:  # every write restores it (zeroed) first: no bucket exists until its first write
+                    _C.release_storage(flat)
                 layout.stage_buckets[s].append(len(buckets))
                 layout.members.append(members)
                 buckets.append(flat)

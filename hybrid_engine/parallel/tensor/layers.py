@@ -134,6 +134,22 @@ def _dense_init(out_features: int, in_features: int, bias: bool, device, dtype) 
     return nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
 
 
+def _keep_meta_source(layer: nn.Module, dense: nn.Module) -> None:
+    """A layer made from a dense one still on the meta device remembers it (outside the module tree: a tuple, not
+    a sub-module) so that materializing the layer draws the dense layer's own initialisation (its seed)."""
+    layer._dense_source = (dense,) if dense.weight.is_meta else None
+
+
+def _drawn_source(layer: nn.Module) -> nn.Module | None:
+    """The dense layer `layer` was made from on meta, drawn full on the layer's device; None if it has none."""
+    source = getattr(layer, "_dense_source", None)
+    if source is None:
+        return None
+    dense = copy.deepcopy(source[0]).to_empty(device=layer.weight.device)
+    dense.reset_parameters()
+    return dense
+
+
 class Linear(nn.Module):
     """nn.Linear through `ops.linear` (bit-identical forward and backward) with a deferrable weight gradient."""
 
@@ -151,6 +167,13 @@ class Linear(nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        dense = _drawn_source(self)
+        if dense is not None:
+            with torch.no_grad():
+                self.weight.copy_(dense.weight)
+                if self.bias is not None:
+                    self.bias.copy_(dense.bias)
+            return
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
@@ -165,6 +188,7 @@ class Linear(nn.Module):
             layer.weight.copy_(linear.weight)
             if layer.bias is not None:
                 layer.bias.copy_(linear.bias)
+        _keep_meta_source(layer, linear)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +239,17 @@ class ColumnParallelLinear(nn.Module):
         layer = cls(linear.in_features, linear.out_features, mp_group, linear.bias is not None, gather_output,
                     device=linear.weight.device, dtype=linear.weight.dtype, init=False, **options)
         layer._load_dense(linear)
+        _keep_meta_source(layer, linear)
         return layer
+
+    def reset_parameters(self) -> None:
+        """This rank's slice of the dense layer it was made from on meta (its own initialisation), else of a fresh
+        nn.Linear's."""
+        dense = _drawn_source(self)
+        if dense is None:
+            dense = _dense_init(self.out_features, self.in_features, self.bias is not None, self.weight.device,
+                                self.weight.dtype)
+        self._load_dense(dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_in_region:  # x entered the MP region once for every GEMM that reads it: a local GEMM
@@ -272,7 +306,17 @@ class RowParallelLinear(nn.Module):
         layer = cls(linear.in_features, linear.out_features, mp_group, linear.bias is not None,
                     device=linear.weight.device, dtype=linear.weight.dtype, init=False, **options)
         layer._load_dense(linear)
+        _keep_meta_source(layer, linear)
         return layer
+
+    def reset_parameters(self) -> None:
+        """This rank's slice of the dense layer it was made from on meta (its own initialisation), else of a fresh
+        nn.Linear's."""
+        dense = _drawn_source(self)
+        if dense is None:
+            dense = _dense_init(self.out_features, self.in_features, self.bias is not None, self.weight.device,
+                                self.weight.dtype)
+        self._load_dense(dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ops.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, self.sequence_parallel,
