@@ -9,6 +9,7 @@
 # STEPS (default 16) steps of which WARMUP (5) are not timed, each on one GPU, pp2 x tp2, tp4 and pp4 (1f1b, the schedule named so that both trees run the same plan), old and
 # new alternating (REPEAT="pp4 tp4": new and old once more on those grids), the two one-GPU runs side by side on GPUs 0 and 1; then, new tree only, one GPU with --compile
 # beside its eager run (the Llama phase). Every run's median step goes to $OUT/engine_ab_<phase>.json with new/old.
+# NEW_ARGS: flags given to the new tree's runs only (a feature the old tree lacks, e.g. "--fused-kernels off").
 #
 #   PHASE=llama bash experiments/passes/engine_ab.sh      # device kind nvidia-h100-x4, carry .ab
 set -uo pipefail
@@ -31,13 +32,14 @@ fi
 
 run() {  # version name gpus first-gpu driver-args...: one run of a tree, from its own folder
   local version=$1 name=$2 n=$3 first=$4; shift 4
-  local dir=$PWD; [[ $version == old ]] && dir=/tmp/old
+  local dir=$PWD extra=(); [[ $version == old ]] && dir=/tmp/old
+  [[ $version == new ]] && read -ra extra <<< "${NEW_ARGS:-}"  # flags only the new tree takes (e.g. --fused-kernels off)
   local left=$((DEADLINE - SECONDS - RESERVE))
   (( left < 30 )) && { echo "$version-$name SKIPPED"; return; }
   local devices; devices=$(seq -s, "$first" $((first + n - 1)))
   (cd "$dir" && CUDA_VISIBLE_DEVICES=$devices timeout -k 5 $(( left < 200 ? left : 200 )) torchrun \
      --nproc_per_node="$n" --master_port=$((29500 + first)) hybrid_engine.py --quiet \
-     --metrics "$RES/$version-$name.jsonl" "$@" > "$RES/$version-$name.log" 2>&1) \
+     --metrics "$RES/$version-$name.jsonl" "$@" "${extra[@]}" > "$RES/$version-$name.log" 2>&1) \
     || { echo "$version-$name FAILED"; grep -E -m2 'rror|out of memory' "$RES/$version-$name.log"; }
 }
 pair() {  # name gpus driver-args...: only grids GRIDS names (default: all);: old then new on the same GPUs (one-GPU runs: side by side on GPUs 0 and 1);
