@@ -16,9 +16,10 @@ What torch decides (each printed once by the run):
 - torch older than torchtitan 0.3.0 (no torch.distributed.fsdp.DataParallelMeshDims, e.g. 2.11) cannot import it:
   torchtitan.distributed.fsdp names that class at import. The class is used only by the spmd_types and full_dtensor
   backends, so a stand-in name lets the partial_dtensor backend import and run; on such a torch the chunked loss's
-  backward fails inside FSDP ("The tensor has a non-zero number of elements, but its data is not allocated yet":
-  seemingly the final norm, in one FSDP unit with the head, resharded by the loss before the decoder's backward
-  reaches it), and torchtitan's plain cross-entropy loss is taken instead.
+  backward fails inside FSDP ("The tensor has a non-zero number of elements, but its data is not allocated yet": the
+  final norm shares the head's FSDP unit, which the chunked loss reshards after its chunks' backward, and this FSDP
+  does not gather it again for the norm's backward; with the norm in a unit of its own the chunked loss runs), so
+  torchtitan's plain cross-entropy loss is taken instead (the same losses; the whole logits held at once).
 - --cpu (gloo smoke test): flex attention has no CPU backward, so torchtitan's causal SDPA stands in; gloo has no
   PREMUL_SUM, so FSDP reduces with a plain sum (the same numbers under torchtitan's divide factor of 1)."""
 import argparse, dataclasses, json, os, statistics, sys, tempfile, time
