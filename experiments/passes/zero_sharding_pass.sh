@@ -98,10 +98,15 @@ if peer_on torchtitan; then
   fi
   if ! PYTHONPATH="$TITAN_SITE${PYTHONPATH:+:$PYTHONPATH}" $PY -c "import torchtitan" 2> /dev/null; then
     echo "torchtitan is not installed (no .whl/torchtitan-*.whl): torchtitan_eager and torchtitan_compile not run"
-  elif titan_run torchtitan_eager || ! grep -q "torchtitan cannot be imported" "$RES/torchtitan_eager.log"; then
+  elif titan_run torchtitan_eager; then
     [[ $SMOKE == 0 ]] && titan_run torchtitan_compile --compile
-  else
+  elif grep -q "torchtitan cannot be imported" "$RES/torchtitan_eager.log"; then
     echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
+  elif [[ $SMOKE == 0 ]] && grep -qiE "cuda ?graph|stream ?capture|capture" "$RES/torchtitan_eager.log"; then
+    echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
+    titan_run torchtitan_compile --compile --no-cuda-graphs
+  elif [[ $SMOKE == 0 ]]; then
+    titan_run torchtitan_compile --compile
   fi
 fi
 
