@@ -3,19 +3,24 @@
 # 32 layers, 32 heads, 8 kv heads, ffn 14336, vocabulary 128256, seq 4096, 16 sequences a step, bf16, AdamW) at dp4
 # with --zero 1, 2 and 3, each under --memory-cap-gib 78 (an H100's memory on an H200), then, budget allowing, the
 # FSDP2 peer on the same four GPUs (../shared/anchors/fsdp2_hf_llama.py: Hugging Face's LlamaForCausalLM under
-# fully_shard, eager, then compiled). Runs go in that order; one that no longer fits the budget is skipped and said.
+# fully_shard, eager, then compiled), then the torchtitan peer (experiments/peers/torchtitan_llama.py: torchtitan
+# 0.3.0's Llama-3 under its own parallelize_llama, eager, then compiled; torchtitan and what it imports come from the
+# wheels in .whl/, installed into their own folder for these runs only; a torchtitan that is missing or cannot be
+# imported is said and its runs skipped). Runs go in that order; one that no longer fits the budget is skipped and said.
 # A run the engine refuses (e.g. "no plan fits") or that runs out of memory is recorded as such, its error line kept.
 # Every run's tokens/s, MFU and peak GiB per GPU go into one JSON: $OUT/zero_sharding.json (and the logs beside it).
 #
 #   bash experiments/passes/zero_sharding_pass.sh              # device kind nvidia-h100-x4 (or h200-x4)
 #   NPROC=2 CAP= bash experiments/passes/zero_sharding_pass.sh   # dp2 on a 2-GPU machine, the card's own memory
-#   (LEVELS="3": the zero levels to run; UNCAPPED="1": those levels without the cap; PEERS=0: no FSDP2 runs;
-#    PEER_RUNS="compile": only those FSDP2 runs; MICRO: micro-batches, default 4)
+#   (LEVELS="3": the zero levels to run; UNCAPPED="1": those levels without the cap; PEERS="torchtitan": the peers
+#    to run, of "fsdp2 torchtitan" (the default), PEERS=0: none; PEER_RUNS="compile": only those runs of each peer;
+#    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs")
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
 # ~1.5-2.5 s after 2 warm-up steps) and ~1.5 min for the eager peer: about 8 minutes; the compiled peer (~2-3 min
-# with its compilation) runs only if the 9-minute budget still has room.
+# with its compilation) runs only if the 9-minute budget still has room. The torchtitan runs (their first step
+# autotunes torchtitan's flex attention kernels) need a call of their own: LEVELS=" " PEERS=torchtitan.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
@@ -25,6 +30,12 @@ for arg in "$@"; do
   echo "zero_sharding_pass.sh takes no arguments (settings: SMOKE, PASS_BUDGET_S, OUT), got $arg"; exit 2
 done
 ANCHOR=${ANCHOR:-experiments/peers/fsdp2_hf_llama.py}
+PEERS=${PEERS-fsdp2 torchtitan}; [[ $PEERS == 1 ]] && PEERS="fsdp2 torchtitan"; [[ $PEERS == 0 ]] && PEERS=""
+for peer in $PEERS; do
+  [[ $peer == fsdp2 || $peer == torchtitan ]] || { echo "PEERS takes fsdp2, torchtitan, 0 or 1, got $peer"; exit 2; }
+done
+peer_on() { [[ " $PEERS " == *" $1 "* ]]; }
+run_on() { [[ " ${PEER_RUNS:-eager compile} " == *" $1 "* ]]; }  # eager, compile: which runs of each peer
 
 if [[ $SMOKE == 1 ]]; then
   DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540})); RESERVE=10
@@ -67,12 +78,41 @@ for level in ${LEVELS:-1 2 3}; do
     engine_run "zero$level" $L --zero "$level"
   fi
 done
-[[ ${PEERS:-1} == 1 ]] || echo "PEERS=0: the FSDP2 peer not run"
-[[ ${PEERS:-1} == 1 && " ${PEER_RUNS:-eager compile} " == *" eager "* ]] && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
+peer_on fsdp2 || echo "PEERS=\"$PEERS\": the FSDP2 peer not run"
+peer_on fsdp2 && run_on eager && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
   && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
-if [[ $SMOKE == 0 && ${PEERS:-1} == 1 && " ${PEER_RUNS:-eager compile} " == *" compile "* ]]; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
+if [[ $SMOKE == 0 ]] && peer_on fsdp2 && run_on compile; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
   budget_run fsdp2_compile 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS --compile \
     && echo "fsdp2_compile: $(grep '^{' "$RES/fsdp2_compile.log" | tail -1)"
+fi
+
+TITAN=experiments/peers/torchtitan_llama.py; TITAN_SITE=/tmp/titan_site
+TITAN_WHEELS="torchtitan spmd_types tyro docstring_parser typeguard typing_extensions"  # the peer's imports' closure
+titan_run() {  # name flags...: one torchtitan peer run, the wheels' folder on its PYTHONPATH only
+  local name=$1; shift
+  budget_run "$name" 240 env PYTHONPATH="$TITAN_SITE${PYTHONPATH:+:$PYTHONPATH}" $PY -m torch.distributed.run \
+    --nproc_per_node="$NPROC" "$TITAN" $PEER_ARGS ${TITAN_ARGS:-} "$@" \
+    && echo "$name: $(grep '^{' "$RES/$name.log" | tail -1)"
+}
+peer_on torchtitan || echo "PEERS=\"$PEERS\": the torchtitan peer not run"
+if peer_on torchtitan; then
+  if ls .whl/torchtitan-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --upgrade --target "$TITAN_SITE" \
+      $(for w in $TITAN_WHEELS; do ls .whl/$w-*.whl; done) > "$RES/titan_install.txt" 2>&1 \
+      || echo "the torchtitan wheels did not install: $(tail -1 "$RES/titan_install.txt")"
+  fi
+  if ! PYTHONPATH="$TITAN_SITE${PYTHONPATH:+:$PYTHONPATH}" $PY -c "import torchtitan" 2> /dev/null; then
+    echo "torchtitan is not installed (no .whl/torchtitan-*.whl): torchtitan_eager and torchtitan_compile not run"
+  elif run_on eager && titan_run torchtitan_eager; then
+    [[ $SMOKE == 0 ]] && run_on compile && titan_run torchtitan_compile --compile
+  elif grep -q "torchtitan cannot be imported" "$RES/torchtitan_eager.log"; then
+    echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
+  elif [[ $SMOKE == 0 ]] && grep -qiE "cuda ?graph|stream ?capture|capture" "$RES/torchtitan_eager.log"; then
+    echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
+    titan_run torchtitan_compile --compile --no-cuda-graphs
+  elif [[ $SMOKE == 0 ]]; then
+    titan_run torchtitan_compile --compile
+  fi
 fi
 
 $PY - "$RES" <<'PY' | tee "$OUT/zero_sharding.json"
@@ -101,7 +141,7 @@ for log in sorted(glob.glob(f"{res}/*.log")):
         found = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
         if found:
             row.update({k: found[-1].get(k) for k in ("tokens_s", "mfu", "peak_gib", "step_ms")})
-    errors = re.findall(r"^.*(?:error: |out of memory|OutOfMemoryError).*$", text, re.M)
+    errors = re.findall(r"^.*(?:error: |out of memory|OutOfMemoryError|cannot be imported).*$", text, re.M)
     if errors:
         row["error"] = errors[0][:300]
     rows[name] = row

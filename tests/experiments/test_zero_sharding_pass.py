@@ -13,6 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "passes" / "zero_
     ({"SMOKE": "2"}, [], "SMOKE must be 0 or 1, got 2"),
     ({"SMOKE": "1"}, ["--zero", "3"],
      "zero_sharding_pass.sh takes no arguments (settings: SMOKE, PASS_BUDGET_S, OUT), got --zero"),
+    ({"SMOKE": "1", "PEERS": "fsdp2 titan"}, [], "PEERS takes fsdp2, torchtitan, 0 or 1, got titan"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(env, args, said, tmp_path):
     run = subprocess.run(["bash", str(SCRIPT), *args], env=dict(os.environ, OUT=str(tmp_path), **env),
