@@ -1,13 +1,15 @@
 """A model's shape as one context-parallel rank sees it: each sample is cut over the cp ranks, so a rank computes
 and keeps 1 / cp of every sample's tokens (their attention still spans the whole sequence: a token's attention
-FLOPs are unchanged), and its activation memory is the sequence's / cp -- what lets a 128k-token sequence fit."""
+FLOPs are unchanged), and its activation memory is the sequence's / cp -- what lets a 128k-token sequence fit.
+Also which cp sizes the plan command ranks (grids.py says why each was or was not picked), and the driver's hint
+of the cp that fits when nothing else does (the driver never picks a cp itself)."""
 from __future__ import annotations
 
 import dataclasses
 
 from hybrid_engine.models.planner_shape import ModelShape
 
-__all__ = ["per_context_rank"]
+__all__ = ["context_hint", "cp_sizes", "per_context_rank"]
 
 
 def per_context_rank(shape: ModelShape, cp: int) -> ModelShape:
@@ -41,3 +43,19 @@ def context_hint(cfg, grid, plan_for, *args) -> str:
         return (f"; --cp {cp} fits: each rank then keeps 1/{cp} of a sequence's activations ({chosen.peak / 2**30:.1f} "
                 f"GiB predicted)")
     return ""
+
+
+def cp_sizes(cfg, world: int, user_flags) -> tuple[int, ...]:
+    """The cp sizes the plan command ranks: the run's own where it fixes one (--cp, or a file's value other than
+    1); for a token model every power of two dividing the world whose 2 cp chunks divide the sequence; else 1."""
+    seq_len = getattr(cfg.model.options, "seq_len", None)
+    fixed = any(a == "--cp" or a.startswith("--cp=") for a in user_flags) or cfg.parallel.cp != 1
+    if fixed or seq_len is None:
+        return (cfg.parallel.cp,)
+    sizes, cp = [1], 2
+    while world % cp == 0:
+        if seq_len % (2 * cp) == 0:
+            sizes.append(cp)
+        cp *= 2
+    return tuple(sizes)
+

@@ -26,12 +26,17 @@ class Setting:
     cp_comm: str = "auto"
     """--cp-comm: the K/V transfer variant, or auto (context_comm.choose_comm)."""
     zero_shard: int = 0
-    """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP rank."""
+    """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP x CP rank."""
     bucket_bytes: float = 256 * 2**20
 
     @property
+    def replicas(self) -> int:
+        """The ranks holding the same weights, whose gradients are summed: dp x cp."""
+        return self.dp * self.cp
+
+    @property
     def shard_size(self) -> int:
-        return self.zero_shard or self.dp
+        return self.zero_shard or self.replicas
 
     @property
     def per_dp(self) -> int:

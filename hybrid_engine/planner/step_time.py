@@ -146,9 +146,9 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     for r in range(s.pp):
         last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
         dp_s, dp_exposed = 0.0, 0.0
-        if s.dp > 1:
+        if s.replicas > 1:  # the gradients summed over dp x cp
             nbytes = params[r] * s.grad_wire_bytes
-            dp_s = card.collective_s(nbytes, s.dp, 1.0 if s.zero else 2.0)
+            dp_s = card.collective_s(nbytes, s.replicas, 1.0 if s.zero else 2.0)
             last_bucket = dp_s * min(1.0, DP_BUCKET_BYTES / max(nbytes, 1.0))
             dp_exposed = max(dp_s - last_backward, last_bucket)
             if s.zero >= 3:  # the weights gathered again before the backward (per step under a pipeline)
