@@ -22,9 +22,9 @@ def per_context_rank(shape: ModelShape, cp: int) -> ModelShape:
 
 def context_hint(cfg, grid, plan_for, *args) -> str:
     """When no plan fits a token model on this grid: '; --cp N fits ...', the smallest cp (the same world, dp
-    giving way) whose plan fits, said with the reason -- each rank keeps 1 / N of a sequence's activations; '' when
-    cp is already asked for, the model has no sequences, or no cp fits either. plan_for(cfg, grid, *args): the
-    planner's (run_plan.py)."""
+    giving way) whose plan fits, said with its price -- the K/V time its transfers expose a step -- and the reason --
+    each rank keeps 1 / N of a sequence's activations; '' when cp is already asked for, the model has no sequences,
+    or no cp fits either. plan_for(cfg, grid, *args): the planner's (run_plan.py)."""
     from hybrid_engine.config.checks import resolve_grid
     from hybrid_engine.config.engine import ConfigError
 
@@ -40,8 +40,11 @@ def context_hint(cfg, grid, plan_for, *args) -> str:
             chosen = plan_for(trial, resolve_grid(None, p.pp, p.mp, p.order, grid.world_size, cp=cp), *args).chosen
         except (ConfigError, ValueError):  # NoPlanFits is a ValueError
             continue
-        return (f"; --cp {cp} fits: each rank then keeps 1/{cp} of a sequence's activations ({chosen.peak / 2**30:.1f} "
-                f"GiB predicted)")
+        kv = chosen.time
+        cost = (f"; under --cp {cp} its {kv.cp_comm.name} K/V transfers expose {kv.cp_exposed_s * 1e3:.1f} ms a step"
+                if kv.cp_comm is not None else "")
+        return (f"{cost}; --cp {cp} fits: each rank then keeps 1/{cp} of a sequence's activations "
+                f"({chosen.peak / 2**30:.1f} GiB predicted)")
     return ""
 
 
