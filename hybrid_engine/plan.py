@@ -1,8 +1,9 @@
-"""`python -m hybrid_engine.plan`: for a world size and a model, a ranked table of grids (dp x pp x mp) under every
-ZeRO level the driver takes, each one's best plan (schedule, micro-batches, memory), with why the others lose in
-numbers, and the winner as the command that runs it; the planner lives in hybrid_engine/planner/. A GPU card
-(--plan-card h100|h200) is planned for from any machine: its memory, and fp16 allowed. Takes the driver's flags that planning reads (the model,
-batch, schedule, precision, memory cap and card); the grid's are the table's to choose, so they are refused::
+"""`python -m hybrid_engine.plan`: for a world size and a model, a ranked table of grids (dp x pp x mp, beside every cp
+size a token model's sequence splits into, unless --cp fixes one) under every ZeRO level the driver takes, each
+one's best plan (schedule, micro-batches, memory), with why the others lose in numbers, and the winner as the
+command that runs it; the planner lives in hybrid_engine/planner/. A GPU card (--plan-card h100|h200) is planned for
+from any machine: its memory, and fp16 allowed. Takes the driver's flags that planning reads (the model, batch,
+schedule, precision, memory cap and card); the grid's are the table's to choose, so they are refused::
 
     python -m hybrid_engine.plan --world-size 8 --model gpt --hidden 2048 --layers 16 --batch-size 16 --amp bf16 \\
         --plan-card h200 [--memory-cap-gib 80] [--calibrate]
@@ -26,8 +27,9 @@ PROG = "python -m hybrid_engine.plan"
 def build_parser() -> argparse.ArgumentParser:
     """The driver's flags that planning reads, and this command's own."""
     parser = flags.build_parser(registry.options(), PROG, keep=applies_to_planning)
-    parser.description = ("A ranked table of every grid (dp x pp x mp) and ZeRO level of --world-size for a model, each "
-                          "with its\nbest plan, why the others lose, and the first as the driver's command line.")
+    parser.description = ("A ranked table of every grid (dp x pp x mp, and cp for a model with sequences) and "
+                          "ZeRO level of --world-size\nfor a model, each with its best plan, why the others lose, "
+                          "and the first as the driver's command line.")
     parser.epilog = "exit codes: 0 the table; 2 bad input; 130 Ctrl-C."
     own = parser.add_argument_group(f"{PROG}'s own")
     own.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks (GPUs) to plan for (default 1)")

@@ -4,8 +4,8 @@
 # A Llama-1B-class model (hidden 2048, 16 layers, 32 heads, 8 kv heads, ffn 5632, vocabulary 32000, RoPE theta 5e5),
 # one sequence per step, bf16 half weights, AdamW; 5 steps, the first 2 left out of the medians:
 #   gpu1_8k          one GPU at 8k tokens (the reference MFU)
-#   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: >= 4096 tokens per rank, said at start)
-#   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (all-gather attention: cp 2)
+#   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: the planner's rule, said at start)
+#   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (the variant the planner's rule says at start)
 #   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k
 #                    (experiments/peers/torch_cp_llama.py)
 #   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k, the other variant, if the budget still allows

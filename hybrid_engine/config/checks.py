@@ -10,7 +10,7 @@ import hybrid_engine._C as _C
 from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-CP_COMMS = ("auto", "ring", "all-gather")  # hybrid_engine/parallel/context/attention.py choose_comm
+CP_COMMS = ("auto", "ring", "all-gather")  # hybrid_engine/planner/context_comm.py choose_comm
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
 DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3, "adamw": 1e-3}  # without --lr, for an optimizer that is not the model's own
 LR_DECAYS = ("constant", "cosine", "linear")  # hybrid_engine/train/lr_schedule.py

@@ -23,10 +23,11 @@ class PlanConfig:
 
 # What the planner reads of a run (hybrid_engine/planner): the model, the batch and data, the schedule it fills,
 # the stages, precision and data-parallel settings it costs, the optimizer's state it counts, the memory cap, the
-# device and its card. The plan command takes these flags alone; the rest (the grid, which it ranks over every
-# dp x pp x mp of --world-size; steps, checkpoints, reports) would be ignored, so they are refused.
+# device and its card, the cp size (which it ranks unless given) and its K/V transfers. The plan command takes these
+# flags alone; the rest (the grid, which it ranks over every dp x pp x mp of --world-size; steps, checkpoints,
+# reports) would be ignored, so they are refused.
 PLANNING_TABLES = ("model", "data", "schedule", "stages", "precision", "data_parallel")
-PLANNING_FIELDS = {"parallel": ("device", "memory_cap_gib"), "optimizer": ("name",), "plan": ("card",)}
+PLANNING_FIELDS = {"parallel": ("device", "memory_cap_gib", "cp", "cp_comm"), "optimizer": ("name",), "plan": ("card",)}
 
 
 def applies_to_planning(table: str, name: str) -> bool:

@@ -62,9 +62,9 @@ class ParallelConfig:
     and its mirror from the back (--seq-len divisible by 2 N); attention over the whole sequence by a ring of K/V
     blocks or an all-gather of K/V (--cp-comm); gradients summed over dp x cp."""
     cp_comm: str = field(default="auto", metadata=flag(choices=CP_COMMS))
-    """auto (the ring from 4096 tokens per rank and cp > 2, else the all-gather; said at start) | ring (K/V blocks
-    pass around the cp ranks under the attention of the block before) | all-gather (the whole sequence's K/V
-    gathered once per layer)."""
+    """auto (whichever leaves less K/V transfer time exposed on the --plan-card's rates: the ring once a block's
+    attention hides its hops, else the all-gather; said at start) | ring (K/V blocks pass around the cp ranks
+    under the attention of the block before) | all-gather (the whole sequence's K/V gathered once per layer)."""
     pp: int = field(default=1, metadata=flag(metavar="N"))
     """Pipeline-parallel stages (ranks per pipeline)."""
     mp: int = field(default=1, metadata=flag(metavar="N"))

@@ -37,6 +37,8 @@ from .update import UpdateStep
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
+from hybrid_engine.planner.card import this_device
+from hybrid_engine.planner.context_comm import comm_rule
 from hybrid_engine.parallel.tensor.layers import parallelize_mlp
 from hybrid_engine.optim.zero import ShardedOptimizer
 from hybrid_engine.parallel.data_parallel.shard_groups import build_shard_groups
@@ -55,7 +57,8 @@ class StepResult:
 
 class Engine(EngineState, UpdateStep, Reschedule):
     """Hybrid DP x CP x PP x MP training of an nn.Sequential (cp: the grid's; its attention by `cp_comm`,
-    ring | all-gather | auto, hybrid_engine/parallel/context; the sequences given are this cp rank's chunks).
+    ring | all-gather | auto, hybrid_engine/parallel/context, auto decided on `plan_card`'s rates,
+    hybrid_engine/planner/context_comm.py; the sequences given are this cp rank's chunks).
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
         nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
@@ -81,7 +84,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
                  parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None,
-                 cp_comm: str = "auto"):
+                 cp_comm: str = "auto", plan_card: str = "auto"):
         for cfg in (stages, precision):
             cfg.validate()
         data_parallel.validate(groups.grid)
@@ -94,7 +97,9 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.replicas = self.dp_size * self.grid.cp_size  # the weights' copies: gradients summed over dp x cp
         # --trace: the DP, MP and CP collectives' launches and completions, beside the executor's compute spans.
         self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
-        self.context = context_of(groups, cp_comm, self._comm_trace)  # None without context parallelism
+        # None without context parallelism; its ring or all-gather the planner's rule on the plan card's rates
+        rule = comm_rule(cp_comm, this_device(plan_card, self.device.type)) if groups.cp is not None else None
+        self.context = context_of(groups, rule, self._comm_trace)
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.

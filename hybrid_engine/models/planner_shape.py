@@ -20,7 +20,9 @@ class LayerShape:
     params: int
     matmul_params: int
     attention_flops: float = 0.0
-    """Forward FLOPs of the attention core per token (scores and weighted sum)."""
+    """Forward FLOPs of the attention core per token (scores and weighted sum): attention_core_flops."""
+    kv_width: float = 0.0
+    """K and V elements per token (2 x kv heads x head dim), split over MP: what context parallelism sends."""
     act_split: float = 0.0
     """Activation elements per token kept for the backward, split over MP."""
     act_whole: float = 0.0
@@ -56,20 +58,29 @@ class ModelShape:
         return "tokens/s" if self.tokens_per_sample > 1 else "samples/s"
 
 
+def attention_core_flops(seq_len: int, width: int) -> float:
+    """Forward FLOPs of one token's attention core against a sequence of seq_len keys, over `width` query
+    features (heads x head dim): its scores and its weighted sum, 2 FLOPs a multiply-add each."""
+    return 4.0 * seq_len * width
+
+
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
-                  positions: int = 0, block_acts: tuple[float, float] | None = None) -> ModelShape:
+                  positions: int = 0, block_acts: tuple[float, float] | None = None,
+                  kv_width: int | None = None) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
-    block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h)."""
+    block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
+    kv_width: K and V elements per token (default 2 h: as many kv heads as query heads)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
     act_split, act_whole = block_acts or (12 * h, 5 * h)
     embedding = LayerShape(params=(vocab + positions) * h, matmul_params=0, act_whole=h)
-    block = LayerShape(params=block_params, matmul_params=block_params, attention_flops=4.0 * seq_len * h,
-                       act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden,
-                       mp_allreduces=2)
+    kv_width = 2 * h if kv_width is None else kv_width
+    block = LayerShape(params=block_params, matmul_params=block_params,
+                       attention_flops=attention_core_flops(seq_len, h), kv_width=kv_width,
+                       act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=vocab * 6.0)
     return ModelShape(name, (embedding, *(block,) * layers, head), h, seq_len, data_bytes=16.0 * seq_len,

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 GIB = 2**30
+ATTENTION_EFFICIENCY = 0.5  # the attention core runs at about half the GEMM rate
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,19 @@ class Card:
         peak = self.gemm_flops if half else self.fp32_flops
         rate = peak * rows / (rows + self.gemm_rows_half)
         return max(flops / rate, weight_bytes / self.hbm_bytes_s)
+
+    def collective_s(self, nbytes: float, n: int, share: float = 2.0) -> float:
+        """A collective over n ranks of `nbytes` each holds whole: share 2 an all-reduce, 1 an all-gather or a
+        reduce-scatter (each rank moves (n - 1) / n of the whole once)."""
+        return 0.0 if n <= 1 else self.latency_s + share * (n - 1) / n * nbytes / self.allreduce_bytes_s
+
+    def hop_s(self, nbytes: float) -> float:
+        """One send of `nbytes` to a neighbour (and its receive from the other)."""
+        return self.latency_s + nbytes / self.p2p_bytes_s
+
+    def attention_s(self, flops: float, half: bool) -> float:
+        """The attention core's `flops` (scores and weighted sum, models/planner_shape.attention_core_flops)."""
+        return flops / (ATTENTION_EFFICIENCY * (self.gemm_flops if half else self.fp32_flops))
 
 
 CARDS: dict[str, Card] = {

@@ -18,7 +18,12 @@ NEAR = 0.01
 
 
 class NoPlanFits(ValueError):
-    """No legal plan fits the memory (or none is legal); the message is the one line a user sees."""
+    """No legal plan fits the memory (or none is legal); the message is the one line a user sees; least: the plan
+    needing the least memory, when some was legal."""
+
+    def __init__(self, message: str, least: "Prediction | None" = None):
+        super().__init__(message)
+        self.least = least
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: C
         raise NoPlanFits(f"no plan fits {cap / GIB:.1f} GiB per rank: the smallest, {least.plan.describe()}, needs "
                          f"{least.peak / GIB:.1f} GiB ({least.needed / GIB:.1f} with the allocator's overhead, "
                          f"{usable_bytes(cap) / GIB:.1f} usable) (raise --memory-cap-gib, add ranks, use a higher "
-                         "--zero or --recompute full)")
+                         "--zero or --recompute full)", least)
     if card.search:
         # Within NEAR of the fastest, the plan nearest the reference wins: a prediction's last percent does not pay
         # for a less tried plan or for memory (merged W keeps every micro-batch's inputs).

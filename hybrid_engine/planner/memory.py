@@ -114,7 +114,7 @@ def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) 
 def peak_bytes(shape: ModelShape, s: Setting, plan: Plan) -> list[RankPeak]:
     """Predicted peak of each pipeline rank."""
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
-    tokens = s.per_dp / m * shape.tokens_per_sample / s.cp  # context parallelism splits each sequence
+    tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     cut = shape.cut(s.pp * v)
     placement = schedule_placement(plan.schedule)
     first_rank, last_rank = (stage_rank(st, s.pp, s.pp * v, placement) for st in (0, s.pp * v - 1))

@@ -21,14 +21,22 @@ class Setting:
     full_recompute: bool = False
     clip: bool = False
     cp: int = 1
-    """Context-parallel ranks: each holds 1/cp of every sequence's activations."""
+    """Context-parallel ranks, each holding 1/cp of every sequence: the model's shape is already one rank's share
+    (context.py per_context_rank); the K/V transfers between them are the cp ranks' (context_comm.py)."""
+    cp_comm: str = "auto"
+    """--cp-comm: the K/V transfer variant, or auto (context_comm.choose_comm)."""
     zero_shard: int = 0
-    """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP rank."""
+    """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP x CP rank."""
     bucket_bytes: float = 256 * 2**20
 
     @property
+    def replicas(self) -> int:
+        """The ranks holding the same weights, whose gradients are summed: dp x cp."""
+        return self.dp * self.cp
+
+    @property
     def shard_size(self) -> int:
-        return self.zero_shard or self.dp
+        return self.zero_shard or self.replicas
 
     @property
     def per_dp(self) -> int:
@@ -44,11 +52,11 @@ class Setting:
         return self.dp * self.pp * self.mp * self.cp
 
     @staticmethod
-    def of(cfg, dp: int, pp: int, mp: int, cp: int = 1) -> "Setting":
-        """The setting of a run (cfg: RunConfig) on a dp x pp x mp (x cp) grid."""
+    def of(cfg, dp: int, pp: int, mp: int) -> "Setting":
+        """The setting of a run (cfg: RunConfig) on a dp x pp x mp grid and its --cp."""
         clip = cfg.precision.clip_grad
         clip = clip if clip is not None else registry.entry(cfg.model.name).clip_grad
         d = cfg.data_parallel
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
-                       d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip), cp,
-                       d.shard_size, d.bucket_mb * 2**20)
+                       d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
+                       cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20)

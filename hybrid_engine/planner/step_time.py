@@ -16,10 +16,10 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
 
 from .candidates import Plan
 from .card import Card
+from .context_comm import CommChoice, KvTraffic, choose_comm
 from .model_shape import ModelShape
 from .setting import Setting
 
-ATTENTION_EFFICIENCY = 0.5  # the attention core runs at about half the GEMM rate
 UPDATE_BYTES = {"sgd": 14.0, "adam": 30.0, "adamw": 30.0}  # per parameter: masters, gradient, state, half weights
 UPDATE_BYTES_FP32 = {"sgd": 12.0, "adam": 28.0, "adamw": 28.0}
 DP_BUCKET_BYTES = 256 * 2**20
@@ -44,10 +44,10 @@ class StepTime:
     mp_exposed_s: float
     update_s: float
     sim: SimResult
-
-
-def _allreduce_s(card: Card, nbytes: float, n: int, share: float = 2.0) -> float:
-    return 0.0 if n <= 1 else card.latency_s + share * (n - 1) / n * nbytes / card.allreduce_bytes_s
+    cp_comm: CommChoice | None = None
+    """Context parallelism's K/V transfers (None without cp): the variant, both variants' costs, why."""
+    cp_exposed_s: float = 0.0
+    """What those transfers expose per step on the slowest rank."""
 
 
 def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[list[Costs], list[float], float,
@@ -56,7 +56,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step."""
     m, mp, e = plan.micro_batches, s.mp, s.elem
     slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
-    tokens = s.per_dp / m * shape.tokens_per_sample / s.cp  # context parallelism splits each sequence
+    tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
     for layers in shape.cut(s.pp * plan.virtual_stages):
         f = i = w = wm = 0.0
@@ -64,14 +64,17 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
-            attention = (layer.attention_flops / mp * tokens /
-                         (ATTENTION_EFFICIENCY * (card.gemm_flops if s.half else card.fp32_flops)))
+            attention = card.attention_s(layer.attention_flops / mp * tokens, s.half)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
             overhead = card.host_action_s if card.host_action_s is not None else \
                 card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
             scale = slow * card.compute_scale
             f += scale * (gemm + attention + elementwise) + overhead
             i += scale * (gemm + 2 * attention + elementwise) + overhead
+            kv = kv_choice(card, s, layer, tokens, scale)
+            if kv is not None:  # the K/V transfers the blocks' attention does not hide
+                f += kv.cost.forward_s
+                i += kv.cost.backward_s
             if layer.matmul_params:
                 w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
                 if shape.native:
@@ -83,7 +86,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
                     w += slow * w_gemm + overhead
                     wm += m * (slow * w_gemm + overhead)
             if mp > 1 and layer.mp_allreduces:
-                one = _allreduce_s(card, tokens * shape.hidden * e, mp) * (1.0 if shape.native else
+                one = card.collective_s(tokens * shape.hidden * e, mp) * (1.0 if shape.native else
                                                                             AUTOGRAD_MP_SLOWDOWN)
                 f += layer.mp_allreduces * one  # the forward waits for its all-reduce
                 i += layer.mp_allreduces * one / (2 if shape.native else 1)  # native: hidden under the W GEMMs
@@ -100,11 +103,20 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     return costs, merged, mp_s, mp_count
 
 
+def kv_choice(card: Card, s: Setting, layer, tokens: float, scale: float) -> CommChoice | None:
+    """The K/V transfer variant of a layer's attention on a cp rank and its costs (None without cp or attention);
+    scale: the layer's compute time over the card's."""
+    if s.cp == 1 or not layer.attention_flops:
+        return None
+    attention = scale * card.attention_s(layer.attention_flops / s.mp * tokens, s.half)
+    return choose_comm(s.cp_comm, card, KvTraffic(s.cp, tokens, layer.kv_width / s.mp, s.elem, attention))
+
+
 def zero3_gather_exposed_s(card: Card, s: Setting, params: float, compute_s: float, layers: int) -> float:
     """ZeRO-3's extra all-gather of the half weights (the forward's replaces ZeRO-1's after the update; the
     backward's is new without a pipeline, which keeps its stage gathered): what the compute does not hide, and
     the first layer's gather, which nothing precedes."""
-    gather = _allreduce_s(card, params * s.elem, s.shard_size, 1.0) * (1 if s.pp > 1 else 2)
+    gather = card.collective_s(params * s.elem, s.shard_size, 1.0) * (1 if s.pp > 1 else 2)
     return max(0.0, gather - compute_s) + gather / max(layers, 1)
 
 
@@ -120,8 +132,8 @@ def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: s
 def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime:
     """The predicted time of one step of `plan` on `card` (the slowest rank's)."""
     costs, merged, mp_s, mp_count = stage_costs(shape, card, s, plan)
-    tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample / s.cp
-    latency = card.latency_s + tokens * shape.hidden * s.elem / card.p2p_bytes_s if s.pp > 1 else 0.0
+    tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
+    latency = card.hop_s(tokens * shape.hidden * s.elem) if s.pp > 1 else 0.0
     schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
     placement = schedule_placement(plan.schedule)
     sim = simulate(schedule, Costs(latency=latency), stage_costs=costs, placement=placement)
@@ -134,9 +146,9 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     for r in range(s.pp):
         last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
         dp_s, dp_exposed = 0.0, 0.0
-        if s.dp > 1:
+        if s.replicas > 1:  # the gradients summed over dp x cp
             nbytes = params[r] * s.grad_wire_bytes
-            dp_s = _allreduce_s(card, nbytes, s.dp, 1.0 if s.zero else 2.0)
+            dp_s = card.collective_s(nbytes, s.replicas, 1.0 if s.zero else 2.0)
             last_bucket = dp_s * min(1.0, DP_BUCKET_BYTES / max(nbytes, 1.0))
             dp_exposed = max(dp_s - last_backward, last_bucket)
             if s.zero >= 3:  # the weights gathered again before the backward (per step under a pipeline)
@@ -150,5 +162,19 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
         total = sim.makespan + per_rank_merged[r] + dp_exposed + update
         if total > worst:
             worst, dp_worst, update_worst = total, dp_exposed, update
+    attending = max(sum(1 for st in held[r] for i in cut[st] if shape.layers[i].attention_flops) for r in range(s.pp))
+    kv, kv_s = context_exposed(shape, card, s, plan, tokens, attending)
     return StepTime(worst, sim.makespan + max(per_rank_merged), sim.bubble, dp_worst, mp_count, mp_s, update_worst,
-                    sim)
+                    sim, kv, kv_s)
+
+
+def context_exposed(shape: ModelShape, card: Card, s: Setting, plan: Plan, tokens: float,
+                    attending: int) -> tuple[CommChoice | None, float]:
+    """(the K/V variant, what it exposes per step on a rank holding `attending` attention layers): every
+    micro-batch's forward and backward (and the forward again under full recompute) of each."""
+    layer = next((layer for layer in shape.layers if layer.attention_flops), None)
+    if s.cp == 1 or layer is None:
+        return None, 0.0
+    kv = kv_choice(card, s, layer, tokens, (1.0 if shape.native else AUTOGRAD_SLOWDOWN) * card.compute_scale)
+    per_layer = kv.cost.exposed_s + (kv.cost.forward_s if s.full_recompute else 0.0)
+    return kv, per_layer * plan.micro_batches * attending

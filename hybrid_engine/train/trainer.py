@@ -79,7 +79,7 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
     factory = optim.from_name(o.name, o.lr, parse_betas(o.betas) if o.betas else None, o.weight_decay)
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
-                  trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm,
+                  trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm, plan_card=cfg.plan.card,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
 

@@ -13,6 +13,8 @@ from dist_utils import run_ranks
 from hybrid_engine.parallel.context import ContextParallel, check_sequence, local_chunks, positions
 from hybrid_engine.parallel.context.all_gather import AllGatherAttention
 from hybrid_engine.parallel.context.ring import RingAttention
+from hybrid_engine.planner.card import CARDS
+from hybrid_engine.planner.context_comm import comm_rule
 
 B, HEADS, KV_HEADS, D, SEQ = 2, 4, 2, 8, 48
 
@@ -34,7 +36,7 @@ def reference(q, k, v):
 def cases(rank: int, world: int) -> list[dict]:
     group = dist.new_group(list(range(world)))
     trace = _C.CommTrace("cpu")
-    ctx = ContextParallel.of_group(group, list(range(world)), trace=trace)
+    ctx = ContextParallel.of_group(group, list(range(world)), comm_rule("auto", CARDS["cpu"]), trace=trace)
     out = []
     q, k, v = _full(1)
     _, weight, *_ = reference(q, k, v)
@@ -50,10 +52,10 @@ def cases(rank: int, world: int) -> list[dict]:
     for t in later:
         t[:, :, SEQ // 2 + 3:] += 1.0
     for name in ("ring", "all-gather"):
-        forced = ContextParallel(ctx.comm, name)
+        forced = ContextParallel(ctx.comm, comm_rule(name, CARDS["cpu"]))
         before = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in (q, k, v)))
         after = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in later))
-        assert forced.choice(SEQ // world) == name
+        assert forced.choice(*(local_chunks(t, rank, world, dim=2) for t in (q, k))) == name
         out.append({"causal": name, "before": before.numpy(), "after": after.numpy()})  # tensors would travel as fds
     out.append({"spans": [(s.axis, s.kind) for s in trace.take()]})
     dist.barrier()
@@ -144,13 +146,19 @@ def test_a_split_that_cannot_be_cut_is_one_line_and_exit_2_before_any_collective
 
 
 def test_auto_takes_the_ring_for_long_shares_on_more_than_two_ranks():
-    from hybrid_engine.parallel.context import choose_comm
+    """The planner's rule (planner/context_comm.py; its crossover from the arithmetic in tests/planner/
+    test_context_comm.py) on a rank's tensors: a Llama-1B-class layer on an H100 (32 heads of 64, 8 kv heads)."""
+    def choose(asked: str, tokens: int, cp: int):
+        q = torch.empty(1, 32, tokens, 64, dtype=torch.bfloat16, device="meta")
+        k = torch.empty(1, 8, tokens, 64, dtype=torch.bfloat16, device="meta")
+        chosen = comm_rule(asked, CARDS["h100"])(q, k, cp)
+        return chosen.name, chosen.why
 
-    assert choose_comm("auto", 8192, 4) == ("ring", "auto: 8192 tokens per rank >= 4096 and cp 4 > 2, so each K/V "
-                                                    "hop hides under a block's attention")
-    assert choose_comm("auto", 4096, 8)[0] == "ring"
-    assert choose_comm("auto", 4095, 8)[0] == choose_comm("auto", 65536, 2)[0] == "all-gather"
-    assert choose_comm("ring", 16, 2) == ("ring", "--cp-comm") and choose_comm("all-gather", 10**6, 8)[0] == "all-gather"
+    name, why = choose("auto", 8192, 4)
+    assert name == "ring" and why.startswith("auto: K/V traffic exposes ") and "against the all-gather's" in why
+    assert choose("auto", 4096, 8)[0] == "ring"
+    assert choose("auto", 64, 8)[0] == choose("auto", 64, 4)[0] == "all-gather"  # a share far too short to hide a hop
+    assert choose("ring", 16, 2) == ("ring", "--cp-comm") and choose("all-gather", 10**6, 8)[0] == "all-gather"
 
 
 def test_the_cuda_flash_calls_take_their_arguments():

@@ -48,6 +48,12 @@ def test_a_sequence_that_fits_no_plan_hears_which_cp_would_fit():
     assert str(refused.value).startswith("planner: no plan fits")
     assert str(refused.value).endswith("; --cp 4 fits: each rank then keeps 1/4 of a sequence's activations "
                                        "(55.1 GiB predicted)")
+    # and what cp costs: the K/V time the chosen variant exposes a step, as the plan predicts it
+    trial = parse_config(SHAPE + ["--seq-len", "131072", "--batch-size", "4", "--micro-batches", "auto", "--cp", "4"])
+    cp4 = plan_run(trial, trial.validate(4, "cpu", registry.check_model), "cpu", registry.check_model)[1].chosen
+    assert cp4.time.cp_comm.name == "ring" and cp4.time.cp_exposed_s > 0
+    assert (f"; under --cp 4 its ring K/V transfers expose {cp4.time.cp_exposed_s * 1e3:.1f} ms a step; --cp 4 fits"
+            in str(refused.value))
 
 
 def test_plan_only_ranks_the_grids_beside_a_fixed_cp():
@@ -62,3 +68,67 @@ def test_plan_only_ranks_the_grids_beside_a_fixed_cp():
     assert rate == pytest.approx(2 * 32768 / (step_ms / 1e3), rel=0.02)  # the whole sequences' tokens
     with pytest.raises(ConfigError, match="world size 6 is not divisible by --cp 4"):
         grid_table(parse_config(SHAPE + ["--seq-len", "32768", "--cp", "4"]), 6, "cpu", registry.check_model)
+
+
+LLAMA_1B = ["--model", "llama", "--layers", "16", "--hidden", "2048", "--heads", "32", "--kv-heads", "8",
+            "--ffn-hidden", "5632", "--max-positions", "131072", "--amp", "bf16", "--plan-card", "h100",
+            "--world-size", "4"]
+
+
+def _table(capsys, *flags):
+    from hybrid_engine import plan
+
+    assert plan.main(LLAMA_1B + list(flags)) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out if line[:4].strip().isdigit()]
+    return out, rows
+
+
+def test_the_plan_command_ranks_cp_first_for_128k_tokens_and_says_why(capsys):
+    out, rows = _table(capsys, "--seq-len", "131072", "--batch-size", "1")
+    assert {row[3] for row in rows} == {"1", "2", "4"}  # cp beside the grids: 131072 splits into 2 x 4 chunks
+    assert rows[0][3] == "4" and rows[0][1] == "1x1x1"
+    # cp 1 keeps every token of the sequence on a rank: on one rank's worth of layers (mp splits some of them) it
+    # does not fit; where it fits, a pipeline's stages wait on each other
+    unfit = [line for line in out if line.startswith("   -") and line.split()[1:4] == ["1x1x4", "0", "1"]]
+    assert unfit and "no plan fits" in unfit[0]
+    assert all(row[3] != "1" or "bubble" in " ".join(row) for row in rows)
+    verdicts = {line.split(":")[0]: line for line in out if line.startswith("cp ")}
+    assert set(verdicts) == {"cp 1", "cp 2", "cp 4"}
+
+    def activations(line: str) -> float:
+        return float(line.split("of which ")[1].split()[0])
+
+    assert activations(verdicts["cp 4"]) < activations(verdicts["cp 2"]) < activations(verdicts["cp 1"])
+    assert verdicts["cp 4"].startswith("cp 4: row 1 (1x1x1)") and "ring K/V" in verdicts["cp 4"]
+    run = out[-1]
+    assert run.startswith("run the first: torchrun --nproc_per_node=4 hybrid_engine.py --dp 1 --cp 4 --pp 1 --mp 1 ")
+    assert run.count("--cp ") == 1
+
+
+def test_a_short_sequence_never_ranks_cp_first(capsys):
+    for batch in ("4", "8"):
+        out, rows = _table(capsys, "--seq-len", "2048", "--batch-size", batch)
+        assert rows[0][3] == "1" and "--cp" not in out[-1]
+        assert {row[3] for row in rows} == {"1", "2", "4"}
+        # each cp row loses to the dp row of as many tokens per rank by its K/V traffic
+        assert any("K/V" in " ".join(row) for row in rows if row[3] != "1")
+
+
+def test_a_given_cp_is_kept_and_a_model_without_sequences_has_none():
+    from hybrid_engine.planner.context import cp_sizes
+
+    long = parse_config(SHAPE + ["--seq-len", "131072"])
+    assert cp_sizes(long, 8, []) == (1, 2, 4, 8)
+    assert cp_sizes(long, 12, []) == (1, 2, 4)  # powers of two dividing the world
+    assert cp_sizes(parse_config(SHAPE + ["--seq-len", "12"]), 8, []) == (1, 2)  # 2 cp chunks must divide 12
+    assert cp_sizes(parse_config(SHAPE + ["--seq-len", "131072", "--cp", "2"]), 8, ["--cp", "2"]) == (2,)
+    assert cp_sizes(parse_config(SHAPE + ["--seq-len", "131072"]), 8, ["--cp=1"]) == (1,)
+    assert cp_sizes(parse_config(["--model", "mlp"]), 8, []) == (1,)
+
+
+def test_the_plan_command_takes_a_fixed_cp(capsys):
+    out, rows = _table(capsys, "--seq-len", "32768", "--batch-size", "2", "--cp", "2", "--cp-comm", "all-gather")
+    assert rows and {row[3] for row in rows} == {"2"} and not any(line.startswith("cp ") for line in out)
+    assert all("ring" not in " ".join(row) for row in rows)
+    assert " --cp 2 " in out[-1] and "--cp-comm all-gather" in out[-1]

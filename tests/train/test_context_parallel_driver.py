@@ -23,7 +23,7 @@ def _run(tmp_path, name: str, nproc: int, *extra: str) -> list[dict]:
 def test_cp2_streamed_or_whole_trains_and_validates_what_one_process_does(tmp_path):
     one, _ = _run(tmp_path, "one", 1)
     whole, out = _run(tmp_path, "cp2", 2, "--cp", "2", "--cp-comm", "ring", "--trace", str(tmp_path / "t"))
-    streamed, _ = _run(tmp_path, "cp2_stream", 2, "--cp", "2", "--stream-data")
+    streamed, said = _run(tmp_path, "cp2_stream", 2, "--cp", "2", "--stream-data")
     for records in (whole, streamed):
         steps = [r for r in records if "loss" in r]
         assert [r["loss"] for r in steps] == pytest.approx([r["loss"] for r in one if "loss" in r], rel=1e-5)
@@ -31,5 +31,9 @@ def test_cp2_streamed_or_whole_trains_and_validates_what_one_process_does(tmp_pa
         assert val == pytest.approx(next(r["val_loss"] for r in one if "val_loss" in r), rel=1e-5)
         assert all(r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 32, rel=0.05) for r in steps)
     assert "context parallel: cp 2, 16 tokens per rank, ring attention (--cp-comm)" in out
+    # --cp-comm auto: the planner's rule on the CPU card's rates, said once with its numbers
+    auto = [line for line in said.splitlines() if line.startswith("context parallel: cp 2, 16 tokens per rank, ")]
+    assert len(auto) == 1 and "attention (auto: K/V traffic exposes " in auto[0]
+    assert " ms a layer and micro-batch against the " in auto[0]
     assert "CP collectives beside them: 16 send_recv" in out  # 2 micro-batches x 2 blocks x (1 + 1 + 2) hops
     assert "summary: 2 ranks (1 dp x 2 cp x 1 pp x 1 mp)" in out

@@ -151,7 +151,8 @@ def shape(cfg) -> ModelShape:
     c = config_of_options(m, cfg.model.seed, m.vocab_size or data_vocab(cfg.data.path, m.seq_len))
     block = (llama_matmul_params(c) - c.hidden - c.vocab_size * c.hidden) // c.layers
     return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
-                         c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=block_activations(c))
+                         c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=block_activations(c),
+                         kv_width=2 * c.kv_heads * c.head_dim)
 
 
 def block_activations(c: LlamaConfig) -> tuple[float, float]:
