@@ -48,7 +48,8 @@ def apply_kernels(stage: nn.Sequential, options: KernelOptions) -> nn.Sequential
     """`stage` (a model's stage after its tensor-parallel plan) with the fused modules and fp8 GEMMs `options`
     asks for."""
     if options.fused:
-        _fuse(stage, options.compiled)
+        if options.elementwise:
+            _fuse(stage, options.compiled)
         for layer in stage:
             if isinstance(layer, (llama.Head, gpt.Head)):
                 layer.lm_head = LinearCrossEntropyHead(layer.lm_head)

@@ -12,6 +12,10 @@ from hybrid_engine.config.engine import ConfigError
 FUSED_MODES = ("auto", "on", "off")
 FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first cards with fp8 tensor cores (torch._scaled_mm)
+# Why auto fuses the loss and not the elementwise modules: measured on H200s (docs/kernels.md), the compiled
+# RMSNorm, RoPE and SwiGLU regions gave a Llama-1B no speed on one GPU and cost it about a third under pp2 x tp2,
+# where the host sets the pace; the chunked loss saves the fp32 logits' memory at no cost measured.
+AUTO_ELEMENTWISE_WHY = "auto: their compiled regions measured no faster on one GPU and slower under pp x tp"
 
 
 def has_triton() -> bool:
@@ -27,12 +31,13 @@ def has_triton() -> bool:
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """The resolved choice: `fused` swaps in the fused modules, `compiled` makes each (and fp8's quantization) a
-    torch.compile'd region (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8),
-    `fp8_native` runs them through torch._scaled_mm (a card with fp8) instead of the emulation (quantize,
-    dequantize, fp32 GEMM)."""
+    """The resolved choice: `fused` swaps in the chunked linear + cross-entropy and, with `elementwise`, the fused
+    RMSNorm, RoPE and SwiGLU; `compiled` makes each (and fp8's quantization) a torch.compile'd region (CUDA with
+    Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them through
+    torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM)."""
 
     fused: bool = False
+    elementwise: bool = True
     compiled: bool = False
     fp8: Optional[str] = None
     fp8_native: bool = False
@@ -41,11 +46,16 @@ class KernelOptions:
     def any(self) -> bool:
         return self.fused or self.fp8 is not None
 
-    def describe(self, fused_parts: str = "RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy") -> str:
-        """The one line a run prints of this choice (fused_parts: what the model has that is fused)."""
+    def describe(self, elementwise: str = "RMSNorm, RoPE, SwiGLU", note: str = "") -> str:
+        """The one line a run prints of this choice (elementwise: the model's modules the elementwise fusions
+        cover, "" for none; note: what the model says of its own kernels)."""
         if self.fused:
             how = "torch.compile'd Triton regions" if self.compiled else "eager (no CUDA with Triton here)"
-            fused = f"fused kernels on ({how}): {fused_parts}"
+            parts = f"{elementwise}, chunked linear + cross-entropy" if elementwise and self.elementwise else (
+                "chunked linear + cross-entropy")
+            fused = f"fused kernels on ({how}): {parts}{f' {note}' if note else ''}"
+            if elementwise and not self.elementwise:
+                fused += (f"; {elementwise} unfused ({AUTO_ELEMENTWISE_WHY}; --fused-kernels on fuses them)")
         else:
             fused = "fused kernels off"
         if self.fp8 is None:
@@ -58,8 +68,8 @@ class KernelOptions:
 
 def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) -> KernelOptions:
     """The run's KernelOptions on `device_type` ("cuda" or "cpu"); ConfigError (one line) for a bad choice or fp8
-    on a card without it. auto: fused where CUDA and Triton are (their eager form elsewhere equals the unfused
-    model, at the unfused model's speed)."""
+    on a card without it. auto: the chunked linear + cross-entropy where CUDA and Triton are (its eager form
+    elsewhere equals the unfused model, at the unfused model's speed), the elementwise modules unfused."""
     if fused_kernels not in FUSED_MODES:
         raise ConfigError(f"--fused-kernels must be one of {', '.join(FUSED_MODES)}, got {fused_kernels!r}")
     if fp8_recipe not in FP8_RECIPES:
@@ -67,6 +77,7 @@ def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) ->
     cuda = device_type == "cuda"
     compiled = cuda and has_triton()
     fused = fused_kernels == "on" or (fused_kernels == "auto" and compiled)
+    elementwise = not (fused and fused_kernels == "auto")  # auto fuses the loss only (AUTO_ELEMENTWISE_WHY)
     native = False
     if fp8 and cuda:
         capability = torch.cuda.get_device_capability()
@@ -74,7 +85,8 @@ def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) ->
             raise ConfigError(f"--fp8 needs a card with fp8 tensor cores (compute capability 8.9 or later); "
                               f"{torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}")
         native = True
-    return KernelOptions(fused=fused, compiled=compiled and (fused or fp8), fp8=fp8_recipe if fp8 else None,
+    return KernelOptions(fused=fused, elementwise=elementwise, compiled=compiled and (fused or fp8),
+                         fp8=fp8_recipe if fp8 else None,
                          fp8_native=native)
 
 

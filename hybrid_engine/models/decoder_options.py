@@ -37,8 +37,8 @@ class DecoderOptions:
     """GPT, Llama: norm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
     fused_kernels: str = field(default="auto", metadata=flag(choices=FUSED_MODES))
     """GPT, Llama: a linear + cross-entropy over chunks of tokens that never holds the whole fp32 logits, and the
-    Llama's RMSNorm, RoPE and SwiGLU fused: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (on
-    where CUDA and Triton are)."""
+    Llama's RMSNorm, RoPE and SwiGLU fused: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (the
+    linear + cross-entropy where CUDA and Triton are, the elementwise modules unfused: measured no faster)."""
     fp8: bool = False
     """GPT, Llama: the blocks' linear layers multiply in float8 with dynamic scales (the LM head, the masters and the
     optimizer keep their precision); needs a card of compute capability 8.9 or later, emulated on the CPU."""

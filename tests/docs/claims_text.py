@@ -46,6 +46,21 @@ def _two_gpu_row(label: str, run: str, engine: str | None) -> tuple:
     return (PERF, f"| {label} | {{}} ({{}}%) | {{}}× |", *cells, lambda: ratio(pptp(engine), pptp(run)))
 
 
+KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
+FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
+
+
+def _fused_ab(which: str, run: str, tree: str) -> float:
+    return results(FUSED_AB.format(which))["median_step_ms"][run][f"{tree}_ms"]
+
+
+ZERO_DP4, ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-logs.tgz"
+
+
+def _zero_dp4(run: str) -> dict:
+    return results(ZERO_DP4)["runs"][run]
+
+
 def _llama4(run: str) -> dict:
     return results(LLAMA4)["runs"][run]
 
@@ -118,6 +133,14 @@ CLAIMS = [
     ("README.md", "~{} min on 2 cores # shared with other work (a median step of {} ms)",
      lambda: rounded(800 * first_median_step_ms() / 60e3, 0),
      lambda: rounded(first_median_step_ms(), 0)),
+    # docs/kernels.md: why auto leaves the elementwise modules unfused
+    ("docs/kernels.md", "ran {} ms a step with every fusion and {} without",
+     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_on"]),
+     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_off"])),
+    ("docs/kernels.md", "the tree ran {} and {} ms beside the unfused older tree's {} and {} in the same job, and with "
+     "`--fused-kernels off` {} and {} beside {} and {} in another",
+     *[lambda w=w, r=r, t=t: fixed(2)(_fused_ab(w, r, t)) for w in ("on", "off") for t in ("new", "old")
+       for r in ("pp2tp2", "pp2tp2_2")]),
     # docs/performance.md: sentences
     (PERF, "took zb1 at config L from {}k to {}k samples/s; lookahead 2 gave {}k "
      "(experiments/results/raw/2026-11-26-2xH200-job3.json)",
@@ -141,6 +164,18 @@ CLAIMS = [
      lambda: fixed(2)(results(ZERO_PASS)["runs"]["L_dp2_1f1b"]["peak_gib"][0]
                       - results(ZERO_PASS)["runs"]["L_dp2_zero_1f1b"]["peak_gib"][0])),
     (PERF, "bound by its fp32 gradients (L: {} GB a step)", lambda: fixed(1)(mlp_l_bytes(4))),
+    *[(PERF, f"| {label} | {{}} | {{}}% | {{}} |", lambda run=run: comma(_zero_dp4(run)["tokens_s"]),
+       lambda run=run: pct()(_zero_dp4(run)["mfu"]), lambda run=run: fixed(1)(_zero_dp4(run)["peak_gib"]))
+      for label, run in (("`--zero 1` (no cap)", "zero1_uncapped"), ("`--zero 2`", "zero2"), ("`--zero 3`", "zero3"),
+                         ("FSDP2 on Hugging Face's Llama, compiled", "fsdp2_compile"))],
+    (PERF, "within an H100's memory at {}× FSDP2 compiled, zero 3 at {}×",
+     lambda: ratio(_zero_dp4("zero2")["tokens_s"], _zero_dp4("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(_zero_dp4("zero3")["tokens_s"], _zero_dp4("fsdp2_compile")["tokens_s"])),
+    (PERF, "their steps are {} and {} ms longer than zero 1's",
+     *[lambda z=z: fixed(0)(summary_ms(ZERO_DP4_LOGS, f"zero{z}.log") - summary_ms(ZERO_DP4_LOGS, "zero1_uncapped.log"))
+       for z in (2, 3)]),
+    (PERF, "Zero 3's peak is {}% of zero 1's",
+     lambda: pct(0)(_zero_dp4("zero3")["peak_gib"] / _zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",
      lambda: f"{min(forward_mp_all_reduces_us(GRIDS_MLP_LOGS, 'L_dp2mp2_trace.json')[1:]):.0f}",
      lambda: f"{max(forward_mp_all_reduces_us(GRIDS_MLP_LOGS, 'L_dp2mp2_trace.json')[1:]):.0f}"),

@@ -26,6 +26,7 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, P
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 LONG_SEQ = "2026-11-27-2xH200-long-seq.json"
 ZERO_DP2 = "2026-11-27-2xH200-zero-sharding-dp2.json"
+LONG_SEQ4, ZERO_DP4 = "2026-11-27-4xH200-long-seq.json", "2026-11-27-4xH200-zero-sharding.json"
 SP_COLLECTIVES = ("c10d::reduce_scatter_", "c10d::allgather_")  # the host-side ops of the sequence-parallel collectives
 def step_errors(prefix: str, four: bool) -> list[float]:
     """The plan pass's (measured - predicted) / predicted step times of a model's runs."""
@@ -52,6 +53,14 @@ def zero_dp2(run: str) -> dict:
 
 def long_seq(name: str) -> dict:
     return next(r for r in results(LONG_SEQ)["runs"] if r["name"] == name)
+
+
+def long_seq4(name: str) -> dict:
+    return next(r for r in results(LONG_SEQ4)["runs"] if r["name"] == name)
+
+
+def zero_dp4(run: str) -> dict:
+    return results(ZERO_DP4)["runs"][run]
 
 
 def realtext(job: str, precision: str) -> float:
@@ -118,12 +127,16 @@ CLAIMS = [
      lambda: comma(max_batch("1f1b", "fp32")), lambda: comma(max_batch("gpipe", "fp32")),
      lambda: ratio(max_batch("1f1b", "fp16-recompute"), max_batch("1f1b", "fp32")),
      lambda: ratio(max_batch("gpipe", "fp16-recompute"), max_batch("gpipe", "fp32"))),
-    ("README.md", "| 2 × H200 | {} tokens/s ({}% MFU), {} GiB per GPU; at 32k {} | at 32k: torch context_parallel {} | "
+    ("README.md", "| 4 × H200 | {} tokens/s ({}% MFU), {} GiB per GPU; at 32k {} | at 32k: torch context_parallel {} | "
      "at 32k: {}× |",
-     lambda: comma(long_seq("cp2_128k")["tokens_s"]), lambda: pct()(long_seq("cp2_128k")["mfu"]),
-     lambda: fixed(1)(max(long_seq("cp2_128k")["peak_gib_per_gpu"])), lambda: comma(long_seq("cp2_32k")["tokens_s"]),
-     lambda: comma(long_seq("torch_cp2_32k")["tokens_s"]),
-     lambda: ratio(long_seq("cp2_32k")["tokens_s"], long_seq("torch_cp2_32k")["tokens_s"])),
+     lambda: comma(long_seq4("cp4_128k")["tokens_s"]), lambda: pct()(long_seq4("cp4_128k")["mfu"]),
+     lambda: fixed(1)(max(long_seq4("cp4_128k")["peak_gib_per_gpu"])), lambda: comma(long_seq4("cp4_32k")["tokens_s"]),
+     lambda: comma(long_seq4("torch_cp4_32k")["tokens_s"]),
+     lambda: ratio(long_seq4("cp4_32k")["tokens_s"], long_seq4("torch_cp4_32k")["tokens_s"])),
+    ("README.md", "| 4 × H200 | {} tokens/s ({}% MFU), {} GiB | FSDP2 (HF's Llama) compiled {} | {}× |",
+     lambda: comma(zero_dp4("zero2")["tokens_s"]), lambda: pct()(zero_dp4("zero2")["mfu"]),
+     lambda: fixed(1)(zero_dp4("zero2")["peak_gib"]), lambda: comma(zero_dp4("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(zero_dp4("zero2")["tokens_s"], zero_dp4("fsdp2_compile")["tokens_s"])),
     ("README.md", "| 2 × H200 | {}% strong, {}% weak | config L: {}% strong, {}% weak |",
      lambda: pct()(results(GPT_DP)["ratios"]["strong_efficiency"]),
      lambda: pct()(results(GPT_DP)["ratios"]["weak_efficiency"]),

@@ -15,7 +15,11 @@ from hybrid_engine.kernels.options import KernelOptions, resolve
 from hybrid_engine.models.llama.config import apply_rope
 from hybrid_engine.parallel.tensor.vocab_cross_entropy import vocab_parallel_cross_entropy
 
-from kernel_models import train_one_process
+from hybrid_engine.kernels.apply import apply_kernels
+from hybrid_engine.kernels.elementwise import FusedRMSNorm, FusedRotary, FusedSwiGLU
+from hybrid_engine.kernels.linear_cross_entropy import LinearCrossEntropyHead
+from hybrid_engine.models.llama.parallelize import build_llama
+from kernel_models import config, train_one_process
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GEN = torch.Generator().manual_seed(0)
@@ -73,6 +77,13 @@ def test_a_llama_trained_with_the_fused_kernels_equals_one_trained_without():
 
 def test_the_choice_follows_the_device_and_is_said():
     assert resolve("auto", False, "tensorwise", "cpu") == KernelOptions()  # no CUDA: auto is off
+    auto = KernelOptions(fused=True, elementwise=False, compiled=True)  # auto on CUDA with Triton: the loss only
+    assert auto.describe() == ("fused kernels on (torch.compile'd Triton regions): chunked linear + cross-entropy; "
+                               "RMSNorm, RoPE, SwiGLU unfused (auto: their compiled regions measured no faster on one "
+                               "GPU and slower under pp x tp; --fused-kernels on fuses them); fp8 off")
+    stage = apply_kernels(build_llama(config(tied=False, layers=2), "cpu"), auto)
+    assert not any(isinstance(m, (FusedRMSNorm, FusedRotary, FusedSwiGLU)) for m in stage.modules())
+    assert isinstance(stage[-1].lm_head, LinearCrossEntropyHead)
     on = resolve("on", True, "rowwise", "cpu")
     assert on == KernelOptions(fused=True, compiled=False, fp8="rowwise", fp8_native=False)
     assert on.describe() == ("fused kernels on (eager (no CUDA with Triton here)): RMSNorm, RoPE, SwiGLU, chunked "

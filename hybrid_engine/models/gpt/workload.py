@@ -86,7 +86,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
                f"{params / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
                f"{'on' if sequence_parallel else 'off'}; recompute {recompute}"
                f"{'; residual stream fp32' if fp32_residual else ''}; "
-               f"{kernels.describe('chunked linear + cross-entropy (LayerNorm and GELU are one kernel each already)')}")
+               f"{kernels.describe('', '(LayerNorm and GELU are one kernel each already)')}")
     return Workload(
         name="gpt", model=build_gpt(cfg, "meta"),
         loss=loss_for(losses.VocabParallelCrossEntropy(cfg.vocab_size), kernels),
