@@ -36,7 +36,6 @@ they depend only on the dense model (and its seed), never on the grid.
 from __future__ import annotations
 
 import copy
-import math
 from collections import OrderedDict
 from typing import Optional
 
@@ -140,11 +139,13 @@ def _keep_meta_source(layer: nn.Module, dense: nn.Module) -> None:
     layer._dense_source = (dense,) if dense.weight.is_meta else None
 
 
-def _drawn_source(layer: nn.Module) -> nn.Module | None:
-    """The dense layer `layer` was made from on meta, drawn full on the layer's device; None if it has none."""
+def _dense_of(layer: nn.Module) -> nn.Module:
+    """The full dense layer `layer` holds (a slice of): the one it was made from on meta, drawn on the layer's
+    device (its own initialisation), else a fresh nn.Linear's."""
     source = getattr(layer, "_dense_source", None)
     if source is None:
-        return None
+        return _dense_init(layer.out_features, layer.in_features, layer.bias is not None, layer.weight.device,
+                           layer.weight.dtype)
     dense = copy.deepcopy(source[0]).to_empty(device=layer.weight.device)
     dense.reset_parameters()
     return dense
@@ -167,17 +168,11 @@ class Linear(nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        dense = _drawn_source(self)
-        if dense is not None:
-            with torch.no_grad():
-                self.weight.copy_(dense.weight)
-                if self.bias is not None:
-                    self.bias.copy_(dense.bias)
-            return
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
-            nn.init.uniform_(self.bias, -bound, bound)
+        dense = _dense_of(self)
+        with torch.no_grad():
+            self.weight.copy_(dense.weight)
+            if self.bias is not None:
+                self.bias.copy_(dense.bias)
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, mp_group: Optional[dist.ProcessGroup] = None) -> "Linear":
@@ -243,13 +238,7 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def reset_parameters(self) -> None:
-        """This rank's slice of the dense layer it was made from on meta (its own initialisation), else of a fresh
-        nn.Linear's."""
-        dense = _drawn_source(self)
-        if dense is None:
-            dense = _dense_init(self.out_features, self.in_features, self.bias is not None, self.weight.device,
-                                self.weight.dtype)
-        self._load_dense(dense)
+        self._load_dense(_dense_of(self))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_in_region:  # x entered the MP region once for every GEMM that reads it: a local GEMM
@@ -310,13 +299,7 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def reset_parameters(self) -> None:
-        """This rank's slice of the dense layer it was made from on meta (its own initialisation), else of a fresh
-        nn.Linear's."""
-        dense = _drawn_source(self)
-        if dense is None:
-            dense = _dense_init(self.out_features, self.in_features, self.bias is not None, self.weight.device,
-                                self.weight.dtype)
-        self._load_dense(dense)
+        self._load_dense(_dense_of(self))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ops.row_parallel_linear(x, self.weight, self.grad_buffer, self.mp_group, self.sequence_parallel,
