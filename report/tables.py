@@ -328,8 +328,13 @@ def files_table(results: Results) -> Table:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
         t.rows.append([rel(path, results.root), f"{path.stat().st_size:,}", digest])
         t.shade.append(False)
-    for path, reason in results.files_ignored:
-        t.rows.append([rel(path, results.root), "not used", reason])
+    by_reason: dict[str, list] = {}
+    for path, reason in results.files_ignored:  # one row a reason: the files this report does not read
+        by_reason.setdefault(reason, []).append(path)
+    for reason, paths in by_reason.items():
+        first = rel(paths[0], results.root)
+        name = first if len(paths) == 1 else f"{len(paths)} files, the first {first}"
+        t.rows.append([name, "not used", reason])
         t.shade.append(True)
     return t
 

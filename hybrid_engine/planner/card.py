@@ -38,6 +38,10 @@ class Card:
     """The fixed cost of one layer's F, B, I or W (kernel launches, the executor's bookkeeping)."""
     memory_bytes: float
     """Memory a rank may use."""
+    workspace_bytes: float = 0.0
+    """What the device's libraries allocate through PyTorch's caching allocator on every rank, so that
+    torch.cuda.max_memory_allocated counts it: cuBLAS's workspace, 32 MiB on Hopper (torch's default
+    CUBLAS_WORKSPACE_CONFIG)."""
     search: bool = True
     """False: the planner keeps the reference plan (1f1b, 4 micro-batches) instead of ranking plans by time."""
     compute_scale: float = 1.0
@@ -74,10 +78,10 @@ class Card:
 CARDS: dict[str, Card] = {
     "h100": Card("H100", gemm_flops=700e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
                  p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=79.1 * GIB),
+                 memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20),
     "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,
                  p2p_bytes_s=394e9, allreduce_bytes_s=360e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=139.8 * GIB),
+                 memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20),
     # A few cores through gloo: no GEMM rate worth ranking plans by (it depends on the threads and the machine's
     # other load), so the CPU keeps the reference plan and its predictions are rough.
     "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,

@@ -35,9 +35,6 @@ CAP_MARGIN = 0.03  # a plan within 3% of the cap is not taken
 # allocated (32 of them per step), so the share is above 7.5%; dp4 zero 3 must fit (tests/planner/test_memory_model.py).
 DYNAMIC_OVERHEAD = 0.12
 RESERVED_OUTSIDE_BYTES = 1.0 * GIB
-# cuBLAS's workspace, which PyTorch allocates through the caching allocator: 32 MiB on Hopper (torch's default
-# CUBLAS_WORKSPACE_CONFIG), so max_memory_allocated counts it on every rank.
-LIBRARY_WORKSPACE_BYTES = 32 * 2**20
 GATHER_PREFETCH = 1  # ZeRO-3: layers gathered ahead of the one computing
 REDUCING_BUCKETS = 3  # ZeRO-2/3: the bucket filling and the two reductions csrc/executor/dp_grad_sync.h lets run
 BACKWARD_TEMPORARIES = 1.0  # a layer's backward holds gradients of about what it keeps
@@ -114,8 +111,8 @@ def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) 
     return peak
 
 
-def peak_bytes(shape: ModelShape, s: Setting, plan: Plan) -> list[RankPeak]:
-    """Predicted peak of each pipeline rank."""
+def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0) -> list[RankPeak]:
+    """Predicted peak of each pipeline rank (workspace: what the card's libraries allocate on every rank)."""
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     cut = shape.cut(s.pp * v)
@@ -142,5 +139,5 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan) -> list[RankPeak]:
         first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
         backward = BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
-        out.append(RankPeak(weights + LIBRARY_WORKSPACE_BYTES, working + activations + stash + data + backward))
+        out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out
