@@ -20,7 +20,7 @@ class LayerShape:
     params: int
     matmul_params: int
     attention_flops: float = 0.0
-    """Forward FLOPs of the attention core per token (scores and weighted sum): attention_core_flops."""
+    """Forward FLOPs of the attention core per token (scores and weighted sum): causal_attention_flops."""
     kv_width: float = 0.0
     """K and V elements per token (2 x kv heads x head dim), split over MP: what context parallelism sends."""
     act_split: float = 0.0
@@ -64,6 +64,13 @@ def attention_core_flops(seq_len: int, width: int) -> float:
     return 4.0 * seq_len * width
 
 
+def causal_attention_flops(seq_len: int, width: int) -> float:
+    """Forward FLOPs of one token's causal attention core, what a flash kernel computes on average: a token sees
+    the keys up to itself, half of a sequence of seq_len on average, and the kernel skips the blocks the mask
+    hides (the model's FLOPs, models/*/flops.py, count the whole square by convention)."""
+    return attention_core_flops(seq_len, width) / 2
+
+
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
@@ -79,7 +86,7 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     embedding = LayerShape(params=(vocab + positions) * h, matmul_params=0, act_whole=h)
     kv_width = 2 * h if kv_width is None else kv_width
     block = LayerShape(params=block_params, matmul_params=block_params,
-                       attention_flops=attention_core_flops(seq_len, h), kv_width=kv_width,
+                       attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
                        act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=vocab * 6.0)
