@@ -20,7 +20,7 @@ class LayerShape:
     params: int
     matmul_params: int
     attention_flops: float = 0.0
-    """Forward FLOPs of the attention core per token (scores and weighted sum): attention_core_flops."""
+    """Forward FLOPs of the attention core per token (scores and weighted sum): causal_attention_flops."""
     kv_width: float = 0.0
     """K and V elements per token (2 x kv heads x head dim), split over MP: what context parallelism sends."""
     act_split: float = 0.0
@@ -33,8 +33,9 @@ class LayerShape:
     mp_allreduces: float = 0.0
     """MP all-reduces of one token's hidden vector per forward (as many in the backward)."""
     loss_bytes: float = 0.0
-    """Bytes per token of one micro-batch the loss keeps (the half logits and their fp32 softmax), split over
-    MP."""
+    """Bytes per token of one micro-batch the loss keeps (loss_memory), split over MP."""
+    loss_fixed: float = 0.0
+    """Bytes one micro-batch's loss keeps whatever its tokens (loss_memory), split over MP."""
 
 
 @dataclass(frozen=True)
@@ -58,20 +59,50 @@ class ModelShape:
         return "tokens/s" if self.tokens_per_sample > 1 else "samples/s"
 
 
+def planned_kernels(cfg):
+    """The fused kernels a run of cfg (RunConfig of a decoder) gets on its --device, as the driver resolves them:
+    KernelOptions (kernels/options.py)."""
+    from hybrid_engine.train.cli import device_type
+
+    return cfg.model.options.kernels(device_type(cfg.parallel.device))
+
+
 def attention_core_flops(seq_len: int, width: int) -> float:
     """Forward FLOPs of one token's attention core against a sequence of seq_len keys, over `width` query
     features (heads x head dim): its scores and its weighted sum, 2 FLOPs a multiply-add each."""
     return 4.0 * seq_len * width
 
 
+def causal_attention_flops(seq_len: int, width: int) -> float:
+    """Forward FLOPs of one token's causal attention core, what a flash kernel computes on average: a token sees
+    the keys up to itself, half of a sequence of seq_len on average, and the kernel skips the blocks the mask
+    hides (the model's FLOPs, models/*/flops.py, count the whole square by convention)."""
+    return attention_core_flops(seq_len, width) / 2
+
+
+def loss_memory(vocab: int, hidden: int, fused: bool) -> tuple[float, float]:
+    """(bytes a token, bytes whatever the tokens) one micro-batch's loss keeps at its peak, half weights. Unfused:
+    the half logits and their fp32 softmax, 6 bytes a vocabulary entry. The chunked linear + cross-entropy
+    (kernels/linear_cross_entropy.py): the input's gradient (2 bytes a hidden element) and the head's fp32 weight
+    gradient, computed in the forward and kept for the backward, beside the larger of one chunk's half logits and
+    their gradient (CHUNK_BYTES, in the forward) and that weight gradient's cast to half (in the backward)."""
+    if not fused:
+        return 6.0 * vocab, 0.0
+    from hybrid_engine.kernels.linear_cross_entropy import CHUNK_BYTES
+
+    weight = vocab * hidden
+    return 2.0 * hidden, 4.0 * weight + max(CHUNK_BYTES, 2.0 * weight)
+
+
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
-                  kv_width: int | None = None) -> ModelShape:
+                  kv_width: int | None = None, fused_loss: bool = False) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
-    kv_width: K and V elements per token (default 2 h: as many kv heads as query heads)."""
+    kv_width: K and V elements per token (default 2 h: as many kv heads as query heads).
+    fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
@@ -79,9 +110,10 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     embedding = LayerShape(params=(vocab + positions) * h, matmul_params=0, act_whole=h)
     kv_width = 2 * h if kv_width is None else kv_width
     block = LayerShape(params=block_params, matmul_params=block_params,
-                       attention_flops=attention_core_flops(seq_len, h), kv_width=kv_width,
+                       attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
                        act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2)
+    per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
-                      stash=h + vocab, loss_bytes=vocab * 6.0)
+                      stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)
     return ModelShape(name, (embedding, *(block,) * layers, head), h, seq_len, data_bytes=16.0 * seq_len,
                       flops_per_sample=flops_per_token * seq_len, cut=lambda n: balanced_partition(costs, n))

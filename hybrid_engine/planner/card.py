@@ -13,7 +13,18 @@ import time
 from dataclasses import dataclass
 
 GIB = 2**30
-ATTENTION_EFFICIENCY = 0.5  # the attention core runs at about half the GEMM rate
+# The causal attention core's rate over the GEMM rate (its FLOPs the causal half, models/planner_shape.py; the
+# autograd stages' slowdown, step_time.AUTOGRAD_SLOWDOWN, on top): one SDPA call over the whole sequence, and
+# aten's flash kernel called block by block under context parallelism (parallel/context/block_attention.py: the
+# rank's rows against one block of keys, half of each off-diagonal block). Fitted on H200 to the Llama-1B shape
+# (head dim 64): one GPU at 8k tokens for the one call; cp 2 at 32k to 128k and cp 4 at 32k and 128k for the
+# blocks, which run at about 0.56 of the one call's rate (experiments/results/2026-11-27-{2,4}xH200-long-seq.json,
+# tests/planner/test_long_sequences.py).
+ATTENTION_EFFICIENCY = 0.8
+BLOCK_ATTENTION_EFFICIENCY = 0.45
+# A flash kernel's backward recomputes the scores from Q and K before the four products of the gradients: five
+# GEMM-shaped products against the forward's two, so 2.5 times the forward's FLOPs.
+ATTENTION_BACKWARD = 2.5
 
 
 @dataclass(frozen=True)
@@ -70,9 +81,11 @@ class Card:
         """One send of `nbytes` to a neighbour (and its receive from the other)."""
         return self.latency_s + nbytes / self.p2p_bytes_s
 
-    def attention_s(self, flops: float, half: bool) -> float:
-        """The attention core's `flops` (scores and weighted sum, models/planner_shape.attention_core_flops)."""
-        return flops / (ATTENTION_EFFICIENCY * (self.gemm_flops if half else self.fp32_flops))
+    def attention_s(self, flops: float, half: bool, blocks: bool = False) -> float:
+        """The attention core's `flops` (scores and weighted sum, models/planner_shape.causal_attention_flops);
+        blocks: computed block by block (context parallelism's ring and all-gather), else in one call."""
+        efficiency = BLOCK_ATTENTION_EFFICIENCY if blocks else ATTENTION_EFFICIENCY
+        return flops / (efficiency * (self.gemm_flops if half else self.fp32_flops))
 
 
 CARDS: dict[str, Card] = {

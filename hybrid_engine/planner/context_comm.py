@@ -4,7 +4,7 @@ the engine at a run's first attention, through `comm_rule`).
 
 With b rows of s tokens on the rank, w K and V elements per token (2 x kv heads x head dim, this MP rank's), e bytes
 an element, and A the rank's forward attention (the head-tail split gives each of the cp blocks A / cp; a block's
-backward takes twice its forward), as parallel/context/ring.py and all_gather.py send them:
+backward takes card.ATTENTION_BACKWARD times its forward), as parallel/context/ring.py and all_gather.py send them:
 
   ring, forward    cp - 1 hops of the K/V block (b s w e bytes) at the card's P2P rate; hop t is in flight while
                    block t's attention runs, so what shows is what a hop takes beyond its block
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .card import Card
+from .card import ATTENTION_BACKWARD, Card
 
 GRAD_BYTES = 4  # the dK/dV accumulators travel in fp32
 
@@ -77,7 +77,7 @@ def ring_cost(card: Card, t: KvTraffic) -> CommCost:
     """The ring's hops beyond the blocks they overlap (parallel/context/ring.py)."""
     if t.cp == 1:
         return CommCost("ring", 0.0, 0.0)
-    block_f, block_b = t.block_s, 2 * t.block_s
+    block_f, block_b = t.block_s, ATTENTION_BACKWARD * t.block_s
     kv, grad, both = card.hop_s(t.kv_bytes), card.hop_s(t.grad_bytes), card.hop_s(t.kv_bytes + t.grad_bytes)
     forward = (t.cp - 1) * max(0.0, kv - block_f)
     backward = (max(0.0, kv - block_b)  # block 0: the first K/V hop
@@ -130,7 +130,7 @@ def comm_rule(asked: str, card: Card) -> Callable:
     """(q, k, cp) -> CommChoice for a rank's attention tensors (q [b, heads, s, d], k [b, kv heads, s, d], this
     rank's s tokens of a cp-way split): `choose_comm` on what the tensors say, the attention timed as the planner
     times a decoder's (through autograd)."""
-    from hybrid_engine.models.planner_shape import attention_core_flops
+    from hybrid_engine.models.planner_shape import causal_attention_flops
 
     from .step_time import AUTOGRAD_SLOWDOWN
 
@@ -139,9 +139,9 @@ def comm_rule(asked: str, card: Card) -> Callable:
     def rule(q, k, cp: int) -> CommChoice:
         b, heads, s, d = q.shape
         half = q.element_size() < 4
-        flops = attention_core_flops(cp * s, heads * d) * b * s
+        flops = causal_attention_flops(cp * s, heads * d) * b * s
         t = KvTraffic(cp, b * s, 2 * k.shape[1] * d, k.element_size(),
-                      compute_scale * card.attention_s(flops, half))
+                      compute_scale * card.attention_s(flops, half, blocks=True))
         return choose_comm(asked, card, t)
 
     return rule

@@ -69,9 +69,10 @@ def fits(peaks: list[RankPeak], cap: float) -> bool:
     return max(p.needed for p in peaks) <= usable_bytes(cap)
 
 
-def weight_bytes(params: float, largest_layer: float, s: Setting) -> tuple[float, float]:
+def weight_bytes(params: float, layer_params: list[float], s: Setting) -> tuple[float, float]:
     """(weights, gradients, masters and optimizer state; the working set gathered or bucketed during a step) of a
-    rank holding `params` (its MP share) whose largest layer holds `largest_layer`."""
+    rank holding `params` (its MP share) in layers of `layer_params`."""
+    largest_layer = max(layer_params)
     shard = s.shard_size
     state = STATE_BYTES.get(s.optimizer, 8.0)
     weights, masters = (2.0, 4.0) if s.half else (4.0, 0.0)
@@ -82,13 +83,22 @@ def weight_bytes(params: float, largest_layer: float, s: Setting) -> tuple[float
     }
     working = 0.0
     if s.zero >= 2:  # buckets whole until reduce-scattered: one filling, and at most two reductions in flight
-        working += min(params, REDUCING_BUCKETS * s.bucket_bytes / 4.0) * 4.0
+        working += min(params * 4.0, reducing_bytes(layer_params, s.bucket_bytes))
     if s.zero >= 3:
         if s.pp > 1:  # the stage's weights stay gathered through the step's micro-batches
             working += params * weights
         else:
             working += min(params, (1 + GATHER_PREFETCH) * largest_layer) * weights
     return params * sum(by_zero.values()), working
+
+
+def reducing_bytes(layer_params: list[float], bucket_bytes: float) -> float:
+    """The fp32 gradient buckets whole at once under ZeRO-2/3 (layer_params in layer order): REDUCING_BUCKETS
+    consecutive ones, the largest such run; a bucket holds consecutive layers up to `bucket_bytes` and a layer
+    larger than that alone (data_parallel/grad_buffer.py), so a large LM head or block is a bucket of its size."""
+    sizes = [max(bucket_bytes, 4.0 * p) for p in layer_params]
+    sizes += [bucket_bytes] * (REDUCING_BUCKETS - len(sizes))
+    return max(sum(sizes[i:i + REDUCING_BUCKETS]) for i in range(len(sizes) - REDUCING_BUCKETS + 1))
 
 
 def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) -> float:
@@ -120,7 +130,8 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
     first_rank, last_rank = (stage_rank(st, s.pp, s.pp * v, placement) for st in (0, s.pp * v - 1))
     # a stage's activations per micro-batch: what its layers keep, and the loss's logits and their fp32 copies
     kept = [(sum(shape.layers[i].act_split / mp + shape.layers[i].act_whole for i in chunk) * e +
-             sum(shape.layers[i].loss_bytes / mp for i in chunk)) * tokens for chunk in cut]
+             sum(shape.layers[i].loss_bytes / mp for i in chunk)) * tokens +
+            sum(shape.layers[i].loss_fixed / mp for i in chunk) for chunk in cut]
     if s.full_recompute:  # only each stage's input is kept; one micro-batch's chain is rebuilt in the backward
         held = [shape.hidden * e * tokens] * len(cut)
     else:
@@ -131,7 +142,7 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         stages = rank_stages(r, s.pp, s.pp * v, placement)
         layers = [shape.layers[i] for st in stages for i in cut[st]]
         params = sum(layer.params for layer in layers) / mp
-        weights, working = weight_bytes(params, max(layer.params for layer in layers) / mp, s)
+        weights, working = weight_bytes(params, [layer.params / mp for layer in layers], s)
         activations = live_peaks(programs[r], held, plan.merge_wgrad)
         if s.full_recompute:
             activations += max(kept[st] for st in stages)

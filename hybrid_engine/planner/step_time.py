@@ -15,7 +15,7 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
                                                       simulate, stage_rank)
 
 from .candidates import Plan
-from .card import Card
+from .card import ATTENTION_BACKWARD, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
 from .model_shape import ModelShape
 from .setting import Setting
@@ -30,6 +30,14 @@ DP_BUCKET_BYTES = 256 * 2**20
 AUTOGRAD_SLOWDOWN = 1.25
 AUTOGRAD_ACTION_S = 250e-6
 AUTOGRAD_MP_SLOWDOWN = 4.0
+# Context parallelism's attention runs block by block (parallel/context/ring.py: cp blocks; all_gather.py: each of
+# the rank's two chunks against the keys before it and against itself), and each block moves memory beside its
+# kernel, per query element: forward, K/V expanded to the query heads (written, read again: 8 bytes) and the
+# block's output merged into the fp32 output by log-sum-exp (its fp32 copy written and read, the running output
+# read and written twice: 26); backward, K/V expanded again (8), the kernel's expanded dK/dV written and folded
+# onto the kv heads (8), dQ accumulated in fp32 (its fp32 copy and the running sum: 18), the gradient made
+# contiguous (4).
+BLOCK_FORWARD_BYTES, BLOCK_BACKWARD_BYTES = 34.0, 38.0
 
 
 @dataclass(frozen=True)
@@ -64,17 +72,18 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
-            attention = card.attention_s(layer.attention_flops / mp * tokens, s.half)
+            attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, s.cp > 1)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
             overhead = card.host_action_s if card.host_action_s is not None else \
                 card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
             scale = slow * card.compute_scale
             f += scale * (gemm + attention + elementwise) + overhead
-            i += scale * (gemm + 2 * attention + elementwise) + overhead
+            i += scale * (gemm + ATTENTION_BACKWARD * attention + elementwise) + overhead
             kv = kv_choice(card, s, layer, tokens, scale)
-            if kv is not None:  # the K/V transfers the blocks' attention does not hide
-                f += kv.cost.forward_s
-                i += kv.cost.backward_s
+            if kv is not None:  # the K/V transfers the blocks' attention does not hide, and the blocks' merges
+                blocks = (s.cp if kv.name == "ring" else 2) * tokens * shape.hidden / mp / card.hbm_bytes_s
+                f += kv.cost.forward_s + scale * BLOCK_FORWARD_BYTES * blocks
+                i += kv.cost.backward_s + scale * BLOCK_BACKWARD_BYTES * blocks
             if layer.matmul_params:
                 w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
                 if shape.native:
@@ -108,7 +117,7 @@ def kv_choice(card: Card, s: Setting, layer, tokens: float, scale: float) -> Com
     scale: the layer's compute time over the card's."""
     if s.cp == 1 or not layer.attention_flops:
         return None
-    attention = scale * card.attention_s(layer.attention_flops / s.mp * tokens, s.half)
+    attention = scale * card.attention_s(layer.attention_flops / s.mp * tokens, s.half, blocks=True)
     return choose_comm(s.cp_comm, card, KvTraffic(s.cp, tokens, layer.kv_width / s.mp, s.elem, attention))
 
 

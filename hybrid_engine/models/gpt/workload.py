@@ -17,7 +17,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -152,4 +152,5 @@ def shape(cfg) -> ModelShape:
     m = cfg.model.options
     g = GPTConfig(data_vocab(cfg.data.path, m.seq_len), m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings)
     return decoder_shape("gpt", g.layers, g.hidden, g.seq_len, g.vocab_size, 12 * g.hidden**2 + 13 * g.hidden,
-                         4 * g.hidden, g.tie_embeddings, layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len)
+                         4 * g.hidden, g.tie_embeddings, layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len,
+                         fused_loss=planned_kernels(cfg).fused)
