@@ -117,6 +117,7 @@ fi
 
 $PY - "$RES" <<'PY' | tee "$OUT/zero_sharding.json"
 import glob, json, os, re, statistics, sys
+from hybrid_engine.metrics import records
 res = sys.argv[1]
 rows = {}
 for log in sorted(glob.glob(f"{res}/*.log")):
@@ -126,8 +127,7 @@ for log in sorted(glob.glob(f"{res}/*.log")):
     row = {"exit": int(rc) if rc else None}
     if name.startswith("zero"):
         metrics = f"{res}/{name}.jsonl"
-        records = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
-        steps = [r for r in records if "tokens_per_s" in r]
+        steps = records.steps(records.read(metrics)) if os.path.exists(metrics) else []
         timed = steps[1:] or steps  # the first recorded step still warms up
         if timed:
             row["tokens_s"] = round(statistics.median(r["tokens_per_s"] for r in timed))
