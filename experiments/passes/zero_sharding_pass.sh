@@ -56,13 +56,7 @@ else
   STEPS="--steps 8 --warmup 2"; BATCH=16; MICRO=${MICRO:-4}; CAP=${CAP---memory-cap-gib 78}; DEVICE=""
   PEER_ARGS="--batch $BATCH --micro $MICRO --steps 6 --warmup 2"
 fi
-$PY - "$VOCAB" <<'PY'
-import sys
-import numpy as np
-from hybrid_engine.data import write_token_file
-vocab = int(sys.argv[1])
-write_token_file("/tmp/zero_sharding_tokens.bin", np.random.default_rng(0).integers(0, vocab, 4_000_000), vocab)
-PY
+write_tokens /tmp/zero_sharding_tokens.bin "$VOCAB" 4000000
 L="--model llama $SHAPE --data /tmp/zero_sharding_tokens.bin --batch-size $BATCH --micro-batches $MICRO --seed 0"
 L="$L --lr 3e-4 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 --amp bf16 --dp $NPROC $STEPS $CAP $DEVICE"
 
