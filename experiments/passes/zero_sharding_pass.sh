@@ -88,6 +88,10 @@ titan_run() {  # name flags...: one torchtitan peer run, the wheels' folder on i
     --nproc_per_node="$NPROC" "$TITAN" $PEER_ARGS ${TITAN_ARGS:-} "$@" \
     && echo "$name: $(grep '^{' "$RES/$name.log" | tail -1)"
 }
+EAGER=off  # torchtitan_eager in this call: off (not asked for), ok or failed
+eager_said() {  # pattern: torchtitan_eager failed in this call and its log says so
+  [[ $EAGER == failed && -f "$RES/torchtitan_eager.log" ]] && grep -qiE "$1" "$RES/torchtitan_eager.log"
+}
 peer_on torchtitan || echo "PEERS=\"$PEERS\": the torchtitan peer not run"
 if peer_on torchtitan; then
   if ls .whl/torchtitan-*.whl > /dev/null 2>&1; then
@@ -97,15 +101,20 @@ if peer_on torchtitan; then
   fi
   if ! PYTHONPATH="$TITAN_SITE${PYTHONPATH:+:$PYTHONPATH}" $PY -c "import torchtitan" 2> /dev/null; then
     echo "torchtitan is not installed (no .whl/torchtitan-*.whl): torchtitan_eager and torchtitan_compile not run"
-  elif run_on eager && titan_run torchtitan_eager; then
-    [[ $SMOKE == 0 ]] && run_on compile && titan_run torchtitan_compile --compile
-  elif grep -q "torchtitan cannot be imported" "$RES/torchtitan_eager.log"; then
-    echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
-  elif [[ $SMOKE == 0 ]] && grep -qiE "cuda ?graph|stream ?capture|capture" "$RES/torchtitan_eager.log"; then
-    echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
-    titan_run torchtitan_compile --compile --no-cuda-graphs
-  elif [[ $SMOKE == 0 ]]; then
-    titan_run torchtitan_compile --compile
+  else
+    if run_on eager; then
+      if titan_run torchtitan_eager; then EAGER=ok; else EAGER=failed; fi
+    fi
+    if eager_said "torchtitan cannot be imported"; then
+      echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
+    elif [[ $SMOKE == 1 ]] || ! run_on compile; then
+      :  # the compiled run: on GPUs only, and only when PEER_RUNS names it
+    elif eager_said "cuda ?graph|stream ?capture|capture"; then
+      echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
+      titan_run torchtitan_compile --compile --no-cuda-graphs
+    else
+      titan_run torchtitan_compile --compile
+    fi
   fi
 fi
 
