@@ -19,7 +19,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # analysis/ reads bench/, never the reverse
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 from launch import error_line  # noqa: E402
+
+from hybrid_engine.metrics import records  # noqa: E402
 
 
 # Loss agreement: max over steps of |loss - loss_ref| / loss_ref against the 1-GPU engine run of the same flags.
@@ -74,8 +77,7 @@ def flag(cmd: str, name: str) -> int:
 def engine_run(path: Path, cmd: str) -> dict:
     """The driver's metrics: median step after the warm-up, tokens/s and MFU at that step time, peaks, losses."""
     warmup, tokens = flag(cmd, "warmup"), flag(cmd, "batch-size") * flag(cmd, "seq-len")
-    steps = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    steps = [s for s in steps if "step" in s and "loss" in s]
+    steps = records.steps(records.read(path))
     timed = [s for s in steps if s["step"] >= warmup]
     if not timed:
         raise ValueError(f"{path.name}: {len(steps)} step records, none after the {warmup} warm-up steps")

@@ -18,6 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hybrid_engine.metrics import records  # noqa: E402
+
 PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense fp16/bf16
 
 # grid run -> the 1-GPU run with the same flags (its first name that exists)
@@ -46,7 +49,7 @@ def gpus_of(name: str) -> int:
 
 
 def engine_run(path: Path, warmup: int) -> dict:
-    steps = [json.loads(line) for line in path.read_text().splitlines() if line.startswith('{"step"')]
+    steps = records.steps(records.read(path))
     timed = [s for s in steps if s["step"] >= warmup] or steps
     step_s = statistics.median(s["step_time_s"] for s in timed)
     tokens = statistics.median(s["tokens_per_s"] for s in timed)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hybrid_engine.metrics import records  # noqa: E402
 from hybrid_engine.models.llama.config import LlamaConfig  # noqa: E402
 from hybrid_engine.models.llama.flops import llama_matmul_params  # noqa: E402
 
@@ -46,8 +47,8 @@ def engine_row(name: str, log_dir: Path, warmup: int, vocab: int) -> dict:
            "tp": _flag(cmd, "--mp", 1), "seq": seq, "comm": re.search(r"--cp-comm (\S+)", cmd).group(1)
            if "--cp-comm" in cmd else "auto", "command": cmd.strip()}
     rc = (log_dir / f"{name}.rc").read_text().strip() if (log_dir / f"{name}.rc").exists() else "?"
-    steps = [json.loads(line) for line in (log_dir / f"{name}.jsonl").read_text().splitlines()
-             if line.startswith("{") and '"step_time_s"' in line] if (log_dir / f"{name}.jsonl").exists() else []
+    metrics = log_dir / f"{name}.jsonl"
+    steps = records.steps(records.read(metrics)) if metrics.exists() else []
     timed = steps[warmup:]
     if rc != "0" or not timed:
         log = log_dir / f"{name}.log"

@@ -14,20 +14,19 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hybrid_engine.metrics import records  # noqa: E402
 
 TARGET = 0.01  # relative difference of the final validation losses
 
 
 def read_run(path: str, warmup: int) -> dict:
     """One run's metrics file -> its curves and its median throughput after `warmup` steps."""
-    steps, vals = {}, {}
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line)
-            if "val_loss" in record:
-                vals[record["step"]] = record["val_loss"]
-            elif "loss" in record:
-                steps[record["step"]] = record  # a replayed step (a resumed run) appears twice: the last wins
+    found = records.read(path)
+    steps = {r["step"]: r for r in records.last_steps(found)}  # a resumed run's replayed step: the last
+    vals = records.validation_losses(found)
     if not steps or not vals:
         raise ValueError(f"{path}: {len(steps)} step records and {len(vals)} validation records; a run needs both")
     order = sorted(steps)

@@ -182,8 +182,10 @@ def engine_record(spec: Spec, cfg: Config, metrics_path: str, trace_json: str | 
     calibrated bubble when the driver that ran it did not yet report one."""
     from common import record
 
-    lines = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
-    steps = [rec for rec in lines if "step" in rec]
+    from hybrid_engine.metrics import records
+
+    lines = records.read(metrics_path)
+    steps = records.steps(lines)
     timed = [s["step_time_s"] for s in steps if s["step"] >= cfg.warmup]
     if not timed:
         raise ValueError(f"the driver wrote {len(steps)} step records, none after the {cfg.warmup} warm-up steps")

@@ -53,11 +53,14 @@ from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parents[1]))
 
 from launch import (DRIVER, GPU_BUSY, REPO, child_env, driver_flags, error_line, execute, free_port,  # noqa: E402
                     is_oom, is_transient, missing_flags, shown, torchrun)
 from max_batch_search import Trial, search_max_batch  # noqa: E402
 from memory_model import memory_model  # noqa: E402
+
+from hybrid_engine.metrics import records  # noqa: E402
 
 MODES = {  # name -> driver flags; a flag the driver lacks skips the mode with a message
     "fp32": (),
@@ -138,8 +141,7 @@ def driver_trial(a: argparse.Namespace, flags: tuple[str, ...], tmp: str, log: C
             rc, _, err, seconds = execute(cmd, child_env(a.device == "cpu"), max(1.0, min(a.trial_timeout, left)))
         result = Trial(batch, "ok", seconds=round(seconds, 1))
         if rc == 0:
-            lines = Path(metrics).read_text().splitlines() if Path(metrics).exists() else []
-            steps = [rec for rec in map(json.loads, filter(str.strip, lines)) if "step" in rec]
+            steps = records.steps(records.read(metrics)) if Path(metrics).exists() else []
             if len(steps) < a.steps:
                 result.status, result.message = "error", f"exit 0 but {len(steps)} of {a.steps} step records"
             else:

@@ -22,8 +22,9 @@ for prec in fp32 fp16; do
 done
 python3 - "$RES" <<'PY'
 import json, sys, datetime
+from hybrid_engine.metrics import records
 res = sys.argv[1]
-curves = {p: [json.loads(l)["loss"] for l in open(f"{res}/convergence_{p}.jsonl") if '"step"' in l] for p in ("fp32", "fp16")}
+curves = {p: [r["loss"] for r in records.steps(records.read(f"{res}/convergence_{p}.jsonl"))] for p in ("fp32", "fp16")}
 out = {"config": "L", "schedule": "zb1 --merge-wgrad", "pp": 2, "steps": 200, **curves,
        "final_relative_difference": abs(curves["fp16"][-1] - curves["fp32"][-1]) / curves["fp32"][-1]}
 json.dump(out, open(f"{res}/{datetime.date.today()}-2xH200-convergence.json", "w"))

@@ -60,11 +60,7 @@ if [[ $PHASE == mlp ]]; then
   engine L_mp2_chunks2 2 --mp 2 $L $M1 --tp-chunks 2
   NCCL_MAX_CTAS=8 engine L_mp2_chunks2_ctas8 2 --mp 2 $L $M1 --tp-chunks 2
 else
-  python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_grid_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+  write_tokens /tmp/gpt_grid_tokens.bin 32000 8000000
   if ls .whl/megatron_core-*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/mcore .whl/megatron_core-*.whl > "$RES/mcore.log" 2>&1
   fi

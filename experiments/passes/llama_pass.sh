@@ -28,11 +28,7 @@ pass_start llama_$PHASE
 if ls .whl/megatron_core-*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/mcore .whl/megatron_core-*.whl > "$RES/mcore.log" 2>&1
 fi
-python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/llama_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+write_tokens /tmp/llama_tokens.bin 32000 8000000
 
 SHAPE="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632 --seq-len 2048"
 RUN="--data /tmp/llama_tokens.bin --batch-size 16 --micro-batches 8 --steps 8 --warmup 3 --seed 0 --lr 3e-4"

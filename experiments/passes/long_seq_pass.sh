@@ -34,13 +34,7 @@ else
   SEQS=(16384 32768 65536 131072); BASE=8192; MID=32768; DEV=""; PEER_DEV=""; VOCAB=32000
   LIMIT=150
 fi
-$PY - "$VOCAB" <<'PY'
-import sys
-import numpy as np
-from hybrid_engine.data import write_token_file
-vocab = int(sys.argv[1])
-write_token_file("/tmp/long_seq_tokens.bin", np.random.default_rng(0).integers(0, vocab, 4_000_000), vocab)
-PY
+write_tokens /tmp/long_seq_tokens.bin "$VOCAB" 4000000
 RUN="--data /tmp/long_seq_tokens.bin --batch-size 1 --micro-batches 1 --schedule 1f1b --lookahead 0 --virtual-stages 1"
 RUN="$RUN --no-merge-wgrad --steps 5 --warmup 2 --seed 0 --rope-theta 500000 --max-positions 131072"
 L="--model llama $SHAPE $RUN --optimizer adamw --lr 3e-4 --weight-decay 0.1 --betas 0.9,0.95 $DEV"

@@ -64,12 +64,23 @@ program() {  # name nproc script args...: a base or peer program of experiments/
   echo "$name: $(grep -o '"samples_s": [0-9.]*' "$RES/$name.log" | tail -1)"
 }
 
-gpt_tokens() {  # the GPT passes' data: 8M synthetic tokens over a 32000-token vocabulary, in /tmp/gpt_bench_tokens.bin
-  python3 - <<'PY'
+write_tokens() {  # path vocab count: a token file of COUNT random tokens over a VOCAB-token vocabulary, drawn with
+  # seed 0 (numpy's default_rng), so every pass that names the same three writes the same tokens and its runs compare
+  # with earlier ones; written by the pass's Python ($PY, else $PYTHON, else python3)
+  "${PY:-${PYTHON:-python3}}" - "$@" <<'PY'
+import sys
+
 import numpy as np
+
 from hybrid_engine.data import write_token_file
-write_token_file("/tmp/gpt_bench_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
+
+path, vocab, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+write_token_file(path, np.random.default_rng(0).integers(0, vocab, count), vocab)
 PY
+}
+
+gpt_tokens() {  # the GPT passes' data: 8M synthetic tokens over a 32000-token vocabulary, in /tmp/gpt_bench_tokens.bin
+  write_tokens /tmp/gpt_bench_tokens.bin 32000 8000000
 }
 
 last_losses() {  # each metrics file in $RES: its last step's loss (runs that must agree are read side by side)
@@ -92,10 +103,5 @@ ab_trees() {  # the two trees of an A/B (the earlier commit's, carried as .ab/ol
   [[ -f /tmp/old/hybrid_engine.py ]] || tar -xf .ab/old.tar -C /tmp/old
   local start=$SECONDS
   build_tree /tmp/old old; build_tree "$PWD" new; echo "built in $((SECONDS - start)) s"
-  python3 - <<'PY'
-import numpy as np, os
-from hybrid_engine.data import write_token_file
-if not os.path.exists("/tmp/ab_tokens.bin"):
-    write_token_file("/tmp/ab_tokens.bin", np.random.default_rng(0).integers(0, 32000, 8_000_000), 32000)
-PY
+  [[ -f /tmp/ab_tokens.bin ]] || write_tokens /tmp/ab_tokens.bin 32000 8000000
 }

@@ -38,12 +38,7 @@ else
   VOCAB=32000
 fi
 rm -f "$RES"/*.log "$RES"/*.jsonl "$RES"/*.cmd "$RES"/*.rc "$RES/skipped.txt"
-"$PYTHON" - "$TOKENS" "$VOCAB" <<'PY'
-import sys
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file(sys.argv[1], np.random.default_rng(0).integers(0, int(sys.argv[2]), 8_000_000), int(sys.argv[2]))
-PY
+write_tokens "$TOKENS" "$VOCAB" 8000000
 
 wanted() {  # name: in ONLY (or no ONLY), and not a compiled run of a smoke without SMOKE_COMPILE
   [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* ]] || return 1

@@ -40,11 +40,12 @@ cat "$RES"/agent*.log > "$RES/two_agents.log"
 
 python3 - "$RES" "$OUT/two_agent_nccl.json" "$STEPS" <<'PY'
 import json, re, sys
+from hybrid_engine.metrics import records
 res, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
 def losses(name):
     try:
-        return [json.loads(line)["loss"] for line in open(f"{res}/{name}.jsonl") if '"loss"' in line]
+        return [r["loss"] for r in records.steps(records.read(f"{res}/{name}.jsonl"))]
     except OSError:
         return []
 

@@ -9,11 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
 pass_start zero3_memory_probe
-python3 - <<'PY'
-import numpy as np
-from hybrid_engine.data import write_token_file
-write_token_file("/tmp/zero3_probe_tokens.bin", np.random.default_rng(0).integers(0, 128256, 2_000_000), 128256)
-PY
+write_tokens /tmp/zero3_probe_tokens.bin 128256 2000000
 L="--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096
    --data /tmp/zero3_probe_tokens.bin --batch-size 16 --micro-batches 8 --seed 0 --lr 3e-4 --optimizer adamw
    --amp bf16 --dp 2 --zero 3 --steps 4 --warmup 1 --schedule 1f1b"

@@ -56,13 +56,7 @@ else
   STEPS="--steps 8 --warmup 2"; BATCH=16; MICRO=${MICRO:-4}; CAP=${CAP---memory-cap-gib 78}; DEVICE=""
   PEER_ARGS="--batch $BATCH --micro $MICRO --steps 6 --warmup 2"
 fi
-$PY - "$VOCAB" <<'PY'
-import sys
-import numpy as np
-from hybrid_engine.data import write_token_file
-vocab = int(sys.argv[1])
-write_token_file("/tmp/zero_sharding_tokens.bin", np.random.default_rng(0).integers(0, vocab, 4_000_000), vocab)
-PY
+write_tokens /tmp/zero_sharding_tokens.bin "$VOCAB" 4000000
 L="--model llama $SHAPE --data /tmp/zero_sharding_tokens.bin --batch-size $BATCH --micro-batches $MICRO --seed 0"
 L="$L --lr 3e-4 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 --amp bf16 --dp $NPROC $STEPS $CAP $DEVICE"
 
@@ -94,6 +88,10 @@ titan_run() {  # name flags...: one torchtitan peer run, the wheels' folder on i
     --nproc_per_node="$NPROC" "$TITAN" $PEER_ARGS ${TITAN_ARGS:-} "$@" \
     && echo "$name: $(grep '^{' "$RES/$name.log" | tail -1)"
 }
+EAGER=off  # torchtitan_eager in this call: off (not asked for), ok or failed
+eager_said() {  # pattern: torchtitan_eager failed in this call and its log says so
+  [[ $EAGER == failed && -f "$RES/torchtitan_eager.log" ]] && grep -qiE "$1" "$RES/torchtitan_eager.log"
+}
 peer_on torchtitan || echo "PEERS=\"$PEERS\": the torchtitan peer not run"
 if peer_on torchtitan; then
   if ls .whl/torchtitan-*.whl > /dev/null 2>&1; then
@@ -103,20 +101,26 @@ if peer_on torchtitan; then
   fi
   if ! PYTHONPATH="$TITAN_SITE${PYTHONPATH:+:$PYTHONPATH}" $PY -c "import torchtitan" 2> /dev/null; then
     echo "torchtitan is not installed (no .whl/torchtitan-*.whl): torchtitan_eager and torchtitan_compile not run"
-  elif run_on eager && titan_run torchtitan_eager; then
-    [[ $SMOKE == 0 ]] && run_on compile && titan_run torchtitan_compile --compile
-  elif grep -q "torchtitan cannot be imported" "$RES/torchtitan_eager.log"; then
-    echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
-  elif [[ $SMOKE == 0 ]] && grep -qiE "cuda ?graph|stream ?capture|capture" "$RES/torchtitan_eager.log"; then
-    echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
-    titan_run torchtitan_compile --compile --no-cuda-graphs
-  elif [[ $SMOKE == 0 ]]; then
-    titan_run torchtitan_compile --compile
+  else
+    if run_on eager; then
+      if titan_run torchtitan_eager; then EAGER=ok; else EAGER=failed; fi
+    fi
+    if eager_said "torchtitan cannot be imported"; then
+      echo "torchtitan cannot be imported (its line above): torchtitan_compile not run"
+    elif [[ $SMOKE == 1 ]] || ! run_on compile; then
+      :  # the compiled run: on GPUs only, and only when PEER_RUNS names it
+    elif eager_said "cuda ?graph|stream ?capture|capture"; then
+      echo "torchtitan_eager failed under torchtitan's CUDA-graph capture: torchtitan_compile runs with --no-cuda-graphs"
+      titan_run torchtitan_compile --compile --no-cuda-graphs
+    else
+      titan_run torchtitan_compile --compile
+    fi
   fi
 fi
 
 $PY - "$RES" <<'PY' | tee "$OUT/zero_sharding.json"
 import glob, json, os, re, statistics, sys
+from hybrid_engine.metrics import records
 res = sys.argv[1]
 rows = {}
 for log in sorted(glob.glob(f"{res}/*.log")):
@@ -126,8 +130,7 @@ for log in sorted(glob.glob(f"{res}/*.log")):
     row = {"exit": int(rc) if rc else None}
     if name.startswith("zero"):
         metrics = f"{res}/{name}.jsonl"
-        records = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
-        steps = [r for r in records if "tokens_per_s" in r]
+        steps = records.steps(records.read(metrics)) if os.path.exists(metrics) else []
         timed = steps[1:] or steps  # the first recorded step still warms up
         if timed:
             row["tokens_s"] = round(statistics.median(r["tokens_per_s"] for r in timed))

@@ -230,7 +230,7 @@ class Trainer:
         self.replanner = None  # once
         self.predicted = refit.best_in_place if refit.switch else refit.current
         progress.say(line)
-        # "refit" first: a line that starts '{"step"' is a step's record to the readers of --metrics files
+        # "refit" first: a record's first key names its kind (metrics/records.py)
         progress.record({"refit": {
             "compute_scale": refit.card.compute_scale, "host_action_s": refit.card.host_action_s,
             "allreduce_bytes_s": refit.card.allreduce_bytes_s,
@@ -268,7 +268,8 @@ class Trainer:
         floor = source.entropy_rate_nats() if source is not None else None
         progress.say(f"step {done - 1}: validation loss {val:.4f}"
                      + (f" (the corpus's entropy rate, the floor: {floor:.4f})" if floor is not None else ""))
-        progress.record({"step": done - 1, "val_loss": val, "entropy_floor": floor})
+        # "val_loss" first: a record's first key names its kind (metrics/records.py)
+        progress.record({"val_loss": val, "entropy_floor": floor, "step": done - 1})
 
     def _first_step(self, step: int):
         """The run's first step. Out of memory there under the planner's plan, every rank learns which ranks ran

@@ -9,6 +9,8 @@ import os
 import re
 import tarfile
 
+from hybrid_engine.metrics import records
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "results")
 
@@ -215,8 +217,7 @@ def gpu_idle_fraction(archive: str, log: str) -> float:
 
 def timed_step_ms(archive: str, jsonl: str) -> list[float]:
     """Every step time of a run's metrics file in a job's archive, warm-up included, in ms."""
-    lines = [json.loads(line) for line in archive_member(archive, jsonl).splitlines() if line.strip()]
-    return [1e3 * r["step_time_s"] for r in lines]
+    return [1e3 * r["step_time_s"] for r in records.steps(records.parse(archive_member(archive, jsonl)))]
 
 
 def mlp_l_bytes(bytes_per_value: int) -> float:

@@ -5,7 +5,6 @@ each replica's gradient and the sum are rounded to bf16, nothing else changes. C
 and on a dp=2 engine against the fp32 all-reduce (close, not equal)."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from dist_utils import run_ranks
 from hybrid_engine import _C, ProcessGrid
 from engine_builders import make_engine
 from hybrid_engine.config.engine import DataParallelConfig
+from hybrid_engine.metrics import records
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.models import SyntheticRegression, large_linear_model
 
@@ -96,7 +96,7 @@ def _driver_losses(tmp_path, wire: str) -> list[float]:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "summary:" in done.stdout
-    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+    return [r["loss"] for r in records.steps(records.read(metrics))]
 
 
 def test_driver_flag(tmp_path):

@@ -2,7 +2,6 @@
 with a line naming it (under torchrun, and without a launcher that tears the others down); torchrun
 --max-restarts with --resume finishes from the last checkpoint with the uninterrupted losses; a crash while
 saving leaves the previous checkpoint loadable. The test hooks are described in hybrid_engine/runtime/faults.py."""
-import json
 import os
 import re
 import signal
@@ -15,6 +14,7 @@ import pytest
 
 from checkpoint_ranks import train_segment
 from dist_utils import run_ranks
+from hybrid_engine.metrics import records
 from launch_utils import DRIVER, REPO, free_port, torchrun
 
 MODEL = ("--dim", "32", "--batch-size", "8", "--micro-batches", "2", "--optimizer", "adam", "--lr", "1e-3")
@@ -102,8 +102,7 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
 
 def _losses(metrics_file) -> dict[int, list[float]]:
     by_step: dict[int, list[float]] = {}
-    for line in open(metrics_file):
-        record = json.loads(line)
+    for record in records.steps(records.read(metrics_file)):
         by_step.setdefault(record["step"], []).append(record["loss"])
     return by_step
 

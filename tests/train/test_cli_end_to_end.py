@@ -1,13 +1,13 @@
 """The CLI end to end: Ctrl-C is one line per rank and exit 130,
 torchrun's own exit code is 1 whatever the ranks' codes, `python -m hybrid_engine` is the same CLI, and a
 resumed run's summary times exactly the steps it says it timed."""
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 
+from hybrid_engine.metrics import records
 from launch_utils import DRIVER, REPO, free_port, torchrun
 
 SMALL = ("--dim", "32", "--depth", "2", "--batch-size", "8", "--micro-batches", "2")
@@ -82,7 +82,7 @@ def test_a_resumed_run_times_the_steps_its_summary_says_it_timed(tmp_path):
     driver("--steps", "4")
     metrics = tmp_path / "m.jsonl"
     out = driver("--steps", "7", "--resume", "--warmup", "2", "--metrics", str(metrics))
-    times = {r["step"]: r["step_time_s"] for r in map(json.loads, metrics.read_text().splitlines())}
+    times = {r["step"]: r["step_time_s"] for r in records.steps(records.read(metrics))}
     assert sorted(times) == [4, 5, 6]
     # steps 4 and 5 are this run's warm-up (its first two), so the median is step 6's time
     assert f"median step {times[6] * 1e3:.2f} ms after 2 warm-up steps" in out, out

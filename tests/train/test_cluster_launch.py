@@ -11,7 +11,6 @@ Besides: the cross-node MP refusal (two ranks, two hosts, --mp 2) is one line an
 file holds every step's scalars. Each launch is the expensive part (8 ranks on a few cores): one launch per way,
 each checked for several things.
 """
-import json
 import os
 import re
 import subprocess
@@ -22,6 +21,7 @@ from launch_utils import DRIVER, REPO, free_port, torchrun
 
 from engine_reference import reference_run
 from hybrid_engine import ProcessGrid
+from hybrid_engine.metrics import records
 
 STEPS = 4
 MODEL = ("--dp", "2", "--pp", "2", "--mp", "2", "--dim", "32", "--depth", "4", "--batch-size", "16",
@@ -36,7 +36,7 @@ def _env(**extra) -> dict:
 
 
 def _losses(metrics) -> list[float]:
-    return [json.loads(line)["loss"] for line in open(metrics) if "loss" in json.loads(line)]
+    return [r["loss"] for r in records.steps(records.read(metrics))]
 
 
 def _hosts(stdout: str) -> dict[str, list[int]]:
@@ -88,14 +88,14 @@ def test_the_tensorboard_event_file_holds_every_steps_scalars(single_agent):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "throughput/samples_per_s", "throughput/tokens_per_s", "time/step_s",
             "memory/peak_gib"} <= tags, tags
-    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    steps = records.steps(records.read(out / "metrics.jsonl"))
     for tag, key in (("train/loss", "loss"), ("time/step_s", "step_time_s"), ("throughput/samples_per_s",
                                                                                "samples_per_s")):
         scalars = events.Scalars(tag)
         assert [s.step for s in scalars] == list(range(STEPS))
-        assert [s.value for s in scalars] == pytest.approx([r[key] for r in records], rel=1e-6)
+        assert [s.value for s in scalars] == pytest.approx([r[key] for r in steps], rel=1e-6)
     assert [s.value for s in events.Scalars("memory/peak_gib")] == pytest.approx(
-        [max(r["peak_mem_gib"]) for r in records], rel=1e-6)
+        [max(r["peak_mem_gib"]) for r in steps], rel=1e-6)
 
 
 def test_two_torchrun_agents_on_two_hosts_train_the_single_agent_curve(single_agent, tmp_path):

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from hybrid_engine.metrics import records as metrics_records
 from launch_utils import torchrun
 
 FLAGS = ["--model", "gpt", "--seq-len", "32", "--layers", "2", "--hidden", "32", "--heads", "4", "--steps", "3",
@@ -25,10 +26,10 @@ def test_cp2_streamed_or_whole_trains_and_validates_what_one_process_does(tmp_pa
     whole, out = _run(tmp_path, "cp2", 2, "--cp", "2", "--cp-comm", "ring", "--trace", str(tmp_path / "t"))
     streamed, said = _run(tmp_path, "cp2_stream", 2, "--cp", "2", "--stream-data")
     for records in (whole, streamed):
-        steps = [r for r in records if "loss" in r]
-        assert [r["loss"] for r in steps] == pytest.approx([r["loss"] for r in one if "loss" in r], rel=1e-5)
-        val = next(r["val_loss"] for r in records if "val_loss" in r)
-        assert val == pytest.approx(next(r["val_loss"] for r in one if "val_loss" in r), rel=1e-5)
+        steps = metrics_records.steps(records)
+        assert [r["loss"] for r in steps] == pytest.approx([r["loss"] for r in metrics_records.steps(one)], rel=1e-5)
+        val = next(iter(metrics_records.validation_losses(records).values()))
+        assert val == pytest.approx(next(iter(metrics_records.validation_losses(one).values())), rel=1e-5)
         assert all(r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 32, rel=0.05) for r in steps)
     assert "context parallel: cp 2, 16 tokens per rank, ring attention (--cp-comm)" in out
     # --cp-comm auto: the planner's rule on the CPU card's rates, said once with its numbers

@@ -18,6 +18,7 @@ import torch
 from checkpoint_fakes import OneRankEngine
 from hybrid_engine import checkpoint
 from hybrid_engine.config import ConfigError, PrecisionConfig, StageConfig
+from hybrid_engine.metrics import records
 from hybrid_engine.models import losses
 from hybrid_engine.models.gpt.model import GPTConfig
 from hybrid_engine.models.gpt.workload import gpt_workload
@@ -50,7 +51,7 @@ def _losses(tmp_path, *flags: str) -> list[float]:
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr
-    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return [r["loss"] for r in records.steps(records.read(metrics))]
 
 
 def test_the_main_jobs_model_learns_with_the_defaults(tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from hybrid_engine.metrics import records
 from launch_utils import DRIVER, REPO, torchrun
 
 
@@ -23,11 +24,11 @@ def test_the_refit_is_said_once_and_every_step_records_its_prediction(tmp_path, 
     said = [line for line in run.stdout.splitlines() if line.startswith("planner: refit")]
     source = "3 measured steps and their traced actions" if trace else "3 measured steps"
     assert len(said) == 1 and said[0].startswith(f"planner: refit from {source}: compute x"), run.stdout
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    steps = [r for r in records if "loss" in r]  # the last also carries the summary
+    found = records.read(metrics)
+    steps = records.steps(found)  # the last also carries the summary
     assert [r["step"] for r in steps] == list(range(8))
     assert all(r["predicted_step_time_s"] > 0 and r["predicted_peak_mem_gib"] > 0 for r in steps)
-    refit = next(r for r in records if "refit" in r)
+    refit = next(r for r in found if records.kind(r) == records.REFIT)
     assert refit["step"] == 4  # after warm-up steps 0-1 and measured steps 2-4
     # from the refit on, each step is predicted with the refitted model (the plan run then, switched or not)
     after = {r["predicted_step_time_s"] for r in steps if r["step"] > 4}
@@ -48,5 +49,6 @@ def test_dp_ranks_refit_the_link_from_their_traced_collectives(tmp_path):
     assert len(said) == 1 and "GB/s" in said[0], run.stdout
     refit = next(json.loads(line) for line in metrics.read_text().splitlines() if "refit" in json.loads(line))
     assert 0 < refit["refit"]["allreduce_bytes_s"] < 350e9  # a CPU's gloo, far below the H100 table's
-    # the results scripts take a line that starts '{"step"' for a step's timed record (analysis/grids_results.py)
+    # a record's first key names its kind: a line that starts '{"step"' is a step's (metrics/records.py)
     assert not next(line for line in metrics.read_text().splitlines() if '"refit"' in line).startswith('{"step"')
+    assert records.kind(refit) == records.REFIT

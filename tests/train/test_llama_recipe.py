@@ -17,6 +17,7 @@ import hf_models
 from hybrid_engine.config import ConfigError
 from hybrid_engine.data import MarkovChain, write_token_file
 from hybrid_engine.hf.convert import import_model
+from hybrid_engine.metrics import records
 from hybrid_engine.models import registry
 from hybrid_engine.models.gpt.model import GPTConfig
 from hybrid_engine.models.gpt.parallelize import build_gpt
@@ -119,7 +120,7 @@ def test_an_import_fine_tunes_on_two_ranks_resumes_on_one_on_its_lr_curve_and_sa
     assert all(r.returncode == 0 for r in first), first[0].stderr[-2000:] + first[1].stderr[-2000:]
     assert "gradient clipping: global norm 1 " in first[0].stdout
     assert f"started from {ckpt}" in first[0].stdout and "at its step 0" in first[0].stdout
-    a = [json.loads(ln) for ln in open(tmp_path / "a.jsonl") if '"loss"' in ln]
+    a = records.steps(records.read(tmp_path / "a.jsonl"))
     expected = LRSchedule(3e-3, 2, "cosine", 3e-4, 6)
     assert [r["lr"] for r in a] == [expected.at(t) for t in range(6)]
     assert a[-1]["loss"] < a[0]["loss"]
@@ -129,7 +130,7 @@ def test_an_import_fine_tunes_on_two_ranks_resumes_on_one_on_its_lr_curve_and_sa
     resumed = _ranks(1, [*recipe, "--load", str(tmp_path / "a" / "step_000003"), "--save", str(tmp_path / "b"),
                          "--metrics", str(tmp_path / "b.jsonl")])
     assert resumed[0].returncode == 0, resumed[0].stderr[-2000:]
-    b = [json.loads(ln) for ln in open(tmp_path / "b.jsonl") if '"loss"' in ln]
+    b = records.steps(records.read(tmp_path / "b.jsonl"))
     assert [r["step"] for r in b] == [3, 4, 5] and [r["lr"] for r in b] == [r["lr"] for r in a[3:]]
     for ours, theirs in zip(b, a[3:]):  # another grid: the same curve to rounding
         assert abs(ours["loss"] - theirs["loss"]) <= 1e-5 * theirs["loss"]

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+from hybrid_engine.metrics import records
 from launch_utils import DRIVER, REPO, torchrun
 
 MODEL = ("--dim", "16", "--depth", "4", "--batch-size", "64", "--steps", "3", "--quiet")
@@ -20,8 +21,7 @@ def drive(tmp_path, name: str, *flags: str, env: dict | None = None) -> tuple[su
     run = subprocess.run([sys.executable, str(DRIVER), *MODEL, *flags, "--metrics", str(metrics)], cwd=REPO,
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **(env or {})),
                          capture_output=True, text=True, timeout=120)
-    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
-              if "loss" in json.loads(line)] if metrics.exists() else []
+    losses = [r["loss"] for r in records.steps(records.read(metrics))] if metrics.exists() else []
     return run, losses
 
 
