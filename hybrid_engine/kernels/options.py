@@ -12,10 +12,10 @@ from hybrid_engine.config.engine import ConfigError
 FUSED_MODES = ("auto", "on", "off")
 FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first cards with fp8 tensor cores (torch._scaled_mm)
-# Why auto fuses the loss and not the elementwise modules: measured on H200s (docs/kernels.md), the compiled
-# RMSNorm, RoPE and SwiGLU regions gave a Llama-1B no speed on one GPU and cost it about a third under pp2 x tp2,
-# where the host sets the pace; the chunked loss saves the fp32 logits' memory at no cost measured.
-AUTO_ELEMENTWISE_WHY = "auto: their compiled regions measured no faster on one GPU and slower under pp x tp"
+# Why auto leaves the elementwise modules unfused under tensor parallelism: measured on H200s (docs/kernels.md), the
+# compiled RMSNorm, RoPE and SwiGLU regions cost a Llama-1B about a third of its step at pp2 x tp2, while without
+# tensor parallelism they cost nothing measurable (one GPU) and save memory (SwiGLU keeps 3 of its 4 ffn tensors).
+AUTO_ELEMENTWISE_WHY = "auto: under tensor parallelism their compiled regions measured a third slower at pp2 x tp2"
 
 
 def has_triton() -> bool:
@@ -66,20 +66,24 @@ class KernelOptions:
                 f"scales; {how}; the LM head stays in the weights' dtype)")
 
 
-def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str) -> KernelOptions:
+def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str, card: str | None = None,
+            mp: int = 1) -> KernelOptions:
     """The run's KernelOptions on `device_type` ("cuda" or "cpu"); ConfigError (one line) for a bad choice or fp8
     on a card without it. auto: the chunked linear + cross-entropy where CUDA and Triton are (its eager form
-    elsewhere equals the unfused model, at the unfused model's speed), the elementwise modules unfused."""
+    elsewhere equals the unfused model, at the unfused model's speed), the elementwise modules too unless the
+    layers are split over mp > 1 tensor-parallel ranks (AUTO_ELEMENTWISE_WHY). card: a Hopper card planned for
+    from any machine ("h100", "h200": CUDA with Triton and fp8 assumed, this machine's devices not asked)."""
     if fused_kernels not in FUSED_MODES:
         raise ConfigError(f"--fused-kernels must be one of {', '.join(FUSED_MODES)}, got {fused_kernels!r}")
     if fp8_recipe not in FP8_RECIPES:
         raise ConfigError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
-    cuda = device_type == "cuda"
-    compiled = cuda and has_triton()
+    hopper = card in ("h100", "h200")
+    cuda = hopper or device_type == "cuda"
+    compiled = hopper or (cuda and has_triton())
     fused = fused_kernels == "on" or (fused_kernels == "auto" and compiled)
-    elementwise = not (fused and fused_kernels == "auto")  # auto fuses the loss only (AUTO_ELEMENTWISE_WHY)
-    native = False
-    if fp8 and cuda:
+    elementwise = not (fused and fused_kernels == "auto" and mp > 1)  # AUTO_ELEMENTWISE_WHY
+    native = hopper and fp8
+    if fp8 and cuda and not hopper:
         capability = torch.cuda.get_device_capability()
         if capability < FP8_CAPABILITY:
             raise ConfigError(f"--fp8 needs a card with fp8 tensor cores (compute capability 8.9 or later); "

@@ -37,8 +37,8 @@ class DecoderOptions:
     """GPT, Llama: norm/residual regions split along the sequence over MP (Megatron's sequence parallelism)."""
     fused_kernels: str = field(default="auto", metadata=flag(choices=FUSED_MODES))
     """GPT, Llama: a linear + cross-entropy over chunks of tokens that never holds the whole fp32 logits, and the
-    Llama's RMSNorm, RoPE and SwiGLU fused: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (the
-    linear + cross-entropy where CUDA and Triton are, the elementwise modules unfused: measured no faster)."""
+    Llama's RMSNorm, RoPE and SwiGLU fused: on (compiled Triton regions on CUDA, eager elsewhere), off, or auto (on
+    where CUDA and Triton are, except the elementwise modules under tensor parallelism: measured slower there)."""
     fp8: bool = False
     """GPT, Llama: the blocks' linear layers multiply in float8 with dynamic scales (the LM head, the masters and the
     optimizer keep their precision); needs a card of compute capability 8.9 or later, emulated on the CPU."""
@@ -51,10 +51,10 @@ class DecoderOptions:
         return (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads),
                 ("--seq-len", self.seq_len))
 
-    def kernels(self, device_type: str) -> KernelOptions:
-        """The fused kernels and fp8 GEMMs this run gets on `device_type`; ConfigError (one line) for fp8 on a
-        card without it."""
-        return resolve(self.fused_kernels, self.fp8, self.fp8_recipe, device_type)
+    def kernels(self, device_type: str, card: str | None = None, mp: int = 1) -> KernelOptions:
+        """The fused kernels and fp8 GEMMs this run gets on `device_type` (or on the Hopper `card` planned for)
+        with its layers split over `mp` ranks; ConfigError (one line) for fp8 on a card without it."""
+        return resolve(self.fused_kernels, self.fp8, self.fp8_recipe, device_type, card, mp)
 
     def check(self) -> None:
         """Each size in range, before anything is built."""

@@ -60,11 +60,12 @@ class ModelShape:
 
 
 def planned_kernels(cfg):
-    """The fused kernels a run of cfg (RunConfig of a decoder) gets on its --device, as the driver resolves them:
+    """The fused kernels a run of cfg (RunConfig of a decoder) gets where it is planned for: on the card
+    --plan-card names (h100, h200: as there, from any machine), else on its --device, as the driver resolves them:
     KernelOptions (kernels/options.py)."""
     from hybrid_engine.train.cli import device_type
 
-    return cfg.model.options.kernels(device_type(cfg.parallel.device))
+    return cfg.model.options.kernels(device_type(cfg.parallel.device), cfg.plan.card, cfg.parallel.mp)
 
 
 def attention_core_flops(seq_len: int, width: int) -> float:

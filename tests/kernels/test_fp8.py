@@ -68,8 +68,11 @@ def test_fp8_on_a_card_without_it_is_refused_in_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^--fp8 needs a card with fp8 tensor cores \(compute capability 8\.9 or "
                                           r"later\); NVIDIA A100-SXM4-80GB has 8\.0$"):
         resolve("auto", True, "tensorwise", "cuda")
-    assert resolve("auto", False, "tensorwise", "cuda") == KernelOptions(fused=True, elementwise=False, compiled=True)
-    assert resolve("on", False, "tensorwise", "cuda") == KernelOptions(fused=True, elementwise=True, compiled=True)
+    assert resolve("auto", False, "tensorwise", "cuda") == KernelOptions(fused=True, compiled=True)
+    # under tensor parallelism auto fuses the loss only; on fuses everything anywhere
+    assert resolve("auto", False, "tensorwise", "cuda", mp=2) == KernelOptions(fused=True, elementwise=False,
+                                                                                compiled=True)
+    assert resolve("on", False, "tensorwise", "cuda", mp=2) == KernelOptions(fused=True, compiled=True)
     monkeypatch.setattr(kernel_options.torch.cuda, "get_device_capability", lambda: (9, 0))
     assert resolve("off", True, "rowwise", "cuda") == KernelOptions(compiled=True, fp8="rowwise", fp8_native=True)
 

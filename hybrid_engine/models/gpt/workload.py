@@ -131,7 +131,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     m = cfg.model.options
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
     return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
-                        fp32_residual=m.fp32_residual, kernels=m.kernels(torch.device(device).type))
+                        fp32_residual=m.fp32_residual, kernels=m.kernels(torch.device(device).type, mp=cfg.parallel.mp))
 
 
 def check(cfg, grid, device_type: str) -> None:
