@@ -112,6 +112,12 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     return costs, merged, mp_s, mp_count
 
 
+# ZeRO-2/3 without a pipeline move the gradients (and ZeRO-3 the weights) once per micro-batch, and those
+# collectives are not hidden behind the next micro-batch's compute: measured on 4 x H200 (the 8B at dp4, 4
+# micro-batches; experiments/results/2026-11-27-4xH200-zero-sharding.json) zero 2's step is 154 ms longer than
+# zero 1's against ~200 ms of extra reduce-scatters, zero 3's 419 ms against ~430 of reduce-scatters and gathers.
+
+
 def kv_choice(card: Card, s: Setting, layer, tokens: float, scale: float) -> CommChoice | None:
     """The K/V transfer variant of a layer's attention on a cp rank and its costs (None without cp or attention);
     scale: the layer's compute time over the card's."""
@@ -121,12 +127,15 @@ def kv_choice(card: Card, s: Setting, layer, tokens: float, scale: float) -> Com
     return choose_comm(s.cp_comm, card, KvTraffic(s.cp, tokens, layer.kv_width / s.mp, s.elem, attention))
 
 
-def zero3_gather_exposed_s(card: Card, s: Setting, params: float, compute_s: float, layers: int) -> float:
-    """ZeRO-3's extra all-gather of the half weights (the forward's replaces ZeRO-1's after the update; the
-    backward's is new without a pipeline, which keeps its stage gathered): what the compute does not hide, and
-    the first layer's gather, which nothing precedes."""
-    gather = card.collective_s(params * s.elem, s.shard_size, 1.0) * (1 if s.pp > 1 else 2)
-    return max(0.0, gather - compute_s) + gather / max(layers, 1)
+def zero3_gather_exposed_s(card: Card, s: Setting, params: float, compute_s: float, layers: int,
+                           micro_batches: int) -> float:
+    """ZeRO-3's all-gathers of the half weights beyond ZeRO-1's one after the update. Under a pipeline the stage
+    stays gathered for the step: one gather, of which the compute hides all but the first layer's. Without one,
+    every bucket is gathered before each micro-batch's forward and again before its backward: 2m gathers, the
+    first hidden as under a pipeline and the other 2m - 1 exposed (the measurement above)."""
+    gather = card.collective_s(params * s.elem, s.shard_size, 1.0)
+    first = max(0.0, gather - compute_s) + gather / max(layers, 1)
+    return first if s.pp > 1 else first + (2 * micro_batches - 1) * gather
 
 
 def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: str = "loop") -> list[float]:
@@ -160,9 +169,11 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
             dp_s = card.collective_s(nbytes, s.replicas, 1.0 if s.zero else 2.0)
             last_bucket = dp_s * min(1.0, DP_BUCKET_BYTES / max(nbytes, 1.0))
             dp_exposed = max(dp_s - last_backward, last_bucket)
-            if s.zero >= 3:  # the weights gathered again before the backward (per step under a pipeline)
+            if s.zero >= 2 and s.pp == 1:  # a reduce-scatter after every micro-batch (exposed: above)
+                dp_exposed += (plan.micro_batches - 1) * dp_s
+            if s.zero >= 3:
                 layers = sum(len(cut[st]) for st in held[r])
-                dp_exposed += zero3_gather_exposed_s(card, s, params[r], sim.makespan, layers)
+                dp_exposed += zero3_gather_exposed_s(card, s, params[r], sim.makespan, layers, plan.micro_batches)
         per_param = (UPDATE_BYTES if s.half else UPDATE_BYTES_FP32).get(s.optimizer, 30.0)
         update = card.compute_scale * params[r] * (per_param / (s.shard_size if s.zero else 1) +
                                                    (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
