@@ -118,7 +118,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
             stage = materialize(parallelize(nn.Sequential(*[model[i] for i in layout[s]]), groups.mp), self.device,
                                 half)
             stage = apply_context_parallel(stage, self.context)
-            self._stages[s] = stage.to(precision.half_dtype) if precision.half_weights else stage
+            self._stages[s] = stage
         self._parameters = [p for s in self.stage_ids for p in self._stages[s].parameters()]
         # The tensors the optimizer steps: the parameters themselves, or (half weights) their fp32 masters; under
         # ZeRO flat shards that the sharded optimizer owns (it reads the gradient buckets directly).

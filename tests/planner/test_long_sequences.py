@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from hybrid_engine.planner import CARDS
-from hybrid_engine.planner.candidates import Plan
 from hybrid_engine.planner.card import GIB
 from hybrid_engine.planner.choose import predict
 from hybrid_engine.planner.model_shape import shape_of
 from hybrid_engine.planner.setting import Setting
 from hybrid_engine.train.cli import parse_config
+from plan_flags import plan_of
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 FOUR, TWO = "2026-11-27-4xH200-long-seq.json", "2026-11-27-2xH200-long-seq.json"
@@ -41,12 +41,6 @@ def flags_of(command: str) -> list[str]:
             flags.append(words[i])
             i += 1
     return flags + RUN_SETTINGS
-
-
-def plan_of(flags: list[str]) -> Plan:
-    value = {k: flags[flags.index(k) + 1] for k in ("--schedule", "--micro-batches", "--virtual-stages", "--lookahead")}
-    return Plan(value["--schedule"], int(value["--micro-batches"]), int(value["--virtual-stages"]),
-                int(value["--lookahead"]), "--merge-wgrad" in flags)
 
 
 def measured(run: dict) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from hybrid_engine.planner.model_shape import shape_of
 from hybrid_engine.planner.run_plan import legality
 from hybrid_engine.planner.setting import Setting
 from hybrid_engine.train.cli import parse_config
+from plan_flags import plan_of
 
 LLAMA_8B = ["--model", "llama", "--hidden", "4096", "--layers", "32", "--heads", "32", "--kv-heads", "8",
             "--ffn-hidden", "14336", "--seq-len", "4096", "--vocab-size", "128256", "--batch-size", "16", "--amp",
@@ -165,14 +166,6 @@ MLP = {"L": ["--dim", "8192", "--depth", "16", "--batch-size", "1024", "--amp", 
        "C": ["--dim", "8192", "--depth", "8", "--batch-size", "64", "--amp", "fp16"]}
 
 
-def _plan_of(flags: list[str]) -> Plan:
-    value = {k: flags[flags.index(k) + 1] if k in flags else default
-             for k, default in (("--schedule", None), ("--micro-batches", None), ("--virtual-stages", "1"),
-                                ("--lookahead", "0"))}
-    return Plan(value["--schedule"], int(value["--micro-batches"]), int(value["--virtual-stages"]),
-                int(value["--lookahead"]), "--merge-wgrad" in flags)
-
-
 def _float32_copy_gib(flags: list[str], pp: int) -> float:
     """What a pipeline rank of the MLP (equal layers) held when its stage was built in float32 and that copy kept:
     4 bytes a parameter of its 1/pp of the model."""
@@ -187,11 +180,11 @@ def mlp_runs():
     points = json.loads((RESULTS / "2026-11-27-1xH200-memory-points.json").read_text())["runs"]
     for run, r in points.items():
         if run[0] in MLP:
-            yield pytest.param(MLP[run[0]], (1, 1, 1), _plan_of(r["flags"].split()), r["peak_mem_gib"], id=f"{run}-1")
+            yield pytest.param(MLP[run[0]], (1, 1, 1), plan_of(r["flags"].split()), r["peak_mem_gib"], id=f"{run}-1")
     for run, r in json.loads((RESULTS / "2026-11-27-4xH200-plan-four.json").read_text())["runs"].items():
         if run[0] in MLP:
             peak = r["peak_mem_gib"] - _float32_copy_gib(MLP[run[0]], 4)
-            yield pytest.param(MLP[run[0]], (1, 4, 1), _plan_of(r["plan"].split()), peak, id=f"{run}-4")
+            yield pytest.param(MLP[run[0]], (1, 4, 1), plan_of(r["plan"].split()), peak, id=f"{run}-4")
 
 
 @pytest.mark.parametrize("flags, grid, plan, measured", list(mlp_runs()))

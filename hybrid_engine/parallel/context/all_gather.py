@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import block_backward, block_forward, merge
+from .block_attention import block_backward, block_forward, merge, merge_start
 from .comm import RingComm
 
 __all__ = ["AllGatherAttention"]
@@ -46,8 +46,7 @@ class AllGatherAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, comm: RingComm, scale: float, backend: str):
         half = q.shape[2] // 2
         full = _in_order(comm.all_gather(torch.stack([k, v])))
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        out, lse = merge_start(q)
         for rows, cols, causal in _blocks(comm.rank, comm.size, half):
             block_out, block_lse = block_forward(q[:, :, rows], full[0][:, :, cols], full[1][:, :, cols], causal,
                                                  scale, backend)

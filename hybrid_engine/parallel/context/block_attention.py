@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BACKENDS", "pick_backend", "block_forward", "block_backward", "merge"]
+__all__ = ["BACKENDS", "pick_backend", "block_forward", "block_backward", "merge_start", "merge"]
 
 BACKENDS = ("flash", "cpu-flash", "math")
 
@@ -88,6 +88,12 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         dq = torch.matmul(ds, k.float()) * scale
         dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
     return dq, _fold(dk, kv_heads), _fold(dv, kv_heads)
+
+
+def merge_start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running fp32 (out, lse) of q's rows before any block is merged: no output, no softmax mass."""
+    return (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
+            torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device))
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_attention import block_backward, block_forward, merge
+from .block_attention import block_backward, block_forward, merge, merge_start
 from .comm import RingComm
 
 __all__ = ["RingAttention", "ring_attention"]
@@ -40,8 +40,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, comm: RingComm, scale: float, backend: str):
         half = q.shape[2] // 2
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        out, lse = merge_start(q)
         kv = torch.stack([k, v])
         for step in range(comm.size):
             pending = comm.shift(kv, +1, KV_TAG, step) if step + 1 < comm.size else None

@@ -218,7 +218,7 @@ class ColumnParallelLinear(nn.Module):
         _mark(self.weight, self.mp_size > 1)
         _mark(self.bias, self.mp_size > 1)
         if init:
-            self._load_dense(_dense_init(out_features, in_features, bias, device, dtype))
+            self.reset_parameters()
 
     def _load_dense(self, linear: nn.Linear) -> None:
         rows = slice(self.mp_rank * self.out_per_rank, (self.mp_rank + 1) * self.out_per_rank)
@@ -280,7 +280,7 @@ class RowParallelLinear(nn.Module):
         if self.bias is not None and self.sequence_parallel:
             self.bias.sequence_parallel = True  # added to a sequence chunk: its gradient summed over MP
         if init:
-            self._load_dense(_dense_init(out_features, in_features, bias, device, dtype))
+            self.reset_parameters()
 
     def _load_dense(self, linear: nn.Linear) -> None:
         cols = slice(self.mp_rank * self.in_per_rank, (self.mp_rank + 1) * self.in_per_rank)
