@@ -14,7 +14,9 @@
 #   NPROC=2 CAP= bash experiments/passes/zero_sharding_pass.sh   # dp2 on a 2-GPU machine, the card's own memory
 #   (LEVELS="3": the zero levels to run; UNCAPPED="1": those levels without the cap; PEERS="torchtitan": the peers
 #    to run, of "fsdp2 torchtitan" (the default), PEERS=0: none; PEER_RUNS="compile": only those runs of each peer;
-#    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs")
+#    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs";
+#    PLANS="auto pp4": after the levels, the planner's own choice under the cap (auto: the plan command's first row)
+#    and the named plans, of auto, pp4 (interleaved v4 x 16), pp2tp2 (interleaved v4 x 8), tp4 (1f1b x 8))
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
@@ -72,6 +74,24 @@ for level in ${LEVELS:-1 2 3}; do
     engine_run "zero$level" $L --zero "$level"
   fi
 done
+plan_flags() {  # plan: the driver flags of a named plan of the 8B shape on 4 ranks (appended to $L: the last wins)
+  case $1 in
+    auto)  # the plan command's first row for this machine under the cap, as the command line it prints
+      $PY -m hybrid_engine.plan $SHAPE --model llama --vocab-size $VOCAB --batch-size $BATCH --amp bf16 \
+        --optimizer adamw --world-size "$NPROC" $CAP $DEVICE > "$RES/plan_table.txt" 2>&1
+      grep -o 'run the first: .*' "$RES/plan_table.txt" | sed 's/.*hybrid_engine.py//' ;;
+    pp4)    echo "--dp 1 --pp 4 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 16" ;;
+    pp2tp2) echo "--dp 1 --pp 2 --mp 2 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 8" ;;
+    tp4)    echo "--dp 1 --mp 4 --zero 0 --schedule 1f1b --micro-batches 8" ;;
+    *) echo "PLANS takes auto, pp4, pp2tp2, tp4, got $1" >&2; return 2 ;;
+  esac
+}
+for plan in ${PLANS:-}; do  # the planner's choice and the plans that ran out of memory on 80 GB cards, under the cap
+  flags=$(plan_flags "$plan") || exit 2
+  [[ -n $flags ]] || { echo "plan_$plan: the plan command chose nothing: $(tail -2 "$RES/plan_table.txt")"; continue; }
+  echo "plan_$plan: $flags"
+  engine_run "plan_$plan" $L $flags
+done
 peer_on fsdp2 || echo "PEERS=\"$PEERS\": the FSDP2 peer not run"
 peer_on fsdp2 && run_on eager && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
   && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
@@ -128,7 +148,7 @@ for log in sorted(glob.glob(f"{res}/*.log")):
     text = open(log).read()
     rc = open(f"{res}/{name}.rc").read().strip() if os.path.exists(f"{res}/{name}.rc") else None
     row = {"exit": int(rc) if rc else None}
-    if name.startswith("zero"):
+    if name.startswith(("zero", "plan_")):  # the engine's runs
         metrics = f"{res}/{name}.jsonl"
         steps = records.steps(records.read(metrics)) if os.path.exists(metrics) else []
         timed = steps[1:] or steps  # the first recorded step still warms up
@@ -138,6 +158,12 @@ for log in sorted(glob.glob(f"{res}/*.log")):
             row["mfu"] = round(statistics.median(mfu), 4) if mfu else None
             peaks = [p for r in steps for p in (r.get("peak_mem_gib") or []) if p is not None]
             row["peak_gib"] = round(max(peaks), 2) if peaks else None
+            reserved = [p for r in steps for p in (r.get("peak_reserved_gib") or []) if p is not None]
+            row["reserved_gib"] = round(max(reserved), 2) if reserved else None
+            summary = [r["summary"] for r in records.read(metrics) if "summary" in r] if os.path.exists(metrics) else []
+            if summary:
+                row.update(predicted_step_s=summary[-1]["predicted_step_time_s"],
+                           predicted_peak_gib=summary[-1]["predicted_peak_mem_gib"], plan=summary[-1]["plan"])
         announced = re.findall(r"^(zero 3: .*|optimizer: .*ZeRO.*)$", text, re.M)
         row["announced"] = announced[:2]
     else:

@@ -89,6 +89,14 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def peak_reserved_gib(device: torch.device) -> float:
+    """What the caching allocator held at its most (CUDA; the planner's allocator overhead is fitted from it beside
+    the allocated peak); the process's resident peak elsewhere, where nothing caches."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**30
+    return peak_memory_gib(device)
+
+
 def gather_per_rank(values: list[float], device: torch.device) -> list[list[float]]:
     """Every rank's `values` (same length everywhere), by rank: one small all-gather."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
@@ -171,7 +179,8 @@ class Trainer:
                 # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
                 # and whether rank 0 could write the last report (all ranks stop alike if not)
                 memory = gather_per_rank([peak_memory_gib(self.device), engine.master_bytes(),
-                                          engine.optimizer_state_bytes(), _failure_code(progress)], self.device)
+                                          engine.optimizer_state_bytes(), peak_reserved_gib(self.device),
+                                          _failure_code(progress)], self.device)
                 self._stop_if_a_report_failed([failed for *_, failed in memory])
                 peaks = [round(peak, 3) for peak, *_ in memory]
                 if step >= first_step + cfg.training.warmup:  # this run's first steps are its warm-up
@@ -183,8 +192,9 @@ class Trainer:
                                **predicted,
                                "samples_per_s": round(cfg.data.batch_size / result.step_time_s, 1),
                                **self._throughput(result.step_time_s),
-                               "peak_mem_gib": peaks, "master_bytes": [int(m) for _, m, _, _ in memory],
-                               "optimizer_state_bytes": [int(o) for _, _, o, _ in memory],
+                               "peak_mem_gib": peaks, "peak_reserved_gib": [round(r, 3) for *_, r, _ in memory],
+                               "master_bytes": [int(m) for _, m, *_ in memory],
+                               "optimizer_state_bytes": [int(o) for _, _, o, *_ in memory],
                                "loss_scale": result.loss_scale, "skipped": result.skipped,
                                "grad_norm": result.grad_norm, "lr": lr})
                 if self.replanner is not None and learn_plan.due(step, first_step, cfg.training.warmup, steps):

@@ -192,6 +192,9 @@ def test_driver_zero_flag_trains_like_the_replicated_run_and_its_checkpoint_load
         assert len(records) == 4
         for rec in records:
             assert rec["master_bytes"] == [0, 0] and rec["optimizer_state_bytes"] == [want_state] * 2
+            # the reserved peak beside the allocated one, per rank (on the CPU both are the process's resident peak)
+            assert len(rec["peak_reserved_gib"]) == 2 and rec["peak_reserved_gib"] == pytest.approx(rec["peak_mem_gib"],
+                                                                                                   abs=2e-3)
     resumed = torchrun(1, "--zero", "0", *common, "--load", str(tmp_path / "ckpt" / "step_000002"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _losses(resumed.stdout) == pytest.approx(_losses(sharded.stdout)[2:], rel=1e-5)
