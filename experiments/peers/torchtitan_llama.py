@@ -20,6 +20,10 @@ What torch decides (each printed once by the run):
   final norm shares the head's FSDP unit, which the chunked loss reshards after its chunks' backward, and this FSDP
   does not gather it again for the norm's backward; with the norm in a unit of its own the chunked loss runs), so
   torchtitan's plain cross-entropy loss is taken instead (the same losses; the whole logits held at once).
+- torchtitan 0.3.0's flex attention builds its block mask with create_block_mask(..., separate_full_blocks=...),
+  which torch 2.11's flex attention does not take (a TypeError at the first forward); on such a torch torchtitan's
+  own causal SDPA attention (its "sdpa" backend: cuDNN / flash kernels, the same function for one document a
+  sequence) stands in, and the run says so.
 - --cpu (gloo smoke test): flex attention has no CPU backward, so torchtitan's causal SDPA stands in; gloo has no
   PREMUL_SUM, so FSDP reduces with a plain sum (the same numbers under torchtitan's divide factor of 1)."""
 import argparse, dataclasses, json, os, statistics, sys, tempfile, time
@@ -109,6 +113,14 @@ def llama3_config(hidden, layers, heads, kv_heads, ffn, vocab, seq):
             attn_backend="flex"))
 
 
+def flex_takes_torchtitans_masks() -> bool:
+    """Whether this torch's create_block_mask has the argument torchtitan 0.3.0 passes it."""
+    import inspect
+    from torch.nn.attention.flex_attention import create_block_mask
+    return "separate_full_blocks" in inspect.signature(create_block_mask).parameters
+
+
+sdpa = a.cpu or not flex_takes_torchtitans_masks()
 parallelism = ParallelismConfig(spmd_backend=a.spmd_backend)
 training = TrainingConfig(local_batch_size=a.batch // world // a.micro, global_batch_size=a.batch, seq_len=a.seq,
                           disable_cuda_graphs=a.cpu or a.no_cuda_graphs)
@@ -125,7 +137,7 @@ if rank == 0:
           f"{a.micro} micro-batches of {training.local_batch_size}, "
           f"{'chunked' if chunked_loss else 'plain (this torch fails the chunked one)'} cross-entropy, "
           f"CUDA graphs {'on' if cuda_graphs else 'off'}, "
-          f"{'causal SDPA (no flex backward on the CPU)' if a.cpu else 'flex attention'}", flush=True)
+          f"{'causal SDPA (no flex backward on the CPU)' if a.cpu else 'flex attention' if not sdpa else 'causal SDPA (this torch has no create_block_mask(separate_full_blocks=...), which its flex attention calls)'}", flush=True)
 if a.cpu:  # torchtitan picks "cuda" when it finds no accelerator; its meshes go on the CPU for the smoke test
     titan_parallel_dims.device_type = "cpu"
 dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=world,
@@ -135,7 +147,7 @@ dist_utils.set_spmd_backend(parallelism.spmd_backend)
 torch.manual_seed(0)
 
 cfg = llama3_config(a.hidden, a.layers, a.heads, a.kv_heads, a.ffn, a.vocab, a.seq)
-if a.cpu:
+if sdpa:
     for layer in cfg.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
 set_llama3_sharding_config(cfg, enable_sp=parallelism.enable_sequence_parallel)  # as its update_from_config does
@@ -196,7 +208,7 @@ for s in range(a.steps):
     total = None
     for ids in batches:
         inputs, labels, extra = ids[:, :-1], ids[:, 1:], {"positions": positions}
-        if not a.cpu:  # the flex block mask from the positions, as its trainer builds it
+        if not sdpa:  # the flex block mask from the positions, as its trainer builds it
             extra["attention_masks"] = model.get_attention_masks(positions=positions)
         if parallelism.spmd_backend == "spmd_types":
             inputs, labels, extra = annotate_input_spmd_types(dims, inputs, labels, extra)
@@ -213,7 +225,8 @@ peak = torch.tensor([0.0 if a.cpu else torch.cuda.max_memory_allocated() / 2**30
 dist.all_reduce(peak, op=dist.ReduceOp.MAX)
 if rank == 0:
     suffix = ("-compile" if a.compile else "") + ("-recompute" if a.recompute else "") \
-        + ("" if cuda_graphs or a.cpu else "-nocudagraphs") + ("" if chunked_loss else "-plainloss")
+        + ("" if cuda_graphs or a.cpu else "-nocudagraphs") + ("" if chunked_loss else "-plainloss") \
+        + ("-sdpa" if sdpa and not a.cpu else "")
     print(json.dumps({"peer": "torchtitan-llama3" + suffix, "world": world, "params": n_params,
                       "step_ms": round(med * 1e3, 1), "tokens_s": round(tok),
                       "mfu": round(tok / world * flops / 989e12, 4), "peak_gib": round(float(peak), 2),
