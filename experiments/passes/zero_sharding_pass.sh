@@ -13,7 +13,8 @@
 #   bash experiments/passes/zero_sharding_pass.sh              # device kind nvidia-h100-x4 (or h200-x4)
 #   NPROC=2 CAP= bash experiments/passes/zero_sharding_pass.sh   # dp2 on a 2-GPU machine, the card's own memory
 #   (LEVELS="3": the zero levels to run; UNCAPPED="1": those levels without the cap; PEERS="torchtitan": the peers
-#    to run, of "fsdp2 torchtitan" (the default), PEERS=0: none; PEER_RUNS="compile": only those runs of each peer;
+#    to run, of "fsdp2 torchtitan" (the default), PEERS=0: none; PEER_RUNS="compile": only those runs of each peer
+#    (FSDP2_RUNS: the FSDP2 peer's, where they differ);
 #    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs";
 #    PLANS="auto pp4": after the levels, the planner's own choice under the cap (auto: the plan command's first row)
 #    and the named plans, of auto, pp4 (interleaved v4 x 16), pp2tp2 (interleaved v4 x 8), tp4 (1f1b x 8))
@@ -38,6 +39,7 @@ for peer in $PEERS; do
 done
 peer_on() { [[ " $PEERS " == *" $1 "* ]]; }
 run_on() { [[ " ${PEER_RUNS:-eager compile} " == *" $1 "* ]]; }  # eager, compile: which runs of each peer
+fsdp2_on() { [[ " ${FSDP2_RUNS:-${PEER_RUNS:-eager compile}} " == *" $1 "* ]]; }  # the FSDP2 peer's, if not those
 
 if [[ $SMOKE == 1 ]]; then
   DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540})); RESERVE=10
@@ -93,9 +95,9 @@ for plan in ${PLANS:-}; do  # the planner's choice and the plans that ran out of
   engine_run "plan_$plan" $L $flags
 done
 peer_on fsdp2 || echo "PEERS=\"$PEERS\": the FSDP2 peer not run"
-peer_on fsdp2 && run_on eager && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
+peer_on fsdp2 && fsdp2_on eager && budget_run fsdp2_eager 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS \
   && echo "fsdp2_eager: $(grep '^{' "$RES/fsdp2_eager.log" | tail -1)"
-if [[ $SMOKE == 0 ]] && peer_on fsdp2 && run_on compile; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
+if [[ $SMOKE == 0 ]] && peer_on fsdp2 && fsdp2_on compile; then  # compiled decoder layers, last: skipped (and said) when the budget has run out
   budget_run fsdp2_compile 240 $PY -m torch.distributed.run --nproc_per_node="$NPROC" "$ANCHOR" $PEER_ARGS --compile \
     && echo "fsdp2_compile: $(grep '^{' "$RES/fsdp2_compile.log" | tail -1)"
 fi
