@@ -17,6 +17,7 @@
 #
 #   bash experiments/passes/long_seq_pass.sh                 # device kind nvidia-h100-x4
 #   SMOKE=1 bash experiments/passes/long_seq_pass.sh         # CPU, gloo, a tiny shape: that it runs (~3 min, 2 cores)
+#   RUNS="gpu1_8k cp4_16k cp4_64k": only the runs named (in the pass's order), e.g. what an earlier call left out
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
@@ -40,8 +41,10 @@ RUN="$RUN --no-merge-wgrad --steps 5 --warmup 2 --seed 0 --rope-theta 500000 --m
 L="--model llama $SHAPE $RUN --optimizer adamw --lr 3e-4 --weight-decay 0.1 --betas 0.9,0.95 $DEV"
 [[ $SMOKE == 1 ]] || L="$L --amp bf16"
 LAUNCH=(torchrun); [[ $SMOKE == 1 ]] && LAUNCH=("$PY" -m torch.distributed.run)
+want() { [[ -z ${RUNS:-} || " $RUNS " == *" $1 "* ]]; }  # RUNS="cp4_32k gpu1_8k": only those runs, in pass order
 engine() {  # name gpus seq driver-args...
   local name=$1 n=$2 seq=$3; shift 3
+  want "$name" || return 0
   budget_run "$name" "$LIMIT" "${LAUNCH[@]}" --nproc_per_node="$n" hybrid_engine.py --quiet \
     --metrics "$RES/$name.jsonl" $L --seq-len "$seq" "$@" && echo "$name: $(grep -o 'median step.*' "$RES/$name.log")"
 }
@@ -49,7 +52,7 @@ engine() {  # name gpus seq driver-args...
 C=${CP:-4}  # the cp size of the runs (CP=2 on a 2-GPU machine: no cp2 x tp2 run then)
 engine gpu1_8k 1 $BASE
 engine cp${C}_32k $C $MID --cp $C
-budget_run torch_cp${C}_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=$C experiments/peers/torch_cp_llama.py \
+want torch_cp${C}_32k && budget_run torch_cp${C}_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=$C experiments/peers/torch_cp_llama.py \
     --data /tmp/long_seq_tokens.bin $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV \
     && echo "torch_cp${C}_32k: $(grep '^{' "$RES/torch_cp${C}_32k.log")"
 engine cp${C}_128k $C ${SEQS[3]} --cp $C

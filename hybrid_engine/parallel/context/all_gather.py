@@ -33,12 +33,12 @@ def _by_rank(full: torch.Tensor, cp: int) -> torch.Tensor:
 
 
 def _blocks(rank: int, cp: int, half: int):
-    """(local query rows, global key columns, causal) of the two chunks' blocks."""
+    """(local query rows, global key columns, causal, the rows' first block) of the two chunks' blocks."""
     for local, j in ((0, rank), (1, 2 * cp - 1 - rank)):
         rows = slice(local * half, (local + 1) * half)
         if j:
-            yield rows, slice(0, j * half), False
-        yield rows, slice(j * half, (j + 1) * half), True
+            yield rows, slice(0, j * half), False, True
+        yield rows, slice(j * half, (j + 1) * half), True, not j
 
 
 class AllGatherAttention(torch.autograd.Function):
@@ -47,10 +47,10 @@ class AllGatherAttention(torch.autograd.Function):
         half = q.shape[2] // 2
         full = _in_order(comm.all_gather(torch.stack([k, v])))
         out, lse = merge_start(q)
-        for rows, cols, causal in _blocks(comm.rank, comm.size, half):
+        for rows, cols, causal, first in _blocks(comm.rank, comm.size, half):
             block_out, block_lse = block_forward(q[:, :, rows], full[0][:, :, cols], full[1][:, :, cols], causal,
                                                  scale, backend)
-            merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
+            merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse, first)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.comm, ctx.scale, ctx.backend = comm, scale, backend
@@ -65,11 +65,11 @@ class AllGatherAttention(torch.autograd.Function):
         full = _in_order(comm.all_gather(torch.stack([k, v])))
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dfull = torch.zeros(full.shape, dtype=torch.float32, device=q.device)
-        for rows, cols, causal in _blocks(comm.rank, comm.size, half):
+        for rows, cols, causal, _ in _blocks(comm.rank, comm.size, half):
             bq, bk, bv = block_backward(dout[:, :, rows], q[:, :, rows], full[0][:, :, cols], full[1][:, :, cols],
                                         out[:, :, rows], lse[:, :, rows], causal, scale, backend)
-            dq[:, :, rows] += bq.float()
-            dfull[0][:, :, cols] += bk.float()
-            dfull[1][:, :, cols] += bv.float()
+            dq[:, :, rows].add_(bq)  # fp32 accumulators take the blocks' gradients in their own dtype
+            dfull[0][:, :, cols].add_(bk)
+            dfull[1][:, :, cols].add_(bv)
         mine = comm.reduce_scatter(_by_rank(dfull, comm.size))
         return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None, None, None

@@ -91,14 +91,22 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 
 
 def merge_start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The running fp32 (out, lse) of q's rows before any block is merged: no output, no softmax mass."""
-    return (torch.zeros(q.shape, dtype=torch.float32, device=q.device),
-            torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device))
+    """The running fp32 (out, lse) of q's rows, unwritten: each row's first block writes it (`merge(first=True)`),
+    and every row has one (its own chunk's causal diagonal)."""
+    return (torch.empty(q.shape, dtype=torch.float32, device=q.device),
+            torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
 
 
-def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor,
+          first: bool = False) -> None:
     """Fold one block's (out, lse) into the running fp32 (out, lse) of the same rows, in place: each side
-    weighted by its share exp(lse_side - lse_both) of the rows' softmax mass."""
+    weighted by its share exp(lse_side - lse_both) of the rows' softmax mass; the rows' first block is copied.
+    Two passes over the output (a scale, then a multiply-add that reads the block in its own dtype): the merges are
+    a ring step's memory traffic beside its attention."""
+    if first:
+        out.copy_(block_out)
+        lse.copy_(block_lse)
+        return
     both = torch.logaddexp(lse, block_lse)
-    out.mul_(torch.exp(lse - both).unsqueeze(-1)).add_(block_out.float() * torch.exp(block_lse - both).unsqueeze(-1))
+    out.mul_(torch.exp(lse - both).unsqueeze(-1)).addcmul_(block_out, torch.exp(block_lse - both).unsqueeze(-1))
     lse.copy_(both)

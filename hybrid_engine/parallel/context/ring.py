@@ -47,7 +47,7 @@ class RingAttention(torch.autograd.Function):
             rows, cols, causal = _block(comm.rank, comm.source(step, +1), half)
             block_out, block_lse = block_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal,
                                                  scale, backend)
-            merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
+            merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse, first=step == 0)  # step 0: every row
             if pending is not None:
                 kv = pending.wait()
         out = out.to(q.dtype)
@@ -69,11 +69,11 @@ class RingAttention(torch.autograd.Function):
             rows, cols, causal = _block(comm.rank, comm.source(step, -1), half)
             bq, bk, bv = block_backward(dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
                                         out[:, :, rows], lse[:, :, rows], causal, scale, backend)
-            dq[:, :, rows] += bq.float()
+            dq[:, :, rows].add_(bq)  # fp32 accumulators take the blocks' gradients in their own dtype
             grads = (torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if grads_in is None
                      else grads_in.wait())
-            grads[0][:, :, cols] += bk.float()
-            grads[1][:, :, cols] += bv.float()
+            grads[0][:, :, cols].add_(bk)
+            grads[1][:, :, cols].add_(bv)
             grads_in = comm.shift(grads, -1, GRAD_TAG, step)  # on with the block; the last hop takes it home
             if pending is not None:
                 kv = pending.wait()
