@@ -102,7 +102,10 @@ class Card:
 # drives an H100.
 HOST_TERMS = {"mp_sync_s": 40e-6, "step_host_s": 0.7e-3}
 CARDS: dict[str, Card] = {
-    "h100": Card("H100", gemm_flops=700e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
+    # The H200's GH100 chip with less and slower HBM: the same GEMM peak, its GEMMs measured ~3.5% slower on the
+    # GPT-1B shape (one GPU, 8 micro-batches: 410 ms on an H100, experiments/results/2026-11-26-2xH100-gpt-pp-tp.json,
+    # against 396 on an H200, 2026-11-26-2xH200-gpt-dp.json).
+    "h100": Card("H100", gemm_flops=770e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
                  p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
                  memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20, **HOST_TERMS),
     "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,

@@ -9,11 +9,12 @@ Runs left out, by reason:
 - flags not the engine's defaults of their tree: the A/B's --fused-kernels off runs, L_dp2mp2_trace (--trace);
 - no plan recorded: the 8B's pp4 and pp2 x tp2 steps of the issue's table (no results file holds their runs);
 - skipped by their pass: grids-mlp's L_base, L_mp2_zb1m, L_dp4_bf16grads, L_mp2_chunks2*;
-- measured on 2 GPUs of an older tree or the H100 (2026-11-26 files): their plans and trees predate the planner.
+- the 2026-11-26 MLP matrices on 2 x H200: trees before the planner whose runs' flags live in per-job raw files.
 """
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -65,7 +66,14 @@ def engine_flags(command: str) -> list[str]:
 
 
 def load(name: str) -> dict:
-    return json.loads((RESULTS / f"2026-11-27-{name}.json").read_text())
+    """A results file by its name less its date (2026-11-27, else 2026-11-26)."""
+    path = RESULTS / f"2026-11-27-{name}.json"
+    return json.loads((path if path.exists() else RESULTS / f"2026-11-26-{name}.json").read_text())
+
+
+def card_of(name: str) -> str:
+    """The card a results file's runs ran on, by its name (2xH100-..., 4xH200-...)."""
+    return "h100" if "xH100" in name else "h200"
 
 
 def grid_runs(name: str, skip: tuple[str, ...], schedule: list[str]):
@@ -77,7 +85,9 @@ def grid_runs(name: str, skip: tuple[str, ...], schedule: list[str]):
         flags = engine_flags(run["cmd"])
         if "--schedule" not in flags:
             flags += schedule
-        yield name, key, flags + (VOCAB if "llama" in flags else []), run["gpus"], run["step_ms"]
+        ranks = run.get("gpus") or math.prod(int(flags[flags.index(f) + 1]) for f in ("--dp", "--pp", "--mp")
+                                             if f in flags)
+        yield name, key, flags + (VOCAB if "llama" in flags else []), ranks, run["step_ms"]
 
 
 def plan_runs(name: str, ranks: int):
@@ -104,6 +114,20 @@ def ab_runs():
             yield name, key, flags + (VOCAB if data["phase"] == "llama" else []), ranks, row["new_ms"]
 
 
+def gpt_dp_runs():
+    """The GPT-1B at dp2 on 2 x H200, strong and weak scaling, with and without ZeRO-1, beside its one-GPU run:
+    each run's flags from experiments/passes/gpt_dp_pass.sh (the file records no command line)."""
+    gpt = "--model gpt --hidden 2048 --layers 16 --heads 16 --seq-len 2048 --amp bf16 --optimizer adamw --schedule 1f1b"
+    flags = {"gpt_single": ("--batch-size 16 --micro-batches 8", 1),
+             "gpt_dp2": ("--dp 2 --batch-size 16 --micro-batches 4", 2),
+             "gpt_dp2_zero": ("--dp 2 --batch-size 16 --micro-batches 4 --zero 1", 2),
+             "gpt_dp2w": ("--dp 2 --batch-size 32 --micro-batches 8", 2),
+             "gpt_dp2w_zero": ("--dp 2 --batch-size 32 --micro-batches 8 --zero 1", 2)}
+    for key, run in load("2xH200-gpt-dp")["runs"].items():
+        grid, ranks = flags[key]
+        yield "2xH200-gpt-dp", key, f"{gpt} {grid}".split(), ranks, run["step_ms"]
+
+
 def zero_runs():
     """The 8B at dp4 on 4 x H200, zero 1, 2 and 3, 4 micro-batches, every fusion on (its logs)."""
     llama_8b = ("--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 "
@@ -119,6 +143,8 @@ def measured_steps():
     """Every point: (results file, run, flags, ranks, measured step ms)."""
     yield from grid_runs("4xH200-grids-mlp", ("L_dp2mp2_trace",), [])
     yield from grid_runs("4xH200-grids-gpt", (), ["--schedule", "1f1b"])
+    yield from grid_runs("2xH100-gpt-pp-tp", (), ["--schedule", "1f1b"])
+    yield from gpt_dp_runs()
     yield from grid_runs("4xH200-llama-4gpu", ("llama_pp2tp2_compile",), ["--schedule", "1f1b"])
     yield from grid_runs("1xH200-llama-1gpu", ("llama_1gpu_compile", "llama_1gpu_selective"), ["--schedule", "1f1b"])
     yield from plan_runs("1xH200-plan-one", 1)
