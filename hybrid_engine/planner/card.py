@@ -49,6 +49,12 @@ class Card:
     """The fixed cost of one layer's F, B, I or W (kernel launches, the executor's bookkeeping)."""
     memory_bytes: float
     """Memory a rank may use."""
+    mp_sync_s: float = 0.0
+    """What one MP all-reduce costs beyond its transfer, per other rank of the MP group: every rank waits for the
+    slowest to reach it (its launches, its host work), so the wait grows with the group."""
+    step_host_s: float = 0.0
+    """The driver's fixed work a step whatever the plan (the data drawn, the loss scale checked, the step's
+    bookkeeping): what a step of almost no GPU work still takes."""
     workspace_bytes: float = 0.0
     """What the device's libraries allocate through PyTorch's caching allocator on every rank, so that
     torch.cuda.max_memory_allocated counts it: cuBLAS's workspace, 32 MiB on Hopper (torch's default
@@ -88,13 +94,23 @@ class Card:
         return flops / (efficiency * (self.gemm_flops if half else self.fp32_flops))
 
 
+# The host's terms of a GPU card, fitted on H200s (tests/planner/test_step_predictions.py, every measured step):
+# the fixed work a step, from config C on one GPU (2026-11-27-1xH200-plan-one.json: 3.9-4.0 ms a step against 3.2
+# of GPU work predicted, at any plan of one micro-batch); the MP synchronisation, from the GPT at tp4 with 8 and 2
+# micro-batches (2026-11-27-4xH200-grids-gpt.json: 306 and 159 ms: the same bytes, four times the all-reduces), at
+# tp2 (2026-11-27-2xH200-engine-ab-gpt-tp2.json: 284 ms) and config C at mp2 (grids-mlp: 2.8 ms). The same host
+# drives an H100.
+HOST_TERMS = {"mp_sync_s": 40e-6, "step_host_s": 0.7e-3}
 CARDS: dict[str, Card] = {
-    "h100": Card("H100", gemm_flops=700e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
+    # The H200's GH100 chip with less and slower HBM: the same GEMM peak, its GEMMs measured ~3.5% slower on the
+    # GPT-1B shape (one GPU, 8 micro-batches: 410 ms on an H100, experiments/results/2026-11-26-2xH100-gpt-pp-tp.json,
+    # against 396 on an H200, 2026-11-26-2xH200-gpt-dp.json).
+    "h100": Card("H100", gemm_flops=770e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
                  p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20),
+                 memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20, **HOST_TERMS),
     "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,
                  p2p_bytes_s=394e9, allreduce_bytes_s=360e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20),
+                 memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20, **HOST_TERMS),
     # A few cores through gloo: no GEMM rate worth ranking plans by (it depends on the threads and the machine's
     # other load), so the CPU keeps the reference plan and its predictions are rough.
     "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,

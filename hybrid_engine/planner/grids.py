@@ -61,7 +61,8 @@ def why_slower(p: Prediction, best: Prediction, grid: tuple[int, int, int], cp: 
                                                  f"({plain(t.bubble * t.pipeline_s * 1e3)} ms)"))
     if dp * cp > 1:
         replicas = f"dp{dp}" + (f" x cp{cp}" if cp > 1 else "")
-        reasons.append((t.dp_exposed_s, f"{replicas}: gradient collective {plain(t.dp_exposed_s * 1e3)} ms exposed"))
+        reasons.append((t.dp_exposed_s - b.dp_exposed_s,
+                        f"{replicas}: gradient collective {plain(t.dp_exposed_s * 1e3)} ms exposed"))
     reasons.append((t.update_s - b.update_s, f"update {plain(t.update_s * 1e3)} ms"))
     gap = f"+{(p.step_s / best.step_s - 1) * 100:.0f}% ({plain(p.step_s * 1e3)} against {plain(best.step_s * 1e3)} ms)"
     return f"{gap}: {max(reasons)[1]}"

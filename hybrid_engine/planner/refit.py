@@ -78,7 +78,7 @@ def fit_terms(shape: ModelShape, card: Card, s: Setting, plan: Plan,
     def costs(scale: float, host: float, links: bool) -> list:
         c = dataclasses.replace(card, compute_scale=scale, host_action_s=host)
         if not links:
-            c = dataclasses.replace(c, allreduce_bytes_s=float("inf"), latency_s=0.0)
+            c = dataclasses.replace(c, allreduce_bytes_s=float("inf"), latency_s=0.0, mp_sync_s=0.0)
         return stage_costs(shape, c, s, plan)[0]
 
     # per action: its compute at the table's rate, its count of layer actions, and its MP collectives (the
@@ -121,21 +121,24 @@ def link_rate(spans: list[tuple[str, int, float, float]], bucket_bytes: list[flo
     return sum(b for b, _, _ in moved) / (busy * 1e-6) if busy > 0 else None
 
 
-def scale_to_step(shape: ModelShape, card: Card, s: Setting, plan: Plan, measured_s: float) -> float:
-    """The compute scale at which the plan's predicted step is the measured one (bisection: the step grows with
-    the scale)."""
-    def step(scale: float) -> float:
-        return predict(shape, dataclasses.replace(card, compute_scale=scale), s, plan).step_s
+def card_to_step(shape: ModelShape, card: Card, s: Setting, plan: Plan, measured_s: float) -> Card:
+    """The card whose compute scale makes the plan's predicted step the measured one (bisection: the step grows
+    with the scale). A step shorter than the table's fixed host work a step (a small model on a fast host) shows that
+    guess wrong for this host: it is dropped before the scale is fitted."""
+    def step(scale: float, c: Card) -> float:
+        return predict(shape, dataclasses.replace(c, compute_scale=scale), s, plan).step_s
 
     low, high = 1e-3, 1e3
-    if step(low) >= measured_s:
-        return low
-    if step(high) <= measured_s:
-        return high
+    if step(low, card) >= measured_s:
+        card = dataclasses.replace(card, step_host_s=0.0)
+    if step(low, card) >= measured_s:
+        return dataclasses.replace(card, compute_scale=low)
+    if step(high, card) <= measured_s:
+        return dataclasses.replace(card, compute_scale=high)
     for _ in range(60):
         mid = (low * high) ** 0.5
-        low, high = (mid, high) if step(mid) < measured_s else (low, mid)
-    return (low * high) ** 0.5
+        low, high = (mid, high) if step(mid, card) < measured_s else (low, mid)
+    return dataclasses.replace(card, compute_scale=(low * high) ** 0.5)
 
 
 class Replanner:
@@ -164,7 +167,7 @@ class Replanner:
         if terms is not None:
             card = dataclasses.replace(card, compute_scale=terms[0], host_action_s=terms[1])
         else:
-            card = dataclasses.replace(card, compute_scale=scale_to_step(shape, card, s, plan, measured_s))
+            card = card_to_step(shape, card, s, plan, measured_s)
         ranked = choose(shape, card, s, self.request, self.legal, self.choice.cap).ranked
         placement = schedule_placement(plan.schedule)
         in_place = [p for p in ranked if p.plan.virtual_stages == plan.virtual_stages

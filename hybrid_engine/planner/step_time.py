@@ -4,8 +4,9 @@ not hide, the update).
 
 Calibrated against experiments/results/2026-11-27-4xH200-grids-mlp.json (config L on one H200: 1f1b with one
 micro-batch 14.2 ms, zb1 + merged W with 4 and 8 micro-batches 15.3 and 19.4 ms): a weight gradient accumulated per
-micro-batch reads and writes the fp32 gradient (8 bytes a parameter, 4 for the first micro-batch), which is why
-merging the weight gradients into one GEMM pays for the MLP's large layers.
+micro-batch costs 12 bytes a parameter of memory traffic (ACCUMULATE_BYTES; 4 for the first micro-batch), which is
+why merging the weight gradients into one GEMM pays for the MLP's large layers. Checked against every measured step
+whose plan is known, tests/planner/test_step_predictions.py.
 """
 from __future__ import annotations
 
@@ -23,13 +24,24 @@ from .setting import Setting
 UPDATE_BYTES = {"sgd": 14.0, "adam": 30.0, "adamw": 30.0}  # per parameter: masters, gradient, state, half weights
 UPDATE_BYTES_FP32 = {"sgd": 12.0, "adam": 28.0, "adamw": 28.0}
 DP_BUCKET_BYTES = 256 * 2**20
-# Autograd stages (the decoders), fitted to the GPT of experiments/results/2026-11-27-4xH200-grids-gpt.json (one
-# GPU 424 ms, pp4 167 ms, interleaved 150 ms, dp4 225 ms, tp4 306 ms): slower GEMMs and elementwise work than the
-# native chain, a fixed cost per layer and action, MP all-reduces far from the bus rate, and a weight gradient
-# accumulated inside its GEMM, so merging the W actions saves no time (and keeps every micro-batch's inputs).
+# Autograd stages (the decoders): slower GEMMs and elementwise work than the native chain, a fixed cost per layer
+# and action, and a weight gradient accumulated inside its GEMM, so merging the W actions saves no time (and keeps
+# every micro-batch's inputs). The slowdown fitted to the GPT of experiments/results/2026-11-27-4xH200-grids-gpt.json
+# (one GPU 424 ms, pp4 167 ms, interleaved 150 ms); the cost per action to the GPT-1B on one H200 at 1, 4 and 8
+# micro-batches (2026-11-27-1xH200-plan-one.json: 362 / 372 / 390 ms, ~65 us a layer action more per micro-batch)
+# and at pp4 (2026-11-27-4xH200-plan-four.json), whose steps a larger cost overpredicts (250 us: +19% at 8).
+# Their MP all-reduces run at 1 / 1.5 of the bus rate, plus the card's synchronisation (Card.mp_sync_s): the GPT at
+# tp4 with 8 and 2 micro-batches (grids-gpt 306 and 159 ms, engine A/B 290 and 231 ms at 8) and at tp2 (284 ms);
+# the Llama's 32k-token cp2 x tp2 step above its cp4 step (2026-11-27-4xH200-long-seq.json, 362 against 354 ms):
+# at the bus rate itself the plan command ranks cp2 x tp2 over cp4 at 128k tokens, against that measurement.
 AUTOGRAD_SLOWDOWN = 1.25
-AUTOGRAD_ACTION_S = 250e-6
-AUTOGRAD_MP_SLOWDOWN = 4.0
+AUTOGRAD_ACTION_S = 120e-6
+AUTOGRAD_MP_SLOWDOWN = 1.5
+# A native weight gradient accumulated per micro-batch after the first: the GEMM writes it in half and the sum reads
+# it back and reads and writes the fp32 gradient (2 + 2 + 8 bytes a parameter). Checked against config L and C on
+# one H200 under 1f1b with 4 and 8 micro-batches (experiments/results/2026-11-27-1xH200-plan-one.json: L 27.0 / 44.9
+# ms, C 12.4 / 22.2 ms; predicted 28.3 / 44.8 and 11.3 / 20.6, where 8 bytes predicts 25.2 / 37.6 and 9.8 / 17.0).
+ACCUMULATE_BYTES = 12.0
 # Context parallelism's attention runs block by block (parallel/context/ring.py: cp blocks; all_gather.py: each of
 # the rank's two chunks against the keys before it and against itself), and each block moves memory beside its
 # kernel, per query element: forward, K/V expanded to the query heads (written, read again: 8 bytes) and the
@@ -87,7 +99,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             if layer.matmul_params:
                 w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
                 if shape.native:
-                    accumulate = layer.matmul_params / mp * (8.0 * (m - 1) + 4.0) / m / card.hbm_bytes_s
+                    accumulate = layer.matmul_params / mp * (ACCUMULATE_BYTES * (m - 1) + 4.0) / m / card.hbm_bytes_s
                     w += w_gemm + card.compute_scale * accumulate + overhead
                     wm += card.compute_scale * (card.gemm_s(flops * m, tokens * m, 0.0, s.half) + 4.0 *
                                                 layer.matmul_params / mp / card.hbm_bytes_s) + overhead
@@ -97,9 +109,11 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
             if mp > 1 and layer.mp_allreduces:
                 one = card.collective_s(tokens * shape.hidden * e, mp) * (1.0 if shape.native else
                                                                             AUTOGRAD_MP_SLOWDOWN)
-                f += layer.mp_allreduces * one  # the forward waits for its all-reduce
-                i += layer.mp_allreduces * one / (2 if shape.native else 1)  # native: hidden under the W GEMMs
-                mp_s += 1.5 * layer.mp_allreduces * one * m
+                sync = (mp - 1) * card.mp_sync_s
+                f += layer.mp_allreduces * (one + sync)  # the forward waits for its all-reduce
+                # native: the all-reduce's transfer hidden under the W GEMMs, never its synchronisation
+                i += layer.mp_allreduces * (one / (2 if shape.native else 1) + sync)
+                mp_s += layer.mp_allreduces * (1.5 * one + 2 * sync) * m
                 mp_count += round(2 * layer.mp_allreduces * m)
         if s.full_recompute:
             i += f
@@ -179,7 +193,9 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
                                                    (4.0 if s.clip else 0.0)) / card.hbm_bytes_s
         if plan.micro_batches > 1 and not plan.merge_wgrad:
             update += card.compute_scale * 4.0 * params[r] / card.hbm_bytes_s  # the gradient buffer zeroed
-        total = sim.makespan + per_rank_merged[r] + dp_exposed + update
+        if s.replicas > 1 and s.zero:  # the updated half weights gathered from their shards, after the update
+            dp_exposed += card.collective_s(params[r] * s.elem, s.shard_size, 1.0)
+        total = sim.makespan + per_rank_merged[r] + dp_exposed + update + card.step_host_s
         if total > worst:
             worst, dp_worst, update_worst = total, dp_exposed, update
     attending = max(sum(1 for st in held[r] for i in cut[st] if shape.layers[i].attention_flops) for r in range(s.pp))

@@ -48,7 +48,9 @@ NOT_MEASUREMENTS = [
     ("docs/planning.md", "an 80 GB card under ZeRO-3", "the card's memory, its datasheet size"),
     ("docs/planning.md", "predicted 9.27 ms/step, 7.4 GiB peak",
      "the cost model's prediction as the plan line prints it, an example of its form"),
-    ("docs/planning.md", '"pp4: bubble 36% of the pipeline", "dp4: gradient collective 14.8 ms exposed"',
+    ("docs/planning.md", "predicted within 15% except the known misses",
+     GOAL + " (the bound a step prediction is held to)"),
+    ("docs/planning.md", '"mp4: 16 all-reduces per step, 2.94 ms exposed", "dp4: gradient collective 14.8 ms exposed"',
      "reasons the plan command prints, held by test_the_planning_example_is_what_its_command_prints_now"),
 ]
 

@@ -15,6 +15,7 @@ from hybrid_engine.models import SyntheticRegression, large_linear_model, regist
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.planner import CARDS
 from hybrid_engine.planner.candidates import Plan
+from hybrid_engine.planner.choose import predict
 from hybrid_engine.planner.refit import Replanner, fit_terms, link_rate
 from hybrid_engine.planner.run_plan import plan_for
 from hybrid_engine.planner.step_time import AUTOGRAD_ACTION_S, stage_costs
@@ -56,6 +57,18 @@ def test_the_step_time_alone_fits_the_compute_scale():
     refit = r.refit(choice.chosen.plan, 3 * choice.chosen.step_s)
     assert refit.current.step_s == pytest.approx(3 * choice.chosen.step_s, rel=1e-3)
     assert refit.card.compute_scale > 2 and refit.card.host_action_s is None
+
+
+def test_a_step_shorter_than_the_tables_host_work_drops_that_guess():
+    r, choice = replanner(GPT)
+    table = r.choice.card
+    # a step that no compute scale reaches with the table's fixed host work a step, and one reaches without it
+    least = predict(r.shape, dataclasses.replace(table, compute_scale=1e-3, step_host_s=0.0), r.setting,
+                    choice.chosen.plan).step_s
+    measured = least + 0.5 * table.step_host_s
+    refit = r.refit(choice.chosen.plan, measured)
+    assert refit.card.step_host_s == 0.0 and refit.table.step_host_s > 0
+    assert refit.current.step_s == pytest.approx(measured, rel=1e-3)
 
 
 def test_a_host_bound_run_switches_in_place_to_fewer_micro_batches_and_says_so():

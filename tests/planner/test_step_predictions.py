@@ -1,0 +1,104 @@
+"""The planner's step time against every measured GPU step whose plan is known (measured_steps.py: the MLP's L and C
+on every grid, the GPT-1B (on H200s and H100s) and the Llama-1B shapes on theirs, the plan pass's sweeps, the engine
+A/B's new tree, the 8B at dp4): the same plan on the same grid of the same cards predicted within 15% of the measured
+median, except the known misses below, each still a miss (so that the list is kept honest when the model improves)."""
+from __future__ import annotations
+
+import pytest
+
+from hybrid_engine.config.checks import resolve_grid
+from hybrid_engine.planner import CARDS
+from hybrid_engine.planner.choose import predict
+from hybrid_engine.planner.model_shape import shape_of
+from hybrid_engine.planner.setting import Setting
+from hybrid_engine.train.cli import parse_config
+from measured_steps import card_of, measured_steps
+from plan_flags import plan_of
+
+TOLERANCE = 0.15
+_MLP_TREE = ("the grids pass's tree (grids-mlp) ran the native chain on several GPUs far slower than the plan "
+             "pass's tree a session later: L at pp4, zb1 + merged W x 8, 13.3 ms there and 7.2 ms in "
+             "plan-four.json, which is predicted within 15%")
+_LLAMA_TP = ("the Llama under tensor parallelism runs RMSNorm, RoPE and SwiGLU unfused (--fused-kernels auto): ~100 "
+             "operators a block's forward and backward, 3x the GPT's, and its steps sit near 3.2 ms a layer and "
+             "micro-batch wherever it was measured, as if its host set the pace; the model counts no operators. The "
+             "same plan also measured 209 to 345 ms across the passes, wider than +-15% about any one prediction")
+KNOWN_MISSES = {
+    # (results file, run): why it is left out. Predicted fast unless said.
+    ("4xH200-grids-mlp", "C_dp2mp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "C_dp2pp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "C_pp2mp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "C_pp4"): _MLP_TREE,
+    ("4xH200-grids-mlp", "L_dp2mp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "L_dp2pp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "L_pp2mp2"): _MLP_TREE,
+    ("4xH200-grids-mlp", "L_pp4"): _MLP_TREE,
+    ("4xH200-grids-mlp", "C_mp4"): ("config C at mp4 measured slower than at mp2 (3.6 against 2.8 ms) while L at "
+                                    "mp4 is faster than at mp2: an MP synchronisation that fits C's mp4 puts L's "
+                                    "over"),
+    ("4xH200-grids-mlp", "L_mp4"): "predicted slow: the other side of C_mp4",
+    ("4xH200-grids-gpt", "gpt_dp4"): ("one 1024-token sequence a micro-batch on the grids pass's tree: host-bound "
+                                      "beyond the cost per action the GPT-1B's 1, 4 and 8 micro-batches measure"),
+    ("4xH200-grids-gpt", "gpt_dp2tp2"): "as gpt_dp4: two sequences a micro-batch, on the grids pass's tree",
+    ("4xH200-grids-gpt", "gpt_tp4"): ("measured 306 ms on the grids pass's tree, 290 and 231 ms on later trees "
+                                      "(engine A/B), which are predicted within 15%"),
+    ("4xH200-grids-gpt", "gpt_tp4_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
+    ("4xH200-llama-4gpu", "llama_pp2tp2_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
+    ("2xH100-gpt-pp-tp", "engine_tp2_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
+    ("4xH200-llama-4gpu", "llama_pp2tp2"): _LLAMA_TP,
+    ("4xH200-llama-4gpu", "llama_pp2tp2_zb1"): _LLAMA_TP,
+    ("4xH200-engine-ab-llama", "pp2tp2"): _LLAMA_TP,
+    ("4xH200-engine-ab-llama", "pp2tp2_2"): _LLAMA_TP,
+    ("4xH200-engine-ab-llama", "tp4"): _LLAMA_TP,
+    ("4xH200-engine-ab-llama-fused-on", "pp2tp2"): _LLAMA_TP,
+    ("4xH200-engine-ab-llama-fused-on", "pp2tp2_2"): _LLAMA_TP,
+    ("4xH200-plan-four", "C_pp4_auto"): ("config C at pp4 with one micro-batch: 2.45 ms, host-bound sends and "
+                                         "receives of 64 rows (-16%)"),
+    ("4xH200-plan-four", "C_pp4_zb1merged_m8"): ("5.5 ms at 8 micro-batches of 8 rows against 2.6 at 4 of 16 (which "
+                                                 "fits): a cost of the smallest GEMMs the model does not have"),
+}
+
+
+@pytest.fixture(autouse=True)
+def gpt_vocabulary(monkeypatch):
+    """The GPT takes its vocabulary from its data: the passes' token files hold 32000 tokens."""
+    monkeypatch.setattr("hybrid_engine.models.gpt.workload.data_vocab", lambda path, seq_len: 32000)
+
+
+def predicted_ms(flags: list[str], ranks: int, card: str) -> float:
+    cfg = parse_config(flags)
+    p = cfg.parallel
+    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, ranks)
+    s = Setting.of(cfg, grid.dp_size, grid.pp_size, grid.mp_size)
+    return predict(shape_of(cfg), CARDS[card], s, plan_of(flags)).step_s * 1e3
+
+
+def points(known: bool):
+    for name, run, flags, ranks, step_ms in measured_steps():
+        if ((name, run) in KNOWN_MISSES) == known:
+            yield pytest.param(flags, ranks, card_of(name), step_ms, id=f"{name}:{run}")
+
+
+def test_every_file_and_grid_is_read():
+    ids = {(name, run) for name, run, *_ in measured_steps()}
+    assert len(ids) == 105 and set(KNOWN_MISSES) <= ids
+    assert {name for name, _ in ids} == {
+        "4xH200-grids-mlp", "4xH200-grids-gpt", "2xH100-gpt-pp-tp", "2xH200-gpt-dp", "4xH200-llama-4gpu",
+        "1xH200-llama-1gpu", "1xH200-plan-one",
+        "4xH200-plan-four", "4xH200-engine-ab-llama", "4xH200-engine-ab-gpt", "4xH200-engine-ab-gpt-pp2tp2-repeat",
+        "4xH200-engine-ab-gpt-fused-on", "4xH200-engine-ab-llama-fused-on", "2xH200-engine-ab-gpt-tp2",
+        "4xH200-zero-sharding"}
+    tp4_m2 = next(p for p in points(False) if p.id == "4xH200-grids-gpt:gpt_tp4_m2")
+    assert tp4_m2.values[0].count("--micro-batches") == 1 and tp4_m2.values[3] == 159.2  # the last value given
+
+
+@pytest.mark.parametrize("flags, ranks, card, step_ms", list(points(known=False)))
+def test_the_step_is_predicted_within_15_percent(flags, ranks, card, step_ms):
+    predicted = predicted_ms(flags, ranks, card)
+    assert abs(predicted / step_ms - 1) <= TOLERANCE, (predicted, step_ms)
+
+
+@pytest.mark.parametrize("flags, ranks, card, step_ms", list(points(known=True)))
+def test_a_known_miss_is_still_a_miss(flags, ranks, card, step_ms):
+    predicted = predicted_ms(flags, ranks, card)
+    assert abs(predicted / step_ms - 1) > TOLERANCE, (predicted, step_ms)
