@@ -139,6 +139,20 @@ def zero_runs():
         yield "4xH200-zero-sharding", f"zero{level}", f"{llama_8b} --zero {level}".split(), 4, step_ms
 
 
+def zero_plan_runs():
+    """The 8B under --memory-cap-gib 78 on 4 x H200, two jobs: zero 2 at dp4 and the plan command's first row (its
+    grid from the plan line in its log: dp2 x pp2, zero 1), each with the plan its summary recorded."""
+    llama_8b = ("--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 "
+                "--vocab-size 128256 --batch-size 16 --amp bf16 --optimizer adamw --memory-cap-gib 78")
+    grids = {"zero2": "--dp 4 --zero 2", "plan_auto": "--dp 2 --pp 2 --zero 1"}
+    for job, data in enumerate(load("4xH200-zero-sharding-plans")["jobs"], 1):
+        for key, run in data["runs"].items():
+            if key in grids and "plan" in run:
+                step_ms = 16 * 4096 / run["tokens_s"] * 1e3
+                yield ("4xH200-zero-sharding-plans", f"{key}_job{job}", f"{llama_8b} {grids[key]} {run['plan']}".split(),
+                       4, step_ms)
+
+
 def measured_steps():
     """Every point: (results file, run, flags, ranks, measured step ms)."""
     yield from grid_runs("4xH200-grids-mlp", ("L_dp2mp2_trace",), [])
@@ -151,3 +165,4 @@ def measured_steps():
     yield from plan_runs("4xH200-plan-four", 4)
     yield from ab_runs()
     yield from zero_runs()
+    yield from zero_plan_runs()

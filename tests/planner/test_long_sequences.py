@@ -20,6 +20,10 @@ from plan_flags import plan_of
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 FOUR, TWO = "2026-11-27-4xH200-long-seq.json", "2026-11-27-2xH200-long-seq.json"
+ALL = "2026-11-27-4xH200-long-seq-cp4-all.json"  # a later job: cp4 at 16k, 32k, 64k and the all-gather variant
+# Steps the model does not reach, each still a miss (so the list is kept honest when the model improves).
+STEP_MISSES = {"all-cp4_16k": ("4k tokens a rank: measured 185 ms against 117 predicted, slower a token than at 32k "
+                               "(347 ms for twice the tokens and four times the attention); not yet traced")}
 # What the runs' flags leave to their data and their tree: the data's vocabulary (their model line: "vocab
 # 32000"), and the kernels --fused-kernels auto gave on that tree ("fused kernels on (torch.compile'd Triton
 # regions): RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy").
@@ -56,12 +60,12 @@ def measured(run: dict) -> tuple[float, float]:
 def runs():
     """Every engine run of both files. The 2 x H200 runs' tree built each stage in float32 and kept that copy: their
     peaks less it, 4 bytes a parameter (the one-GPU 8k peak less it is the 4 x H200 run's within 0.1 GiB)."""
-    for name, copy_bytes in ((FOUR, 0.0), (TWO, 4.0 * MODEL_PARAMS)):
+    for name, copy_bytes, tag in ((FOUR, 0.0, "4x"), (TWO, 4.0 * MODEL_PARAMS, "2x"), (ALL, 0.0, "all")):
         for run in json.loads((RESULTS / name).read_text())["runs"]:
             if run["system"] == "engine":
                 step_ms, peak = measured(run)
                 yield pytest.param(flags_of(run["command"]), step_ms, peak - copy_bytes / GIB,
-                                   id=f"{name[11:13]}-{run['name']}")
+                                   id=f"{tag}-{run['name']}")
 
 
 def prediction(flags: list[str]):
@@ -72,15 +76,22 @@ def prediction(flags: list[str]):
 def test_every_run_is_pinned():
     ids = [p.id for p in runs()]
     assert {"4x-gpu1_8k", "4x-cp4_32k", "4x-cp4_128k", "4x-cp2tp2_32k", "2x-cp2_32k", "2x-cp2_64k",
-            "2x-cp2_128k"} <= set(ids)
+            "2x-cp2_128k", "all-cp4_16k", "all-cp4_64k", "all-cp4_32k_gather"} <= set(ids)
+    assert set(STEP_MISSES) <= set(ids)
     cp2tp2 = next(p for p in runs() if p.id == "4x-cp2tp2_32k")
     assert cp2tp2.values[1:] == (362.50, 17.024)  # from its summary line
 
 
-@pytest.mark.parametrize("flags, step_ms, peak", list(runs()))
+@pytest.mark.parametrize("flags, step_ms, peak", [p for p in runs() if p.id not in STEP_MISSES])
 def test_the_step_is_within_15_percent(flags, step_ms, peak):
     predicted_ms = prediction(flags).step_s * 1e3
     assert abs(predicted_ms / step_ms - 1) <= 0.15, (predicted_ms, step_ms)
+
+
+@pytest.mark.parametrize("flags, step_ms, peak", [p for p in runs() if p.id in STEP_MISSES])
+def test_the_known_misses_still_miss(flags, step_ms, peak):
+    predicted_ms = prediction(flags).step_s * 1e3
+    assert abs(predicted_ms / step_ms - 1) > 0.15, (predicted_ms, step_ms)
 
 
 @pytest.mark.parametrize("flags, step_ms, peak", list(runs()))

@@ -81,13 +81,13 @@ def points(known: bool):
 
 def test_every_file_and_grid_is_read():
     ids = {(name, run) for name, run, *_ in measured_steps()}
-    assert len(ids) == 105 and set(KNOWN_MISSES) <= ids
+    assert len(ids) == 108 and set(KNOWN_MISSES) <= ids
     assert {name for name, _ in ids} == {
         "4xH200-grids-mlp", "4xH200-grids-gpt", "2xH100-gpt-pp-tp", "2xH200-gpt-dp", "4xH200-llama-4gpu",
         "1xH200-llama-1gpu", "1xH200-plan-one",
         "4xH200-plan-four", "4xH200-engine-ab-llama", "4xH200-engine-ab-gpt", "4xH200-engine-ab-gpt-pp2tp2-repeat",
         "4xH200-engine-ab-gpt-fused-on", "4xH200-engine-ab-llama-fused-on", "2xH200-engine-ab-gpt-tp2",
-        "4xH200-zero-sharding"}
+        "4xH200-zero-sharding", "4xH200-zero-sharding-plans"}
     tp4_m2 = next(p for p in points(False) if p.id == "4xH200-grids-gpt:gpt_tp4_m2")
     assert tp4_m2.values[0].count("--micro-batches") == 1 and tp4_m2.values[3] == 159.2  # the last value given
 
