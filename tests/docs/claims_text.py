@@ -57,6 +57,11 @@ def _fused_ab(which: str, run: str, tree: str) -> float:
 ZERO_DP4, ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 
+def _zero_plans(run: str, job: int = 1) -> dict:
+    """A run of the 8B plans' jobs under the 78 GiB cap (the second: the planner's plan beside the peers)."""
+    return results("2026-11-27-4xH200-zero-sharding-plans.json")["jobs"][job]["runs"][run]
+
+
 def _zero_dp4(run: str) -> dict:
     return results(ZERO_DP4)["runs"][run]
 
@@ -174,6 +179,20 @@ CLAIMS = [
     (PERF, "their steps are {} and {} ms longer than zero 1's",
      *[lambda z=z: fixed(0)(summary_ms(ZERO_DP4_LOGS, f"zero{z}.log") - summary_ms(ZERO_DP4_LOGS, "zero1_uncapped.log"))
        for z in (2, 3)]),
+    *[(PERF, f"| {label} | {{}} | {{}} |", lambda run=run: comma(_zero_plans(run)["tokens_s"]),
+       lambda run=run: fixed(1)(_zero_plans(run)["peak_gib"]))
+      for label, run in (("the planner's plan: dp2 × pp2, `--zero 1`", "plan_auto"),
+                         ("FSDP2 on Hugging Face's Llama, compiled", "fsdp2_compile"),
+                         ("torchtitan, eager (its CUDA graphs)", "torchtitan_eager"),
+                         ("torchtitan, compiled (without CUDA graphs)", "torchtitan_compile"))],
+    (PERF, "The planner's plan reaches {}% MFU: {}× FSDP2 compiled ({} unrounded) and {}× torchtitan eager, {}×",
+     lambda: pct()(_zero_plans("plan_auto")["mfu"]),
+     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("fsdp2_compile")["tokens_s"], 3),
+     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("torchtitan_eager")["tokens_s"]),
+     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("torchtitan_compile")["tokens_s"])),
+    (PERF, "In the first job zero 2 at dp4 ran {} tokens/s beside the same plan's {}.",
+     lambda: comma(_zero_plans("zero2", 0)["tokens_s"]), lambda: comma(_zero_plans("plan_auto", 0)["tokens_s"])),
     (PERF, "Zero 3's peak is {}% of zero 1's",
      lambda: pct(0)(_zero_dp4("zero3")["peak_gib"] / _zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",
