@@ -57,6 +57,18 @@ def _fused_ab(which: str, run: str, tree: str) -> float:
 ZERO_DP4, ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 
+LONG_SEQ_DOC = "docs/long_sequences.md"
+
+
+def _long_all(name: str) -> dict:
+    """A run of the cp4 job at 16k-64k (the earlier job's 128k: _long_first)."""
+    return next(r for r in results("2026-11-27-4xH200-long-seq-cp4-all.json")["runs"] if r["name"] == name)
+
+
+def _long_first(name: str) -> dict:
+    return next(r for r in results("2026-11-27-4xH200-long-seq.json")["runs"] if r["name"] == name)
+
+
 def _zero_plans(run: str, job: int = 1) -> dict:
     """A run of the 8B plans' jobs under the 78 GiB cap (the second: the planner's plan beside the peers)."""
     return results("2026-11-27-4xH200-zero-sharding-plans.json")["jobs"][job]["runs"][run]
@@ -193,6 +205,22 @@ CLAIMS = [
      lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("torchtitan_compile")["tokens_s"])),
     (PERF, "In the first job zero 2 at dp4 ran {} tokens/s beside the same plan's {}.",
      lambda: comma(_zero_plans("zero2", 0)["tokens_s"]), lambda: comma(_zero_plans("plan_auto", 0)["tokens_s"])),
+    *[(LONG_SEQ_DOC, f"| {label} | {{}} | {{}}% | {{}}% | {{}} |", lambda run=run: comma(_long_all(run)["tokens_s"]),
+       lambda run=run: pct()(_long_all(run)["mfu"]), lambda run=run: pct()(_long_all(run)["mfu_causal"]),
+       lambda run=run: fixed(1)(max(_long_all(run)["peak_gib_per_gpu"])))
+      for label, run in (("one GPU, 8k", "gpu1_8k"), ("cp4, 16k", "cp4_16k"), ("cp4, 32k", "cp4_32k"),
+                         ("cp4, 32k, `--cp-comm all-gather`", "cp4_32k_gather"), ("cp4, 64k", "cp4_64k"))],
+    (LONG_SEQ_DOC, "| cp4, 128k (the earlier job) | {} | {}% | — | {} |",
+     lambda: comma(_long_first("cp4_128k")["tokens_s"]), lambda: pct()(_long_first("cp4_128k")["mfu"]),
+     lambda: fixed(1)(max(_long_first("cp4_128k")["peak_gib_per_gpu"]))),
+    (LONG_SEQ_DOC, "| torch's `context_parallel`, cp4, 32k | {} | {}% | {}% | — |",
+     lambda: comma(_long_all("torch_cp4_32k")["tokens_s"]), lambda: pct()(_long_all("torch_cp4_32k")["mfu"]),
+     lambda: pct()(_long_all("torch_cp4_32k")["mfu_causal"])),
+    (LONG_SEQ_DOC, "At 32k the ring is {}× torch's context parallelism (the goal is 1.2×) and cp4's MFU is {} of one",
+     lambda: ratio(_long_all("cp4_32k")["tokens_s"], _long_all("torch_cp4_32k")["tokens_s"]),
+     lambda: ratio(_long_all("cp4_32k")["mfu"], _long_all("gpu1_8k")["mfu"])),
+    (LONG_SEQ_DOC, "The all-gather variant is {}× the ring at 32k",
+     lambda: ratio(_long_all("cp4_32k_gather")["tokens_s"], _long_all("cp4_32k")["tokens_s"])),
     (PERF, "Zero 3's peak is {}% of zero 1's",
      lambda: pct(0)(_zero_dp4("zero3")["peak_gib"] / _zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",
