@@ -69,6 +69,9 @@ class NativeChainStage : public StageProgram {
   bool native() const override { return true; }
   std::string describe() const override;
   const LinearChain& chain() const { return chain_; }
+  bool recompute() const { return recompute_; }
+  const GradBufferPtr& grads() const { return grads_; }
+  const std::shared_ptr<DpParamGather>& param_gather() const { return param_gather_; }
 
  private:
   at::Tensor run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,

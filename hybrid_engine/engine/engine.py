@@ -34,6 +34,7 @@ from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from .update import UpdateStep
+from hybrid_engine.parallel.pipeline.graphs import graphed
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
@@ -154,8 +155,10 @@ class Engine(EngineState, UpdateStep, Reschedule):
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
-        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits,
-                                        groups.mp, self._comm_trace)
+        self._eager_programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads,
+                                              waits, groups.mp, self._comm_trace)
+        self.cuda_graphs = self.graph_choice(schedule, stages.cuda_graphs)  # --cuda-graphs on refused: ConfigError
+        self._programs = graphed(self._eager_programs, self.cuda_graphs, str(self.device))
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         if self.zero is not None:
@@ -180,6 +183,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         """The choices made for the user, once, by rank 0: every stage's program, the loss, the update."""
         lines = [plan.describe(self.stage_cfg) for plan in self.plans]
         lines.append(f"loss: {losses.describe(self.loss, self.plans[-1].native)}")
+        lines.append(self.cuda_graphs.describe())
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())

@@ -1,0 +1,92 @@
+"""CUDA-graphed stages: --cuda-graphs auto | on | off, resolved once, before anything is built, and said in one line.
+
+A graphed native chain stage (csrc/executor/graphed_stage.h) captures each micro-batch's F and B as CUDA graphs
+and replays them: one launch instead of one per kernel, which is what the course MLP's steps at 4 GPUs were
+paying for (the measured step 2-3x its GEMMs' time). What a run must be for it, each a rule here and nowhere else:
+
+  CUDA              the CPU has no graphs (auto: off; on: refused).
+  native stages     autograd stages are not graphed; auto graphs the native chains of a run and leaves the rest
+                    eager, on needs every stage native.
+  no recompute      a recomputed stage reruns its forward inside its backward: nothing to keep static.
+  no I and W        a zero-bubble schedule defers weight gradients to W actions that stash the B's tensors.
+  ZeRO 0 or 1       ZeRO-2 and 3 release and restore gradient buckets (their addresses move) between writes.
+  built-in MSE      the last stage's loss is captured with its forward (any other loss runs through Python).
+  no --trace        the trace times every tensor-parallel collective as it launches; a replay launches none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import hybrid_engine._C as _C
+from hybrid_engine.config.engine import ConfigError, GRAPH_MODES, DataParallelConfig, ScheduleConfig, StageConfig
+from hybrid_engine.parallel.pipeline.schedule import compute_schedule
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """The resolved choice: `on` graphs the native chain stages; `why` is the reason said with it."""
+
+    on: bool
+    why: str
+
+    def describe(self) -> str:
+        return f"CUDA graphs {'on' if self.on else 'off'} ({self.why})"
+
+
+def splits_backward(schedule: ScheduleConfig, pp: int) -> bool:
+    """Whether the schedule splits backwards into I and W actions (zero-bubble)."""
+    actions = compute_schedule(schedule.name, pp, schedule.micro_batches, schedule.virtual_stages,
+                               schedule.lookahead or 0)
+    return any(a.type in (_C.schedule.ActionType.I, _C.schedule.ActionType.W) for rank in actions for a in rank)
+
+
+def why_not(device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
+            stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool, trace: bool) -> str:
+    """Why this run's native stages cannot be graphed ('' when they can). native_stages: per stage, native."""
+    if device_type != "cuda":
+        return "the CPU has no CUDA graphs"
+    if not any(native_stages):
+        return "no native chain stage: autograd stages are not graphed"
+    if stages.full_recompute:
+        return "recomputed stages rerun their forward inside the backward"
+    if splits_backward(schedule, pp):
+        return f"schedule {schedule.name} defers weight gradients to W actions, which are not graphed"
+    if data_parallel.zero >= 2:
+        return f"ZeRO-{data_parallel.zero} moves the gradient buckets between writes"
+    if native_stages[-1] and not builtin_loss:
+        return "the last stage's loss is not the built-in MSE"
+    if trace:
+        return "--trace times every tensor-parallel collective as it launches"
+    return ""
+
+
+def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
+            stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool,
+            trace: bool = False) -> GraphChoice:
+    """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed."""
+    if mode not in GRAPH_MODES:
+        raise ConfigError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+    if mode == "off":
+        return GraphChoice(False, "--cuda-graphs off")
+    why = why_not(device_type, native_stages, schedule, pp, stages, data_parallel, builtin_loss, trace)
+    if mode == "on":
+        autograd = [s for s, native in enumerate(native_stages) if not native]
+        if not why and autograd:
+            why = f"stage{'s' if len(autograd) > 1 else ''} {', '.join(map(str, autograd))} run through autograd"
+        if why:
+            raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
+        return GraphChoice(True, "--cuda-graphs on: every stage's forward and backward replayed per micro-batch")
+    if why:
+        return GraphChoice(False, f"auto: {why}")
+    eager = [s for s, native in enumerate(native_stages) if not native]
+    rest = f"; autograd stage{'s' if len(eager) > 1 else ''} {', '.join(map(str, eager))} eager" if eager else ""
+    return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch{rest}")
+
+
+def graphed(programs: dict[int, object], choice: GraphChoice, device: str) -> dict[int, object]:
+    """The programs with every native chain wrapped in its CUDA-graphed form where the choice is on."""
+    if not choice.on:
+        return dict(programs)
+    return {s: _C.GraphedChainStage(p, device) if isinstance(p, _C.NativeChainStage) else p
+            for s, p in programs.items()}
