@@ -37,6 +37,7 @@ from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
 from hybrid_engine.planner.refit import Replanner
+from hybrid_engine.parallel.pipeline import graphs
 from hybrid_engine.planner.run_plan import with_plan
 from hybrid_engine.planner.grids import grid_table
 from .update_settings import update_settings
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
     check_output_paths(cfg, flags.config_file(argv))
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
+    graphs.check_run(cfg, workload, grid, device.type)  # --cuda-graphs on that the run cannot meet: exit 2 here
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
     start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0,
                                           settings=update_settings(cfg, registry.entry(cfg.model.name).clip_grad))

@@ -84,9 +84,29 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
     return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch{rest}")
 
 
-def graphed(programs: dict[int, object], choice: GraphChoice, device: str) -> dict[int, object]:
-    """The programs with every native chain wrapped in its CUDA-graphed form where the choice is on."""
+def graphed(programs: dict[int, object], choice: GraphChoice, device: str, host_rerun: bool = False
+            ) -> dict[int, object]:
+    """The programs with every native chain wrapped in its CUDA-graphed form where the choice is on (host_rerun:
+    the graphs' plumbing replayed by the host, for tests without a GPU)."""
     if not choice.on:
         return dict(programs)
-    return {s: _C.GraphedChainStage(p, device) if isinstance(p, _C.NativeChainStage) else p
+    return {s: _C.GraphedChainStage(p, device, host_rerun) if isinstance(p, _C.NativeChainStage) else p
             for s, p in programs.items()}
+
+
+def check_run(cfg, workload, grid, device_type: str) -> GraphChoice:
+    """The driver's resolve, from the configuration and the (meta) model before any process group exists, so that
+    --cuda-graphs on where the run cannot be graphed ends it with one line and exit 2 before the first collective
+    (the engine resolves the same way, and says the choice)."""
+    from hybrid_engine.models import losses
+    from hybrid_engine.parallel.pipeline.partition import partition
+    from hybrid_engine.parallel.pipeline.stages import plan_stages
+    from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+
+    num_stages = grid.pp_size * cfg.schedule.virtual_stages
+    model = workload.engine_kwargs(num_stages)
+    layout = model["layout"] if model["layout"] is not None else partition(workload.model, num_stages)
+    plans = plan_stages(workload.model, layout, grid.mp_size, cfg.precision, cfg.stages,
+                        tp_chains=model["parallelize"] is parallelize_mlp)
+    return resolve(cfg.stages.cuda_graphs, device_type, [p.native for p in plans], cfg.schedule, grid.pp_size,
+                   cfg.stages, cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None)

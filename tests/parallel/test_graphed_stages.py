@@ -1,0 +1,99 @@
+"""CUDA-graphed native stages (csrc/executor/graphed_stage.h, hybrid_engine/parallel/pipeline/graphs.py) without a
+GPU: the choice of --cuda-graphs and its one line, and the graphs' plumbing -- static buffers per micro-batch,
+the loss multiplier read from a device scalar, the final-gradient announcements after B -- with the recorded host
+code replayed in place of the CUDA graph, which must train bit for bit like the eager chain on every grid and
+schedule the graphs allow."""
+from __future__ import annotations
+
+import pytest
+
+from dist_utils import run_ranks
+from graph_runs import train
+from hybrid_engine.config.engine import ConfigError, DataParallelConfig, ScheduleConfig, StageConfig
+from hybrid_engine.parallel.pipeline.graphs import resolve
+
+ONE_F_ONE_B = ScheduleConfig("1f1b", 4)
+
+
+def choose(mode: str, device: str = "cuda", native=(True, True), schedule=ONE_F_ONE_B, stages=StageConfig(),
+           zero: int = 0, builtin_loss: bool = True, trace: bool = False):
+    return resolve(mode, device, list(native), schedule, 2, stages, DataParallelConfig(zero=zero), builtin_loss,
+                   trace)
+
+
+def test_auto_is_on_for_native_chains_on_cuda_and_off_on_the_cpu_with_its_reason():
+    assert choose("auto").on
+    assert choose("auto").describe().startswith("CUDA graphs on (auto: native chain stages' forward and backward")
+    off = choose("auto", device="cpu")
+    assert not off.on and off.describe() == "CUDA graphs off (auto: the CPU has no CUDA graphs)"
+    assert choose("off").describe() == "CUDA graphs off (--cuda-graphs off)"
+    mixed = choose("auto", native=(True, False))
+    assert mixed.on and mixed.why.endswith("; autograd stages 1 eager".replace("stages", "stage"))
+
+
+@pytest.mark.parametrize("why,kwargs", [
+    ("the CPU has no CUDA graphs", {"device": "cpu"}),
+    ("no native chain stage: autograd stages are not graphed", {"native": (False, False)}),
+    ("recomputed stages rerun their forward inside the backward", {"stages": StageConfig(recompute="full")}),
+    ("schedule zb1 defers weight gradients to W actions, which are not graphed",
+     {"schedule": ScheduleConfig("zb1", 4)}),
+    ("ZeRO-2 moves the gradient buckets between writes", {"zero": 2}),
+    ("the last stage's loss is not the built-in MSE", {"builtin_loss": False}),
+    ("--trace times every tensor-parallel collective as it launches", {"trace": True}),
+    ("stage 1 run through autograd", {"native": (True, False)}),
+])
+def test_on_where_the_run_cannot_be_graphed_is_one_line(why, kwargs):
+    with pytest.raises(ConfigError) as refused:
+        choose("on", **kwargs)
+    assert str(refused.value) == f"--cuda-graphs on: {why}; use --cuda-graphs auto or off"
+    if "through autograd" not in why:
+        assert not choose("auto", **kwargs).on and choose("auto", **kwargs).why == f"auto: {why}"
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ConfigError, match="--cuda-graphs must be one of auto, on, off, got 'yes'"):
+        choose("yes")
+    with pytest.raises(ConfigError, match=r"stages.cuda_graphs \(--cuda-graphs\) must be one of auto, on, off"):
+        StageConfig(cuda_graphs="yes").validate()
+
+
+GRIDS = {
+    "pp2 1f1b": {"pp": 2},
+    "pp2 gpipe": {"pp": 2, "schedule": "gpipe"},
+    "pp2 interleaved": {"pp": 2, "schedule": "interleaved", "v": 2},
+    "pp2 one micro-batch (gradients overwritten)": {"pp": 2, "m": 1},
+    "dp2": {"dp": 2},
+    "dp2 ZeRO-1": {"dp": 2, "zero": 1},
+    "mp2": {"mp": 2},
+    "pp2 fp16 half weights": {"pp": 2, "amp": "fp16"},
+    "mp2 bf16 half weights": {"mp": 2, "amp": "bf16"},
+}
+
+
+@pytest.fixture(scope="module")
+def host_replayed():
+    runs = [dict(grid, graphs=graphs) for grid in GRIDS.values() for graphs in ("host", "off")]
+    return run_ranks(2, train, runs, timeout=300)
+
+
+@pytest.mark.parametrize("index,name", list(enumerate(GRIDS)))
+def test_replayed_stages_train_bit_for_bit_like_the_eager_chain(host_replayed, index, name):
+    for rank_runs in host_replayed:
+        replayed, eager = rank_runs[2 * index], rank_runs[2 * index + 1]
+        assert replayed["losses"] == eager["losses"], name
+        assert replayed["scales"] == eager["scales"] and replayed["skipped"] == eager["skipped"], name
+        assert replayed["state"].keys() == eager["state"].keys()
+        for key in eager["state"]:
+            assert (replayed["state"][key] == eager["state"][key]).all(), (name, key)
+        # every stage of the rank: the first step eager, each later one replays every micro-batch's F and B
+        m = GRIDS[name].get("m", 4)
+        stages = GRIDS[name].get("v", 1)
+        assert len(replayed["counts"]) == stages and eager["counts"] == [], name
+        for captures, replays in replayed["counts"]:
+            assert captures == 2 * m and replays == 2 * m * (len(eager["losses"]) - 1), name
+
+
+def test_fp16_runs_change_the_scale_between_replays(host_replayed):
+    """The fp16 grid is only a test of the device multiplier if the scale moved (grew, or backed off)."""
+    fp16 = host_replayed[0][2 * list(GRIDS).index("pp2 fp16 half weights")]
+    assert len(set(fp16["scales"])) > 2, fp16["scales"]
