@@ -15,7 +15,10 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
                                                       simulate, stage_rank)
 
 from .candidates import Plan
-from .card import ATTENTION_BACKWARD, Card
+from hybrid_engine.config.engine import ScheduleConfig
+from hybrid_engine.parallel.pipeline.graphs import splits_backward
+
+from .card import ATTENTION_BACKWARD, CARDS, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
 from .model_shape import ModelShape
 from .setting import Setting
@@ -58,6 +61,15 @@ class StepTime:
     """What those transfers expose per step on the slowest rank."""
 
 
+def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
+    """Whether the plan's stages replay as CUDA graphs (parallel/pipeline/graphs.py decides for a run: native
+    stages on a GPU, no recompute, ZeRO 0 or 1, a schedule without W actions): each F and B then costs one launch,
+    card.action_overhead_s, instead of one per layer."""
+    return (s.cuda_graphs and shape.native and card.name != CARDS["cpu"].name and not s.full_recompute
+            and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
+                                                                   plan.virtual_stages, plan.lookahead), s.pp))
+
+
 def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[list[Costs], list[float], float,
                                                                                    int]:
     """Per stage (pp x v of them): the costs of one micro-batch's F, B, I, W; its merged weight gradient (all
@@ -66,15 +78,18 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[
     slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
+    replayed = graphed(shape, card, s, plan)
     for layers in shape.cut(s.pp * plan.virtual_stages):
-        f = i = w = wm = 0.0
+        # replayed: one graph launch an action, no host work a layer
+        f = i = card.action_overhead_s if replayed else 0.0
+        w = wm = 0.0
         for index in layers:
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
             attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, s.cp > 1)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
-            overhead = card.host_action_s if card.host_action_s is not None else \
+            overhead = 0.0 if replayed else card.host_action_s if card.host_action_s is not None else \
                 card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
             scale = slow * card.compute_scale
             f += scale * (gemm + attention + elementwise) + overhead

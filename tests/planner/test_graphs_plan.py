@@ -1,0 +1,50 @@
+"""The planner and CUDA graphs: a plan whose native stages replay as graphs pays one launch a stage's F and B
+instead of the host's fixed cost for every layer (planner/step_time.graphed), so a host-bound MLP grid's predicted
+step drops with --cuda-graphs on (or auto), and plans the graphs do not cover predict what they did."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybrid_engine.models.mlp.workload import mlp_shape
+from hybrid_engine.planner import CARDS
+from hybrid_engine.planner.candidates import Plan
+from hybrid_engine.planner.setting import Setting
+from hybrid_engine.planner.step_time import step_time
+from hybrid_engine.train.cli import parse_config
+
+C = mlp_shape(8192, 8)  # config C: 64 rows a step, host-bound at 4 GPUs
+H100 = CARDS["h100"]
+
+
+def step_ms(shape, card, setting: Setting, plan: Plan) -> float:
+    return 1e3 * step_time(shape, card, setting, plan).step_s
+
+
+@pytest.mark.parametrize("grid,plan", [((1, 4, 1), Plan("1f1b", 8)), ((1, 1, 4), Plan("1f1b", 1)),
+                                       ((1, 2, 2), Plan("interleaved", 4, 2)), ((1, 1, 1), Plan("gpipe", 4))])
+def test_graphs_drop_the_per_layer_host_cost_of_a_host_bound_mlp(grid, plan):
+    eager = Setting(*grid, 64)
+    off, on = step_ms(C, H100, eager, plan), step_ms(C, H100, dataclasses.replace(eager, cuda_graphs=True), plan)
+    # at least the per-layer overhead of one micro-batch's F and B on the busiest stage, less the launch it keeps
+    layers = 8 // (grid[1] * plan.virtual_stages)
+    assert off - on >= 2 * (layers - 1) * H100.action_overhead_s * 1e3 * 0.99, (off, on)
+    assert on < off
+
+
+@pytest.mark.parametrize("what,setting,plan,card", [
+    ("zero-bubble W actions", Setting(1, 4, 1, 64, cuda_graphs=True), Plan("zb1", 8, merge_wgrad=True), H100),
+    ("recompute", Setting(1, 4, 1, 64, full_recompute=True, cuda_graphs=True), Plan("1f1b", 8), H100),
+    ("ZeRO-2", Setting(4, 1, 1, 64, zero=2, cuda_graphs=True), Plan("1f1b", 1), H100),
+    ("the CPU", Setting(1, 4, 1, 64, cuda_graphs=True), Plan("1f1b", 8), CARDS["cpu"]),
+])
+def test_plans_the_graphs_do_not_cover_predict_as_before(what, setting, plan, card):
+    eager = dataclasses.replace(setting, cuda_graphs=False)
+    assert step_ms(C, card, setting, plan) == step_ms(C, card, eager, plan), what
+
+
+def test_the_run_setting_reads_the_flag():
+    assert Setting.of(parse_config([]), 1, 4, 1).cuda_graphs  # auto
+    assert Setting.of(parse_config(["--cuda-graphs", "on"]), 1, 4, 1).cuda_graphs
+    assert not Setting.of(parse_config(["--cuda-graphs", "off"]), 1, 4, 1).cuda_graphs
