@@ -65,3 +65,28 @@ if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSO
     with open(f"{sys.argv[1]}.rank{rank}", "wb") as f:
         pickle.dump(results, f)
     dist.destroy_process_group()
+
+
+def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
+    """One rank, streamed micro-batches: two steps of 32 rows, two of 16, one of 32 again (each shape change runs
+    eagerly, then captures again); every micro-batch's input and target drawn exactly once."""
+    groups = build_groups(ProcessGrid(1, 1, 1), rank)
+    engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, micro_batches=2, lr=LR, cuda_graphs="off")
+    if graphs == "host":
+        engine._programs = graphed(engine._programs, GraphChoice(True, "test"), "cpu", host_rerun=True)
+    data = SyntheticRegression(DIM, 0, "cpu")
+    draws: list[tuple[str, int, int]] = []
+    losses = []
+    for step, batch in enumerate((32, 32, 16, 16, 32)):
+        x, y = data.batch(step, batch)
+
+        def source(t, what):
+            return lambda micro: draws.append((what, step, micro)) or t.chunk(2)[micro]
+
+        losses.append(engine.train_step(source(x, "input"), source(y, "target")).loss)
+    [program] = engine.stage_programs.values()
+    out = {"losses": losses, "draws": draws, "counts": getattr(program, "captures", None),
+           "state": {k: t.numpy() for k, t in engine.full_state_dict().items()}}
+    engine.close()
+    groups.destroy()
+    return out

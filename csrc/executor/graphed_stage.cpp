@@ -2,6 +2,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -18,6 +19,12 @@ bool is_same_param(const at::Tensor& a, const at::Tensor& b) {
 }
 
 }  // namespace
+
+bool GraphedChainStage::Shapes::operator==(const Shapes& o) const {
+  return input == o.input && target == o.target && output_grad == o.output_grad && input_dtype == o.input_dtype &&
+         target_dtype == o.target_dtype && output_grad_dtype == o.output_grad_dtype && last == o.last &&
+         want_input_grad == o.want_input_grad && overwrite == o.overwrite;
+}
 
 GraphedChainStage::GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at::Device device, bool host_rerun)
     : eager_(std::move(eager)), device_(device), host_rerun_(host_rerun) {
@@ -44,6 +51,11 @@ GraphedChainStage::GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at
 
 std::string GraphedChainStage::describe() const { return eager_->describe() + ", CUDA-graphed"; }
 
+int64_t GraphedChainStage::output_features() const {
+  const ChainLayer& last = eager_->chain().layers().back();
+  return last.weight.size(0) * (last.kind == LayerKind::ColumnGather ? eager_->chain().mp_size() : 1);
+}
+
 void GraphedChainStage::wait_for_parameters() const {
   const std::shared_ptr<DpParamGather>& gather = eager_->param_gather();
   if (!gather) return;
@@ -65,60 +77,135 @@ void GraphedChainStage::announce_final() const {
   for (const at::Tensor& p : final_order_) grads.grad_final(p);
 }
 
+bool GraphedChainStage::matches(const Slot& slot, const at::Tensor& input, const at::Tensor& target) const {
+  const Shapes& c = slot.captured;
+  if (!slot.forward || c.last != target.defined() || c.input != input.sizes().vec() ||
+      c.input_dtype != input.scalar_type()) {
+    return false;
+  }
+  return !c.last || (c.target == target.sizes().vec() && c.target_dtype == target.scalar_type());
+}
+
+void GraphedChainStage::before_step() {
+  for (auto& [micro, slot] : slots_) {
+    if (!slot.recorded) continue;
+    slot.recorded = false;
+    if (slot.graphable && !(slot.forward && slot.seen == slot.captured)) capture(slot);
+  }
+}
+
 void GraphedChainStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage,
                                 StepLoss* loss) {
   Slot& slot = slots_[micro];
-  if (!slot.warmed) {
-    eager_->forward(s, micro, input, first_stage, loss);
+  const at::Tensor target = loss != nullptr ? loss->target(micro) : at::Tensor();  // drawn once, here
+  if (!matches(slot, input, target)) {
+    // The warm-up, or shapes the graphs were not captured for: eager, its shapes recorded for the next capture.
+    if (loss != nullptr) {
+      eager_->forward(s, micro, input, *loss, target);
+    } else {
+      eager_->forward(s, micro, input, first_stage, nullptr);
+    }
     slot.eager_in_flight = true;
+    slot.seen = Shapes{};
+    slot.seen.input = input.sizes().vec();
+    slot.seen.input_dtype = input.scalar_type();
+    slot.seen.last = loss != nullptr;
+    slot.graphable = true;
+    if (loss != nullptr) {
+      slot.seen.target = target.sizes().vec();
+      slot.seen.target_dtype = target.scalar_type();
+      std::vector<int64_t> output(slot.seen.input.begin(), slot.seen.input.end() - 1);
+      output.push_back(output_features());
+      slot.graphable = loss->spec().builtin_mse && output == slot.seen.target;
+    }
     return;
   }
   at::NoGradGuard no_grad;
-  at::Tensor target;
-  if (loss != nullptr) {
-    if (!loss->spec().builtin_mse) {
-      throw std::runtime_error("CUDA-graphed stage: the last stage's loss must be the built-in MSE");
-    }
-    target = loss->target(micro);
-  }
   wait_for_parameters();
-  if (!slot.forward || slot.input_sizes != input.sizes().vec() || slot.input_dtype != input.scalar_type() ||
-      (target.defined() && (slot.target_sizes != target.sizes().vec() ||
-                            slot.target.scalar_type() != target.scalar_type()))) {
-    capture_forward(slot, input, target);
-  }
   slot.input.copy_(input);
-  if (target.defined()) {
+  if (loss != nullptr) {
     slot.target.copy_(target);
     set_multiplier(loss->multiplier());
   }
   slot.forward->replay();
   ++replays_;
-  if (target.defined()) {
+  if (loss != nullptr) {
     loss->record(micro, slot.loss.clone());  // the next step's replay overwrites the static one
   } else {
     s.output = slot.output;
   }
 }
 
-void GraphedChainStage::capture_forward(Slot& slot, const at::Tensor& input, const at::Tensor& target) {
-  // A new capture replaces the activations the old backward graph reads: both go, and their pools with them.
+at::Tensor GraphedChainStage::backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
+                                       StepLoss* loss) {
+  auto it = slots_.find(micro);
+  if (it == slots_.end()) throw std::runtime_error("CUDA-graphed stage: backward of a micro-batch with no forward");
+  Slot& slot = it->second;
+  GradBuffer& grads = *eager_->grads();
+  const bool want_input_grad = !first_stage;
+  if (slot.eager_in_flight) {
+    slot.seen.want_input_grad = want_input_grad;
+    slot.seen.overwrite = grads.overwrites();
+    if (output_grad.defined()) {
+      slot.seen.output_grad = output_grad.sizes().vec();
+      slot.seen.output_grad_dtype = output_grad.scalar_type();
+    }
+    at::Tensor input_grad = eager_->backward(s, micro, output_grad, first_stage, loss);
+    slot.eager_in_flight = false;
+    slot.recorded = true;
+    return input_grad;
+  }
+  if (grads.wgrad().defer()) {
+    throw std::runtime_error("CUDA-graphed stage: deferred weight gradients (zero-bubble I and W) are not graphed");
+  }
+  at::NoGradGuard no_grad;
+  const Shapes& c = slot.captured;
+  at::Tensor input_grad;
+  if (c.want_input_grad != want_input_grad || c.overwrite != grads.overwrites() ||
+      (!c.last && (c.output_grad != output_grad.sizes().vec() || c.output_grad_dtype != output_grad.scalar_type()))) {
+    // A backward the graph was not captured for: the eager chain's, from the forward graph's activations.
+    slot.seen = c;
+    slot.seen.want_input_grad = want_input_grad;
+    slot.seen.overwrite = grads.overwrites();
+    if (!c.last) {
+      slot.seen.output_grad = output_grad.sizes().vec();
+      slot.seen.output_grad_dtype = output_grad.scalar_type();
+    }
+    slot.recorded = true;
+    input_grad = eager_->chain().backward(flat_rows(c.last ? slot.output_grad : output_grad), slot.saved,
+                                          /*recompute=*/false, want_input_grad, grads);
+    if (input_grad.defined() && slot.input.dim() != 2) input_grad = input_grad.view(c.input);
+  } else {
+    if (!c.last) slot.output_grad.copy_(output_grad);
+    slot.backward->replay();
+    ++replays_;
+    announce_final();
+    input_grad = slot.input_grad;
+  }
+  s = MicroState{};
+  return want_input_grad ? input_grad : at::Tensor();
+}
+
+void GraphedChainStage::capture(Slot& slot) {
+  const Shapes shapes = slot.seen;
+  // The old graphs, their pools and the activations they hold go first.
   slot.backward.reset();
   slot.forward.reset();
   slot.saved.clear();
-  slot.output = slot.loss = slot.output_grad = slot.input_grad = at::Tensor();
-  slot.input_sizes = input.sizes().vec();
-  slot.input_dtype = input.scalar_type();
-  slot.input = at::empty_like(input, at::MemoryFormat::Contiguous);
-  slot.target = target.defined() ? at::empty_like(target, at::MemoryFormat::Contiguous) : at::Tensor();
-  slot.target_sizes = target.defined() ? target.sizes().vec() : std::vector<int64_t>{};
-  std::unique_ptr<StageGraph> graph = make_stage_graph(device_, host_rerun_);
-  graph->capture([this, &slot] {
+  slot.output = slot.loss = slot.input_grad = at::Tensor();
+  slot.captured = shapes;  // the bodies read it (a CUDA graph's capture runs them)
+  const at::TensorOptions on_device = at::TensorOptions().device(device_);
+  slot.input = at::empty(shapes.input, on_device.dtype(shapes.input_dtype));
+  slot.target = shapes.last ? at::empty(shapes.target, on_device.dtype(shapes.target_dtype)) : at::Tensor();
+  slot.output_grad =
+      shapes.last ? at::Tensor() : at::empty(shapes.output_grad, on_device.dtype(shapes.output_grad_dtype));
+  std::unique_ptr<StageGraph> forward = make_stage_graph(device_, host_rerun_);
+  forward->capture([this, &slot] {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
     at::Tensor out = eager_->chain().forward(flat_rows(slot.input), /*recompute=*/false, saved);
     if (slot.input.dim() != 2) {
-      std::vector<int64_t> sizes(slot.input_sizes.begin(), slot.input_sizes.end() - 1);
+      std::vector<int64_t> sizes(slot.captured.input.begin(), slot.captured.input.end() - 1);
       sizes.push_back(out.size(-1));
       out = out.view(sizes);
     }
@@ -127,69 +214,26 @@ void GraphedChainStage::capture_forward(Slot& slot, const at::Tensor& input, con
       slot.output = out;
       return;
     }
-    if (out.sizes() != slot.target.sizes()) {
-      throw std::runtime_error("CUDA-graphed stage: the target's shape " + c10::str(slot.target.sizes()) +
-                               " is not the output's " + c10::str(out.sizes()) +
-                               " (the graphed MSE takes equal shapes; use --cuda-graphs off)");
-    }
     LossAndGrad loss = mse_loss_and_grad(out, slot.target, multiplier_);
     slot.loss = loss.loss;
     slot.output_grad = loss.grad;
   });
-  slot.forward = std::move(graph);
-  ++captures_;
-}
-
-at::Tensor GraphedChainStage::backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
-                                       StepLoss* loss) {
-  auto it = slots_.find(micro);
-  if (it == slots_.end()) throw std::runtime_error("CUDA-graphed stage: backward of a micro-batch with no forward");
-  Slot& slot = it->second;
-  if (slot.eager_in_flight) {
-    at::Tensor input_grad = eager_->backward(s, micro, output_grad, first_stage, loss);
-    slot.eager_in_flight = false;
-    slot.warmed = true;
-    return input_grad;
-  }
-  GradBuffer& grads = *eager_->grads();
-  if (grads.wgrad().defer()) {
-    throw std::runtime_error("CUDA-graphed stage: deferred weight gradients (zero-bubble I and W) are not graphed");
-  }
-  at::NoGradGuard no_grad;
-  const bool last = loss != nullptr;
-  const bool want_input_grad = !first_stage;
-  const bool overwrite = grads.overwrites();
-  if (!slot.backward || slot.want_input_grad != want_input_grad || slot.overwrite != overwrite ||
-      (!last && slot.output_grad.sizes() != output_grad.sizes())) {
-    capture_backward(slot, last ? at::Tensor() : output_grad, want_input_grad, overwrite);
-  }
-  if (!last) slot.output_grad.copy_(output_grad);
-  slot.backward->replay();
-  ++replays_;
-  announce_final();
-  s = MicroState{};
-  return want_input_grad ? slot.input_grad : at::Tensor();
-}
-
-void GraphedChainStage::capture_backward(Slot& slot, const at::Tensor& output_grad, bool want_input_grad,
-                                         bool overwrite) {
-  slot.backward.reset();
-  slot.input_grad = at::Tensor();
-  if (output_grad.defined()) slot.output_grad = at::empty_like(output_grad, at::MemoryFormat::Contiguous);
-  slot.want_input_grad = want_input_grad;
-  slot.overwrite = overwrite;
-  std::unique_ptr<StageGraph> graph = make_stage_graph(device_, host_rerun_);
-  graph->capture([this, &slot, want_input_grad] {
+  std::unique_ptr<StageGraph> backward = make_stage_graph(device_, host_rerun_);
+  backward->capture([this, &slot] {
     at::NoGradGuard no_grad;
     GradBuffer& grads = *eager_->grads();
     MutedGradFinal muted(grads);  // announced after each replay (announce_final)
+    // Written, not added to, where the eager backward was the step's only write (one micro-batch, no W).
+    std::optional<OverwriteWeightGrads> overwrite;
+    if (slot.captured.overwrite && !grads.overwrites()) overwrite.emplace(grads);
     at::Tensor input_grad = eager_->chain().backward(flat_rows(slot.output_grad), slot.saved, /*recompute=*/false,
-                                                     want_input_grad, grads);
-    if (input_grad.defined() && slot.input.dim() != 2) input_grad = input_grad.view(slot.input_sizes);
+                                                     slot.captured.want_input_grad, grads);
+    if (input_grad.defined() && slot.input.dim() != 2) input_grad = input_grad.view(slot.captured.input);
     slot.input_grad = input_grad;
   });
-  slot.backward = std::move(graph);
-  ++captures_;
+  slot.forward = std::move(forward);
+  slot.backward = std::move(backward);
+  captures_ += 2;
 }
 
 }  // namespace hybrid

@@ -19,12 +19,16 @@
 // multiplier (1 / (micro-batches x dp), times the fp16 loss scale) is read from a device scalar that is refilled
 // when it changes, never baked into a graph.
 //
-// Warm-up and capture: a micro-batch index's first F and B run eagerly (NCCL communicators and cuBLAS set up);
-// its next F captures then replays, and so does its next B. A new input shape (or target shape, or B's overwrite
-// mode) captures that index again.
+// Warm-up and capture: a micro-batch index's first F and B run eagerly (NCCL communicators and cuBLAS set up) and
+// record its shapes; the next step captures its graphs before its first action (before_step), when nothing of
+// the step is in flight: a capture waits for every NCCL operation of the process to finish, and a receive posted
+// ahead mid-step may wait for a pipeline peer that is itself waiting to capture. Graphs are captured in micro-batch
+// order, F before B, so the MP ranks of a stage capture their collectives alike. A micro-batch whose shapes no
+// longer match its graphs runs eagerly and is captured again at the next step's start.
 //
 // Not graphed (the Python side refuses or turns graphs off with one line): recomputation, deferred weight
-// gradients (zero-bubble I and W), a loss other than the built-in MSE on the last stage.
+// gradients (zero-bubble I and W), a loss other than the built-in MSE on the last stage (a micro-batch whose
+// target's shape is not the output's runs eagerly).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -46,6 +50,7 @@ class GraphedChainStage : public StageProgram {
   // the buffers' plumbing without a GPU).
   GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at::Device device, bool host_rerun = false);
 
+  void before_step() override;
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;
@@ -57,25 +62,31 @@ class GraphedChainStage : public StageProgram {
   int64_t replays() const { return replays_; }
 
  private:
+  // What a micro-batch index's graphs are captured for: its eager run's shapes and modes.
+  struct Shapes {
+    std::vector<int64_t> input, target, output_grad;  // target: the last stage's; output_grad: the others'
+    at::ScalarType input_dtype = at::kFloat, target_dtype = at::kFloat, output_grad_dtype = at::kFloat;
+    bool last = false, want_input_grad = false, overwrite = false;
+    bool operator==(const Shapes& o) const;
+  };
   struct Slot {
-    bool warmed = false;           // an eager F and B have run for this index
     bool eager_in_flight = false;  // this step's F ran eagerly: so does its B
-    // What the graphs were captured for.
-    std::vector<int64_t> input_sizes, target_sizes;
-    at::ScalarType input_dtype = at::kFloat;
-    bool want_input_grad = false;
-    bool overwrite = false;
+    bool graphable = true;         // false: a target of another shape than the output (the MSE graphs equal ones)
+    bool recorded = false;         // `seen` holds an eager run's shapes, not yet captured
+    Shapes seen;                   // the last eager run's
+    Shapes captured;               // the graphs'
     std::unique_ptr<StageGraph> forward, backward;
-    at::Tensor input, target, output_grad;     // static inputs (output_grad: filled by F's loss on the last stage)
-    std::vector<at::Tensor> saved;             // F's activations, read by B
-    at::Tensor output, loss, input_grad;       // static outputs
+    at::Tensor input, target, output_grad;  // static inputs (output_grad: F's loss writes it on the last stage)
+    std::vector<at::Tensor> saved;          // F's activations, read by B
+    at::Tensor output, loss, input_grad;    // static outputs
   };
 
   void wait_for_parameters() const;
-  void capture_forward(Slot& slot, const at::Tensor& input, const at::Tensor& target);
-  void capture_backward(Slot& slot, const at::Tensor& output_grad, bool want_input_grad, bool overwrite);
+  bool matches(const Slot& slot, const at::Tensor& input, const at::Tensor& target) const;
+  void capture(Slot& slot);
   void set_multiplier(double multiplier);
   void announce_final() const;
+  int64_t output_features() const;
 
   std::shared_ptr<NativeChainStage> eager_;
   at::Device device_;

@@ -33,6 +33,8 @@ class StepLoss {
   // d(loss x multiplier) / d(output), keeping no graph. The built-in MSE computes it with the loss; any other
   // loss runs through autograd from the output (a fresh leaf) to the loss only.
   at::Tensor loss_grad(int micro, const at::Tensor& output);
+  // The same with the micro-batch's target already drawn (by a caller that had to see it first).
+  at::Tensor loss_grad(int micro, const at::Tensor& output, const at::Tensor& target);
 
   // For a program that computes the loss itself (a CUDA-graphed stage, with the built-in MSE): the spec, the
   // multiplier, the micro-batch's target, and where its unmultiplied loss goes.

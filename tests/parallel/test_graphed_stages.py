@@ -97,3 +97,20 @@ def test_fp16_runs_change_the_scale_between_replays(host_replayed):
     """The fp16 grid is only a test of the device multiplier if the scale moved (grew, or backed off)."""
     fp16 = host_replayed[0][2 * list(GRIDS).index("pp2 fp16 half weights")]
     assert len(set(fp16["scales"])) > 2, fp16["scales"]
+
+
+def test_a_new_shape_runs_eagerly_and_is_captured_again_and_each_target_is_drawn_once():
+    from graph_runs import train_changing_shapes
+
+    [replayed], [eager] = (run_ranks(1, train_changing_shapes, graphs, timeout=120) for graphs in ("host", "off"))
+    assert replayed["losses"] == eager["losses"]
+    for key in eager["state"]:
+        assert (replayed["state"][key] == eager["state"][key]).all(), key
+    # captured at the start of steps 1 (32 rows, seen in step 0) and 3 (16 rows, seen in step 2), 2 micro-batches x
+    # F and B each; step 4's 32 rows ran eagerly again
+    assert replayed["counts"] == 2 * 2 * 2
+    # the targets once each (the graphed stage draws them before it knows its path); the inputs as eagerly (the
+    # engine's first step also draws micro-batch 0 for the shapes)
+    targets = [d for d in replayed["draws"] if d[0] == "target"]
+    assert sorted(targets) == [("target", step, micro) for step in range(5) for micro in range(2)]
+    assert replayed["draws"] == eager["draws"]
