@@ -18,9 +18,7 @@ namespace {
 
 class CudaStageGraph : public StageGraph {
  public:
-  explicit CudaStageGraph(const at::Device& device)
-      : stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
-                                             device.has_index() ? device.index() : c10::cuda::current_device())) {}
+  explicit CudaStageGraph(const c10::Stream& capture_stream) : stream_(capture_stream) {}
 
   void capture(std::function<void()> body) override {
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_.device_index());
@@ -63,8 +61,13 @@ class CudaStageGraph : public StageGraph {
 
 }  // namespace
 
-std::unique_ptr<StageGraph> make_cuda_stage_graph(const at::Device& device) {
-  return std::make_unique<CudaStageGraph>(device);
+c10::Stream cuda_capture_stream(const at::Device& device) {
+  return c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
+                                      device.has_index() ? device.index() : c10::cuda::current_device());
+}
+
+std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream) {
+  return std::make_unique<CudaStageGraph>(capture_stream);
 }
 
 }  // namespace hybrid

@@ -27,13 +27,12 @@ bool GraphedChainStage::Shapes::operator==(const Shapes& o) const {
 }
 
 GraphedChainStage::GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at::Device device, bool host_rerun)
-    : eager_(std::move(eager)), device_(device), host_rerun_(host_rerun) {
+    : eager_(std::move(eager)), device_(device), graphs_(device, host_rerun) {
   if (!eager_) throw std::invalid_argument("CUDA-graphed stage: needs a native chain stage");
   if (eager_->recompute()) {
     throw std::invalid_argument("CUDA-graphed stage: a recomputed stage is not graphed (its backward reruns the "
                                 "forward)");
   }
-  make_stage_graph(device_, host_rerun_);  // a device or build without CUDA graphs fails here, not mid-step
   multiplier_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   // The eager backward walks the layers back and announces a parameter after the lowest layer it appears in.
   const std::vector<ChainLayer>& layers = eager_->chain().layers();
@@ -199,7 +198,7 @@ void GraphedChainStage::capture(Slot& slot) {
   slot.target = shapes.last ? at::empty(shapes.target, on_device.dtype(shapes.target_dtype)) : at::Tensor();
   slot.output_grad =
       shapes.last ? at::Tensor() : at::empty(shapes.output_grad, on_device.dtype(shapes.output_grad_dtype));
-  std::unique_ptr<StageGraph> forward = make_stage_graph(device_, host_rerun_);
+  std::unique_ptr<StageGraph> forward = graphs_.make();
   forward->capture([this, &slot] {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
@@ -218,7 +217,7 @@ void GraphedChainStage::capture(Slot& slot) {
     slot.loss = loss.loss;
     slot.output_grad = loss.grad;
   });
-  std::unique_ptr<StageGraph> backward = make_stage_graph(device_, host_rerun_);
+  std::unique_ptr<StageGraph> backward = graphs_.make();
   backward->capture([this, &slot] {
     at::NoGradGuard no_grad;
     GradBuffer& grads = *eager_->grads();

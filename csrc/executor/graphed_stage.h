@@ -90,7 +90,7 @@ class GraphedChainStage : public StageProgram {
 
   std::shared_ptr<NativeChainStage> eager_;
   at::Device device_;
-  bool host_rerun_;
+  StageGraphs graphs_;
   std::map<int, Slot> slots_;  // by micro-batch index (map nodes never move: the recorded bodies hold them)
   at::Tensor multiplier_;      // 0-dim fp32 on the device: the loss multiplier the last stage's graphs read
   double multiplier_value_ = 0;

@@ -7,7 +7,8 @@ namespace hybrid {
 
 #ifdef HYBRID_WITH_CUDA
 // csrc/cuda/stage_graph_cuda.cpp
-std::unique_ptr<StageGraph> make_cuda_stage_graph(const at::Device& device);
+c10::Stream cuda_capture_stream(const at::Device& device);
+std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream);
 #endif
 
 namespace {
@@ -23,14 +24,21 @@ class HostRerunGraph : public StageGraph {
 
 }  // namespace
 
-std::unique_ptr<StageGraph> make_stage_graph(const at::Device& device, bool host_rerun) {
-  if (host_rerun) return std::make_unique<HostRerunGraph>();
+StageGraphs::StageGraphs(const at::Device& device, bool host_rerun) {
+  if (host_rerun) return;
   if (!device.is_cuda()) throw std::invalid_argument("CUDA graphs need a CUDA device, got " + device.str());
 #ifdef HYBRID_WITH_CUDA
-  return make_cuda_stage_graph(device);
+  capture_stream_ = cuda_capture_stream(device);
 #else
   throw std::invalid_argument("CUDA graphs need a CUDA build of torch (this one has none)");
 #endif
+}
+
+std::unique_ptr<StageGraph> StageGraphs::make() const {
+#ifdef HYBRID_WITH_CUDA
+  if (capture_stream_) return make_cuda_stage_graph(*capture_stream_);
+#endif
+  return std::make_unique<HostRerunGraph>();
 }
 
 }  // namespace hybrid

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 namespace hybrid {
 
@@ -21,8 +23,17 @@ class StageGraph {
   virtual void replay() = 0;
 };
 
-// A CUDA graph for a CUDA device; the host rerun where `host_rerun` (any device). Throws for a CUDA graph on a
-// build without CUDA or a device that is not CUDA.
-std::unique_ptr<StageGraph> make_stage_graph(const at::Device& device, bool host_rerun);
+// Makes one stage's graphs. Its CUDA graphs are all captured on one side stream, so cuBLAS sets up one workspace
+// for them, not one per graph.
+class StageGraphs {
+ public:
+  // CUDA graphs for a CUDA device; the host rerun where `host_rerun` (any device). Throws for CUDA graphs on a
+  // build without CUDA or a device that is not CUDA.
+  StageGraphs(const at::Device& device, bool host_rerun);
+  std::unique_ptr<StageGraph> make() const;
+
+ private:
+  std::optional<c10::Stream> capture_stream_;  // CUDA graphs only
+};
 
 }  // namespace hybrid
