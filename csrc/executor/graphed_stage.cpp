@@ -187,11 +187,11 @@ at::Tensor GraphedChainStage::backward(MicroState& s, int micro, const at::Tenso
 
 void GraphedChainStage::capture(Slot& slot) {
   const Shapes shapes = slot.seen;
-  // The old graphs, their pools and the activations they hold go first.
+  // What the old graphs wrote goes first, then the graphs and their pools.
+  slot.saved.clear();
+  slot.output = slot.loss = slot.input_grad = slot.output_grad = at::Tensor();
   slot.backward.reset();
   slot.forward.reset();
-  slot.saved.clear();
-  slot.output = slot.loss = slot.input_grad = at::Tensor();
   slot.captured = shapes;  // the bodies read it (a CUDA graph's capture runs them)
   const at::TensorOptions on_device = at::TensorOptions().device(device_);
   slot.input = at::empty(shapes.input, on_device.dtype(shapes.input_dtype));
