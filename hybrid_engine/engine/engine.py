@@ -344,6 +344,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         it is process-wide, so other engines in the process are untouched."""
         self.wait_for_parameters()  # no all-gather left writing into the parameters
         self._executor = None
+        self._programs = dict(self._eager_programs)  # CUDA graphs hold the MP groups' captured collectives
         self._tied.close()
         if self._shard_groups is not None:
             self._shard_groups.close()
