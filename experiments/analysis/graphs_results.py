@@ -18,7 +18,7 @@ TARGETS = {("L", "dp1 pp4 mp1"): 2.5, ("L", "dp1 pp1 mp4"): 2.0}
 
 
 def compare(runs: list[dict]) -> list[dict]:
-    by_key = {(r["grid"], r["config"], r["micro_batches"], r["graphs"]): r for r in runs}
+    by_key = {(r["grid"], r["config"], r["micro_batches"], r["graphs"]): r for r in runs if "error" not in r}
     one_gpu = {(r["config"], r["micro_batches"], r["graphs"]): r for r in runs if r["grid"] == "dp1 pp1 mp1"}
     rows = []
     for (grid, config, m, mode), off in sorted(by_key.items()):

@@ -95,12 +95,18 @@ def main() -> int:
         for config in args.configs.split(","):
             for mode in ("off", on):
                 start = time.perf_counter()
-                record = run(groups, grid, config, mode, args)
+                try:
+                    record = run(groups, grid, config, mode, args)
+                    said = f"median step {record['median_step_ms']:.2f} ms, last loss {record['last_loss']:.6f}"
+                except Exception as exc:  # noqa: BLE001 - a failed run is recorded (every rank fails it alike)
+                    record = {"grid": f"dp{grid[0]} pp{grid[1]} mp{grid[2]}", "config": config,
+                              "micro_batches": grid[3], "graphs": "off" if mode == "off" else "on",
+                              "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                    said = f"FAILED {record['error']}"
                 record["wall_s"] = round(time.perf_counter() - start, 1)
                 results.append(record)
                 if rank == 0:
-                    print(f"{record['grid']} m{grid[3]} {config} graphs {mode}: median step "
-                          f"{record['median_step_ms']:.2f} ms, last loss {record['last_loss']:.6f}", flush=True)
+                    print(f"{record['grid']} m{grid[3]} {config} graphs {mode}: {said}", flush=True)
                     Path(args.out).write_text(json.dumps(results, indent=1))  # what finished, if the job is cut
         groups.destroy()
         dist.barrier()

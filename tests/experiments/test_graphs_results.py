@@ -59,3 +59,14 @@ def test_the_sweep_runs_every_one_gpu_setting_off_and_replayed_on_the_cpu(tmp_pa
     for off, on in zip(runs[::2], runs[1::2]):
         assert on["graphed"] and on["host_replay"] and not off["graphed"]
         assert on["last_loss"] == off["last_loss"] and len(on["steps_ms"]) == 3
+
+
+def test_a_failed_run_is_kept_with_its_error_and_compared_with_nothing(tmp_path, monkeypatch):
+    runs = [_run("dp1 pp1 mp4", "C", 1, "off", 8.0),
+            {"grid": "dp1 pp1 mp4", "config": "C", "micro_batches": 1, "graphs": "on", "error": "RuntimeError: x"}]
+    (tmp_path / "sweep4.json").write_text(json.dumps(runs))
+    out = tmp_path / "graphs.json"
+    monkeypatch.setattr(sys, "argv", ["graphs_results.py", str(out), str(tmp_path / "sweep4.json")])
+    assert graphs_results.main() == 0
+    result = json.loads(out.read_text())
+    assert result["comparisons"] == [] and result["runs"][1]["error"] == "RuntimeError: x"
