@@ -114,3 +114,40 @@ def test_a_new_shape_runs_eagerly_and_is_captured_again_and_each_target_is_drawn
     targets = [d for d in replayed["draws"] if d[0] == "target"]
     assert sorted(targets) == [("target", step, micro) for step in range(5) for micro in range(2)]
     assert replayed["draws"] == eager["draws"]
+
+
+def test_the_flag_and_the_toml_key_set_the_stage_field(tmp_path):
+    from hybrid_engine.models import registry
+    from hybrid_engine.train.cli import build_parser, parse_config
+
+    assert parse_config([]).stages.cuda_graphs == "auto"
+    assert parse_config(["--cuda-graphs", "off"]).stages.cuda_graphs == "off"
+    path = tmp_path / "run.toml"
+    path.write_text('[stages]\ncuda_graphs = "on"\n')
+    assert parse_config(["--config", str(path)]).stages.cuda_graphs == "on"
+    path.write_text('[stages]\ncuda_graphs = "sometimes"\n')  # a file's value is held to the flag's choices
+    with pytest.raises(ConfigError, match=r"stages.cuda_graphs \(--cuda-graphs\) must be one of auto, on, off"):
+        parse_config(["--config", str(path)]).validate(1, "cpu", registry.check_model)
+    help_text = " ".join(build_parser().format_help().split())  # the field's docstring is the flag's help
+    assert "--cuda-graphs {auto,on,off} Native chain stages: capture each micro-batch's forward and backward" in help_text
+
+
+FOUR_RANK_GRIDS = {
+    "pp4 1f1b": {"pp": 4, "m": 8},
+    "pp2 x mp2": {"pp": 2, "mp": 2},
+    "dp2 x pp2 interleaved": {"dp": 2, "pp": 2, "schedule": "interleaved", "v": 2},
+    "dp2 x mp2 ZeRO-1": {"dp": 2, "mp": 2, "zero": 1},
+}
+
+
+def test_replayed_stages_train_bit_for_bit_on_four_rank_grids():
+    runs = [dict(grid, graphs=graphs) for grid in FOUR_RANK_GRIDS.values() for graphs in ("host", "off")]
+    for rank_runs in run_ranks(4, train, runs, timeout=300):
+        for index, name in enumerate(FOUR_RANK_GRIDS):
+            replayed, eager = rank_runs[2 * index], rank_runs[2 * index + 1]
+            assert replayed["losses"] == eager["losses"], name
+            for key in eager["state"]:
+                assert (replayed["state"][key] == eager["state"][key]).all(), (name, key)
+            m = FOUR_RANK_GRIDS[name].get("m", 4)
+            assert len(replayed["counts"]) == FOUR_RANK_GRIDS[name].get("v", 1), name
+            assert all(c == (2 * m, 2 * m * (len(eager["losses"]) - 1)) for c in replayed["counts"]), name
