@@ -73,7 +73,8 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
     if mode == "on":
         autograd = [s for s, native in enumerate(native_stages) if not native]
         if not why and autograd:
-            why = f"stage{'s' if len(autograd) > 1 else ''} {', '.join(map(str, autograd))} run through autograd"
+            why = (f"stages {', '.join(map(str, autograd))} run" if len(autograd) > 1 else f"stage {autograd[0]} runs"
+                   ) + " through autograd"
         if why:
             raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
         return GraphChoice(True, "--cuda-graphs on: every stage's forward and backward replayed per micro-batch")
