@@ -90,3 +90,26 @@ def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
     engine.close()
     groups.destroy()
     return out
+
+
+def train_rescheduled(rank: int, world: int, graphs: str) -> dict:
+    """pp2: two steps of 1F1B (graphs replayed by the host where graphs == "host"), then two of zb1, whose W actions
+    are not graphed: the engine goes back to its eager programs and says so."""
+    from hybrid_engine.config.engine import ScheduleConfig
+
+    groups = build_groups(ProcessGrid(1, 2, 1), rank)
+    engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, micro_batches=4, lr=LR, cuda_graphs="auto")
+    if graphs == "host":
+        engine.cuda_graphs = GraphChoice(True, "test")
+        engine._programs = graphed(engine._programs, engine.cuda_graphs, "cpu", host_rerun=True)
+    data = SyntheticRegression(DIM, 0, "cpu")
+    losses, kinds = [], []
+    for step in range(4):
+        if step == 2:
+            engine.reschedule(ScheduleConfig("zb1", 4, 1, 0, False))
+        losses.append(engine.train_step(*data.batch(step, BATCH)).loss)
+        kinds.append(sorted({type(p).__name__ for p in engine.stage_programs.values()}))
+    out = {"losses": losses, "kinds": kinds, "graphs": engine.cuda_graphs.describe()}
+    engine.close()
+    groups.destroy()
+    return out

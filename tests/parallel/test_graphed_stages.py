@@ -151,3 +151,14 @@ def test_replayed_stages_train_bit_for_bit_on_four_rank_grids():
             m = FOUR_RANK_GRIDS[name].get("m", 4)
             assert len(replayed["counts"]) == FOUR_RANK_GRIDS[name].get("v", 1), name
             assert all(c == (2 * m, 2 * m * (len(eager["losses"]) - 1)) for c in replayed["counts"]), name
+
+
+def test_a_reschedule_to_a_schedule_with_w_actions_goes_back_to_the_eager_programs():
+    from graph_runs import train_rescheduled
+
+    replayed, eager = (run_ranks(2, train_rescheduled, graphs, timeout=120) for graphs in ("host", "off"))
+    for r, e in zip(replayed, eager):
+        assert r["losses"] == e["losses"]
+        assert r["kinds"] == [["GraphedChainStage"]] * 2 + [["NativeChainStage"]] * 2
+        assert e["kinds"] == [["NativeChainStage"]] * 4
+        assert r["graphs"] == e["graphs"] == "CUDA graphs off (auto: the CPU has no CUDA graphs)"
