@@ -64,7 +64,8 @@ class StepTime:
 def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     """Whether the plan's stages replay as CUDA graphs (parallel/pipeline/graphs.py decides for a run: native
     stages on a GPU, no recompute, ZeRO 0 or 1, a schedule without W actions): each F and B then costs one launch,
-    card.action_overhead_s, instead of one per layer."""
+    card.action_overhead_s, instead of one per layer, and the DP gradient collectives start after the last
+    backward's replay instead of under it."""
     return (s.cuda_graphs and shape.native and card.name != CARDS["cpu"].name and not s.full_recompute
             and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
                                                                    plan.virtual_stages, plan.lookahead), s.pp))
@@ -176,8 +177,10 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     cut = shape.cut(s.pp * plan.virtual_stages)
     worst = 0.0
     dp_worst = update_worst = 0.0
+    replayed = graphed(shape, card, s, plan)
     for r in range(s.pp):
-        last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
+        # what of the DP collectives the last backward hides: nothing of a replayed one (announced after it)
+        last_backward = 0.0 if replayed else sum(costs[st].B for st in held[r]) + per_rank_merged[r]
         dp_s, dp_exposed = 0.0, 0.0
         if s.replicas > 1:  # the gradients summed over dp x cp
             nbytes = params[r] * s.grad_wire_bytes

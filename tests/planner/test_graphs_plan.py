@@ -48,3 +48,15 @@ def test_the_run_setting_reads_the_flag():
     assert Setting.of(parse_config([]), 1, 4, 1).cuda_graphs  # auto
     assert Setting.of(parse_config(["--cuda-graphs", "on"]), 1, 4, 1).cuda_graphs
     assert not Setting.of(parse_config(["--cuda-graphs", "off"]), 1, 4, 1).cuda_graphs
+
+
+def test_a_replayed_backward_hides_none_of_the_dp_collectives():
+    """The graphed backward announces its gradients after its replay: a dp grid's gradient collectives are all
+    exposed, where the eager backward hid all but the last bucket's under its later layers."""
+    L = mlp_shape(8192, 16)
+    eager = Setting(4, 1, 1, 1024, zero=1)
+    off = step_time(L, H100, eager, Plan("1f1b", 1))
+    on = step_time(L, H100, dataclasses.replace(eager, cuda_graphs=True), Plan("1f1b", 1))
+    params = sum(layer.params for layer in L.layers)
+    whole = H100.collective_s(params * 4, 4, 1.0)  # fp32 gradients reduce-scattered over 4 ranks (ZeRO-1)
+    assert on.dp_exposed_s == pytest.approx(whole) and off.dp_exposed_s < whole
