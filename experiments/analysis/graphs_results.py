@@ -5,7 +5,7 @@
 
 Each sweep (experiments/bench/graphs_sweep.py) holds runs of one world size: grid, config, micro-batches, graphs
 off or on, median step. Per grid and config: the step with graphs on against off, their last losses' relative
-difference, and each run's speed against one GPU at the same micro-batches (issue 38's targets for config L:
+difference, and each run's speed against one GPU at the same micro-batches (the targets for config L:
 pp4 >= 2.5x one GPU, mp4 >= 2x).
 """
 from __future__ import annotations

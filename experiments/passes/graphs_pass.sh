@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CUDA-graphed native stages (issue 38, item 1), one device call on 4 GPUs, under one budget (PASS_BUDGET_S,
+# CUDA-graphed native stages, one device call on 4 GPUs, under one budget (PASS_BUDGET_S,
 # default 420 s):
 #
 #   1. the graph tests (tests/parallel/test_cuda_graphs_gpu.py: the MLP trained with --cuda-graphs on and off on 1,

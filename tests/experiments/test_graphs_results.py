@@ -1,5 +1,5 @@
 """The graphs pass's results file (experiments/analysis/graphs_results.py) from synthetic sweeps: each grid's step
-with graphs on against off, each against one GPU at the same micro-batches, and issue 38's targets for config L."""
+with graphs on against off, each against one GPU at the same micro-batches, and the targets for config L."""
 import json
 import sys
 from pathlib import Path
