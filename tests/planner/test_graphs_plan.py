@@ -60,3 +60,26 @@ def test_a_replayed_backward_hides_none_of_the_dp_collectives():
     params = sum(layer.params for layer in L.layers)
     whole = H100.collective_s(params * 4, 4, 1.0)  # fp32 gradients reduce-scattered over 4 ranks (ZeRO-1)
     assert on.dp_exposed_s == pytest.approx(whole) and off.dp_exposed_s < whole
+
+
+def test_replayed_stages_keep_every_micro_batch_in_memory():
+    """Every micro-batch index has its own graphs and buffers (csrc/executor/graphed_stage.h): a 1F1B pipeline's
+    peak holds m micro-batches' activations with graphs, at most pp without."""
+    from hybrid_engine.planner.memory import peak_bytes
+
+    L = mlp_shape(8192, 16)
+    setting, plan = Setting(1, 4, 1, 1024), Plan("1f1b", 16)
+    eager = peak_bytes(L, setting, plan, H100.workspace_bytes)
+    replayed = peak_bytes(L, setting, plan, H100.workspace_bytes, replayed=True)
+    for rank, (e, r) in enumerate(zip(eager, replayed)):
+        assert r.static == e.static and r.dynamic > e.dynamic, rank
+    # the first rank held pp (4) micro-batches eagerly; replayed, it holds all 16 and 16 backward graphs' temporaries
+    assert replayed[0].dynamic > 3.5 * eager[0].dynamic
+    assert choose_peak(L, setting, plan, graphs=True) == replayed and choose_peak(L, setting, plan, False) == eager
+
+
+def choose_peak(shape, setting: Setting, plan: Plan, graphs: bool):
+    """The peaks the planner's prediction carries, with --cuda-graphs on a GPU card or off."""
+    from hybrid_engine.planner.choose import predict
+
+    return list(predict(shape, H100, dataclasses.replace(setting, cuda_graphs=graphs), plan).ranks)
