@@ -11,7 +11,7 @@ from .card import GIB, Card
 from .memory import CAP_MARGIN, RankPeak, fits, peak_bytes, usable_bytes
 from .model_shape import ModelShape
 from .setting import Setting
-from .step_time import StepTime, graphed, step_time
+from .step_time import StepTime, step_time
 
 
 NEAR = 0.01
@@ -61,7 +61,7 @@ class Prediction:
 
 def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> Prediction:
     t = step_time(shape, card, s, plan)
-    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, card.workspace_bytes, graphed(shape, card, s, plan))))
+    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, card.workspace_bytes, t.graphs)))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ paying for (the measured step 2-3x its GEMMs' time). What a run must be for it, 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -95,19 +96,49 @@ def graphed(programs: dict[int, object], choice: GraphChoice, device: str, host_
             for s, p in programs.items()}
 
 
-def check_run(cfg, workload, grid, device_type: str) -> GraphChoice:
-    """The driver's resolve, from the configuration and the (meta) model before any process group exists, so that
-    --cuda-graphs on where the run cannot be graphed ends it with one line and exit 2 before the first collective
-    (the engine resolves the same way, and says the choice)."""
+def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
+    """The run's choice, from the configuration and the (meta) model before any process group exists, so that
+    --cuda-graphs on where the run cannot be graphed ends it with one line and exit 2 before the first collective.
+    auto, where the run can be graphed: the planner's verdict on the run's plan (`planned`) on `card` (None: this
+    device's). The driver hands the choice to the engine, which says it."""
     from hybrid_engine.models import losses
     from hybrid_engine.parallel.pipeline.partition import partition
     from hybrid_engine.parallel.pipeline.stages import plan_stages
     from hybrid_engine.parallel.tensor.layers import parallelize_mlp
+    from hybrid_engine.planner.card import this_device
 
     num_stages = grid.pp_size * cfg.schedule.virtual_stages
     model = workload.engine_kwargs(num_stages)
     layout = model["layout"] if model["layout"] is not None else partition(workload.model, num_stages)
     plans = plan_stages(workload.model, layout, grid.mp_size, cfg.precision, cfg.stages,
                         tp_chains=model["parallelize"] is parallelize_mlp)
-    return resolve(cfg.stages.cuda_graphs, device_type, [p.native for p in plans], cfg.schedule, grid.pp_size,
-                   cfg.stages, cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None)
+    choice = resolve(cfg.stages.cuda_graphs, device_type, [p.native for p in plans], cfg.schedule, grid.pp_size,
+                     cfg.stages, cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None)
+    if not choice.on or cfg.stages.cuda_graphs != "auto" or not all(p.native for p in plans):
+        return choice
+    return planned(cfg, grid, card or this_device(cfg.plan.card, device_type)) or choice
+
+
+def planned(cfg, grid, card) -> GraphChoice | None:
+    """auto for a run of native stages: replayed if the planner predicts the run's plan faster so (each action one
+    launch instead of one per layer, against the DP gradient collectives a replayed backward no longer hides),
+    else eager; both predictions said. None where the planner times no replay on `card`."""
+    from hybrid_engine.planner.candidates import Plan
+    from hybrid_engine.planner.model_shape import shape_of
+    from hybrid_engine.planner.setting import Setting
+    from hybrid_engine.planner.step_time import step_time
+
+    s = Setting.of(cfg, grid.dp_size, grid.pp_size, grid.mp_size)
+    c = cfg.schedule
+    plan = Plan(c.name, c.micro_batches, c.virtual_stages, c.lookahead or 0, bool(c.merge_weight_grads))
+    shape = shape_of(cfg)
+    replayed = step_time(shape, card, dataclasses.replace(s, cuda_graphs="on"), plan)
+    eager = step_time(shape, card, dataclasses.replace(s, cuda_graphs="off"), plan)
+    if not replayed.graphs:
+        return None
+    times = f"{replayed.step_s * 1e3:.3g} ms a step replayed, {eager.step_s * 1e3:.3g} eager on {card.name}"
+    if replayed.step_s <= eager.step_s:
+        return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch, "
+                                 f"predicted {times}")
+    hid = " (the eager backward hides the DP gradient collectives)" if eager.dp_exposed_s < replayed.dp_exposed_s else ""
+    return GraphChoice(False, f"auto: the eager step is predicted faster, {times}{hid}")
