@@ -40,7 +40,9 @@ GraphedChainStage::GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at
     for (const at::Tensor& p : {layers[k].weight, layers[k].bias}) {
       if (!p.defined() || !p.requires_grad()) continue;
       bool lower = false;
-      for (size_t i = 0; i < k && !lower; ++i) lower = is_same_param(layers[i].weight, p) || is_same_param(layers[i].bias, p);
+      for (size_t i = 0; i < k && !lower; ++i) {
+        lower = is_same_param(layers[i].weight, p) || is_same_param(layers[i].bias, p);
+      }
       bool listed = false;
       for (const at::Tensor& q : final_order_) listed = listed || is_same_param(q, p);
       if (!lower && !listed) final_order_.push_back(p);

@@ -25,8 +25,9 @@ def compare(runs: list[dict]) -> list[dict]:
         if mode != "off" or (grid, config, m, "on") not in by_key:
             continue
         on = by_key[(grid, config, m, "on")]
-        row = {"grid": grid, "config": config, "micro_batches": m, "off_ms": round(off["median_step_ms"], 3),
-               "on_ms": round(on["median_step_ms"], 3), "on_speedup": round(off["median_step_ms"] / on["median_step_ms"], 3),
+        off_ms, on_ms = off["median_step_ms"], on["median_step_ms"]
+        row = {"grid": grid, "config": config, "micro_batches": m, "off_ms": round(off_ms, 3),
+               "on_ms": round(on_ms, 3), "on_speedup": round(off_ms / on_ms, 3),
                "graphed": on.get("graphed"),
                "last_loss_rel_diff": abs(on["last_loss"] - off["last_loss"]) / max(abs(off["last_loss"]), 1e-30)}
         for which in ("off", "on"):  # a grid's step covers the same global batch as the one GPU's
@@ -52,10 +53,12 @@ def main() -> int:
     rows = compare(runs)
     Path(args.out).write_text(json.dumps({"meta": {"card": args.card, "torch": args.torch}, "runs": runs,
                                           "comparisons": rows}, indent=1))
-    print(f"{'grid':<14}{'cfg':<4}{'m':>3}{'off ms':>10}{'on ms':>10}{'on/off':>8}{'vs 1 GPU off':>14}{'vs 1 GPU on':>13}")
+    print(f"{'grid':<14}{'cfg':<4}{'m':>3}{'off ms':>10}{'on ms':>10}{'on/off':>8}{'vs 1 GPU off':>14}"
+          f"{'vs 1 GPU on':>13}")
+    nan = float("nan")
     for r in rows:
         print(f"{r['grid']:<14}{r['config']:<4}{r['micro_batches']:>3}{r['off_ms']:>10.2f}{r['on_ms']:>10.2f}"
-              f"{r['on_speedup']:>7.2f}x{r.get('vs_1gpu_off', float('nan')):>13.2f}x{r.get('vs_1gpu_on', float('nan')):>12.2f}x"
+              f"{r['on_speedup']:>7.2f}x{r.get('vs_1gpu_off', nan):>13.2f}x{r.get('vs_1gpu_on', nan):>12.2f}x"
               + (f"  target {r['target_vs_1gpu']}x {'met' if r['met'] else 'NOT met'}" if "met" in r else ""))
     return 0
 

@@ -45,8 +45,9 @@ def run(groups, grid: tuple, config: str, mode: str, args) -> dict:
     dp, pp, mp, m = grid
     dim, depth, batch = (TINY if args.tiny else CONFIGS)[config]
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    stages = StageConfig(cuda_graphs="off" if mode == "host" else mode)
     engine = Engine(large_linear_model(dim, depth, 0), losses.MSE(), groups, optimizer=optim.SGD(1e-3),
-                    schedule=ScheduleConfig("1f1b", m), stages=StageConfig(cuda_graphs="off" if mode == "host" else mode),
+                    schedule=ScheduleConfig("1f1b", m), stages=stages,
                     precision=PrecisionConfig("fp16" if args.device == "cuda" else "off"), device=device)
     if mode == "host":
         engine._programs = graphed(engine._programs, GraphChoice(True, "host replay"), str(device), host_rerun=True)

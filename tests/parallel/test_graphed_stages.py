@@ -129,7 +129,8 @@ def test_the_flag_and_the_toml_key_set_the_stage_field(tmp_path):
     with pytest.raises(ConfigError, match=r"stages.cuda_graphs \(--cuda-graphs\) must be one of auto, on, off"):
         parse_config(["--config", str(path)]).validate(1, "cpu", registry.check_model)
     help_text = " ".join(build_parser().format_help().split())  # the field's docstring is the flag's help
-    assert "--cuda-graphs {auto,on,off} Native chain stages: capture each micro-batch's forward and backward" in help_text
+    assert ("--cuda-graphs {auto,on,off} Native chain stages: capture each micro-batch's forward and backward"
+            in help_text)
 
 
 FOUR_RANK_GRIDS = {

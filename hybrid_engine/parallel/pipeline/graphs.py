@@ -140,5 +140,6 @@ def planned(cfg, grid, card) -> GraphChoice | None:
     if replayed.step_s <= eager.step_s:
         return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch, "
                                  f"predicted {times}")
-    hid = " (the eager backward hides the DP gradient collectives)" if eager.dp_exposed_s < replayed.dp_exposed_s else ""
+    hides = eager.dp_exposed_s < replayed.dp_exposed_s
+    hid = " (the eager backward hides the DP gradient collectives)" if hides else ""
     return GraphChoice(False, f"auto: the eager step is predicted faster, {times}{hid}")
