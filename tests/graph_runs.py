@@ -15,7 +15,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the tests' helpers, and the repository's package under torchrun
 
 from engine_builders import make_engine  # noqa: E402
 from hybrid_engine import ProcessGrid  # noqa: E402
