@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
                 hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
                                       tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
         try:
-            replanner = (Replanner.for_run(cfg, asked, grid, device.type, registry.check_model, plan)
+            replanner = (Replanner.for_run(graphs.as_chosen(cfg, cuda_graphs), asked, grid, device.type,
+                                           registry.check_model, plan)
                          if plan.by_time and fallback else None)
             Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
                     predicted=predicted if plan.by_time else None, fallback=fallback,

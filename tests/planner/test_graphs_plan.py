@@ -123,3 +123,17 @@ def test_auto_asks_the_planner_and_says_both_predictions():
     on = run_choice(L_FLAGS + ["--dp", "4", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "1",
                                "--cuda-graphs", "on"], 4)
     assert on.on and on.why.startswith("--cuda-graphs on")  # asked for: not the planner's to change
+
+
+def test_the_refit_times_the_running_plan_as_it_runs():
+    """The replanner refits the card to the measured steps of the plan as it runs: replayed or eager as the run
+    chose, not both ways again (an eager run's host cost a layer is what the refit must see)."""
+    from hybrid_engine.parallel.pipeline.graphs import GraphChoice, as_chosen
+    from hybrid_engine.planner.step_time import stage_costs
+
+    cfg = parse_config(C_FLAGS)
+    assert as_chosen(cfg, GraphChoice(False, "eager")).stages.cuda_graphs == "off"
+    assert as_chosen(cfg, GraphChoice(True, "replayed")).stages.cuda_graphs == "on"
+    eager = Setting.of(as_chosen(cfg, GraphChoice(False, "eager")), 1, 4, 1)
+    counted = stage_costs(C, dataclasses.replace(H100, compute_scale=0.0, host_action_s=1.0), eager, Plan("1f1b", 8))
+    assert counted[0][0].F == 2  # two layer actions of the first stage's forward: the host's cost per layer is seen

@@ -96,6 +96,12 @@ def graphed(programs: dict[int, object], choice: GraphChoice, device: str, host_
             for s, p in programs.items()}
 
 
+def as_chosen(cfg, choice: GraphChoice):
+    """cfg (a RunConfig) with --cuda-graphs the run's resolved choice, on or off: what the planner times the running
+    plan by when it refits to the measured steps."""
+    return dataclasses.replace(cfg, stages=dataclasses.replace(cfg.stages, cuda_graphs="on" if choice.on else "off"))
+
+
 def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     """The run's choice, from the configuration and the (meta) model before any process group exists, so that
     --cuda-graphs on where the run cannot be graphed ends it with one line and exit 2 before the first collective.
