@@ -12,6 +12,7 @@
 #include "executor/dp_grad_sync.h"
 #include "executor/dp_param_gather.h"
 #include "executor/pipeline_executor.h"
+#include "executor/graphed_stage.h"
 #include "executor/stage_program.h"
 
 namespace py = pybind11;
@@ -194,6 +195,17 @@ void bind_executor(py::module_& m) {
            "group; chunks: row chunks per micro-batch whose MP collectives overlap the next chunk's GEMMs (0: "
            "auto); trace: where the MP collectives are recorded (--trace).")
       .def_property_readonly("mp_size", [](const NativeChainStage& s) { return s.chain().mp_size(); });
+  py::class_<GraphedChainStage, StageProgram, std::shared_ptr<GraphedChainStage>>(
+      m, "GraphedChainStage",
+      "A native chain whose F and B of every micro-batch are CUDA graphs (executor/graphed_stage.h).")
+      .def(py::init([](std::shared_ptr<NativeChainStage> eager, const std::string& device, bool host_rerun) {
+             return std::make_shared<GraphedChainStage>(std::move(eager), at::Device(device), host_rerun);
+           }),
+           py::arg("eager"), py::arg("device"), py::arg("host_rerun") = false,
+           "eager: the native chain to graph (it runs each micro-batch index's first F and B, the warm-up); "
+           "host_rerun: replay by running the recorded host code again (tests without a GPU).")
+      .def_property_readonly("captures", &GraphedChainStage::captures)
+      .def_property_readonly("replays", &GraphedChainStage::replays);
   py::class_<AutogradStage, StageProgram, std::shared_ptr<AutogradStage>>(
       m, "AutogradStage", "Any module, called through Python; its backward is torch's autograd.")
       .def(py::init([](py::function forward, std::string description) {

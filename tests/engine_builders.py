@@ -20,14 +20,15 @@ def make_engine(model: nn.Sequential, groups, *, loss=None, schedule: str = "1f1
                 overlap_param_gather: bool = True, device: str = "cpu",
                 trace: bool = False, parallelize=None, layout: list[list[int]] | None = None,
                 tp_chunks: int = 0, stage_compile: bool = False, shard_size: int = 0, prefetch: int = 1,
-                cp_comm: str = "auto") -> Engine:
+                cp_comm: str = "auto", cuda_graphs: str = "auto") -> Engine:
     """parallelize / layout: the Engine's (None: its default, parallelize_mlp and a cut by layer count)."""
     model_kwargs = {"layout": layout} | ({"parallelize": parallelize} if parallelize is not None else {})
     factory = optim.from_name(optimizer, lr) if isinstance(optimizer, str) else optimizer
     return Engine(
         model, loss if loss is not None else losses.MSE(), groups, optimizer=factory,
         schedule=ScheduleConfig(schedule, micro_batches, virtual_stages, lookahead, merge_weight_grads),
-        stages=StageConfig(stage_impl, recompute, compile=stage_compile, tp_chunks=tp_chunks),
+        stages=StageConfig(stage_impl, recompute, compile=stage_compile, tp_chunks=tp_chunks,
+                           cuda_graphs=cuda_graphs),
         precision=PrecisionConfig(amp, impl, loss_scale, scale_window, hysteresis, clip_grad),
         data_parallel=DataParallelConfig(dp_bucket_mb, dp_grad_dtype, zero, overlap_param_gather, shard_size, prefetch),
         device=device,

@@ -35,10 +35,14 @@ struct Mse : public torch::autograd::Function<Mse> {
 at::Tensor mse_loss_autograd(const at::Tensor& out, const at::Tensor& target) { return Mse::apply(out, target); }
 
 LossAndGrad mse_loss_and_grad(const at::Tensor& out, const at::Tensor& target, double multiplier) {
+  // backward(loss * multiplier) hands the loss node the fp32 product 1 * multiplier.
+  return mse_loss_and_grad(out, target, at::scalar_tensor(multiplier, at::kFloat));
+}
+
+LossAndGrad mse_loss_and_grad(const at::Tensor& out, const at::Tensor& target, const at::Tensor& multiplier) {
   at::Tensor d = difference(out, target);
   at::Tensor loss = at::mul(d, d).mean();
-  // backward(loss * multiplier) hands the loss node the fp32 product 1 * multiplier.
-  return {loss, output_grad(std::move(d), out, at::scalar_tensor(multiplier, at::kFloat))};
+  return {loss, output_grad(std::move(d), out, multiplier)};
 }
 
 }  // namespace hybrid

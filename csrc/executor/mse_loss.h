@@ -23,5 +23,8 @@ struct LossAndGrad {
 // Loss and output gradient at once, without autograd: the same values the autograd form gives for
 // backward(loss * multiplier).
 LossAndGrad mse_loss_and_grad(const at::Tensor& out, const at::Tensor& target, double multiplier);
+// The same with the multiplier read from a 0-dim fp32 tensor on out's device when the kernels run (a CUDA graph
+// replays with whatever the tensor holds then: the fp16 loss scale is never baked in).
+LossAndGrad mse_loss_and_grad(const at::Tensor& out, const at::Tensor& target, const at::Tensor& multiplier);
 
 }  // namespace hybrid

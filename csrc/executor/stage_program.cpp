@@ -48,6 +48,18 @@ at::Tensor NativeChainStage::run_forward(const at::Tensor& rows, bool recompute,
 
 void NativeChainStage::forward(MicroState& s, int micro, const at::Tensor& input, bool /*first_stage*/,
                                StepLoss* loss) {
+  forward_drawn(s, micro, input, loss, at::Tensor());
+}
+
+void NativeChainStage::forward(MicroState& s, int micro, const at::Tensor& input, StepLoss& loss,
+                               const at::Tensor& target) {
+  // A recomputed last stage draws its target in the backward, where its forward runs.
+  if (recompute_) throw std::invalid_argument("native chain: a recomputed stage draws its own target");
+  forward_drawn(s, micro, input, &loss, target);
+}
+
+void NativeChainStage::forward_drawn(MicroState& s, int micro, const at::Tensor& input, StepLoss* loss,
+                                     const at::Tensor& target) {
   at::NoGradGuard no_grad;
   if (input.dim() != 2) s.input_sizes = input.sizes().vec();
   const at::Tensor rows = as_rows(input);
@@ -62,7 +74,7 @@ void NativeChainStage::forward(MicroState& s, int micro, const at::Tensor& input
   if (loss == nullptr) {
     s.output = output;
   } else {
-    s.output_grad = loss->loss_grad(micro, output);
+    s.output_grad = target.defined() ? loss->loss_grad(micro, output, target) : loss->loss_grad(micro, output);
   }
 }
 

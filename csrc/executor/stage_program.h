@@ -50,6 +50,10 @@ class StageProgram {
   // input's gradient (undefined on the first stage) and drops what the micro-batch kept.
   virtual at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                               StepLoss* loss) = 0;
+  // Called by the executor at the start of every step, before its first action: nothing of the step is in
+  // flight yet (a CUDA-graphed stage captures its graphs here: a capture waits for every NCCL operation of the
+  // process to finish, and a pipeline peer's operations posted ahead could wait for this rank).
+  virtual void before_step() {}
   // Whether the backward needs s.output (else SEND_F drops it once the transfer holds it).
   virtual bool needs_output_for_backward() const = 0;
   virtual bool native() const = 0;
@@ -63,16 +67,23 @@ class NativeChainStage : public StageProgram {
   NativeChainStage(LinearChain chain, bool recompute, GradBufferPtr grads,
                    std::shared_ptr<DpParamGather> param_gather = nullptr);
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
+  // The last stage's F with its micro-batch's target already drawn (by a caller that had to see it first).
+  void forward(MicroState& s, int micro, const at::Tensor& input, StepLoss& loss, const at::Tensor& target);
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;
   bool needs_output_for_backward() const override { return false; }
   bool native() const override { return true; }
   std::string describe() const override;
   const LinearChain& chain() const { return chain_; }
+  bool recompute() const { return recompute_; }
+  const GradBufferPtr& grads() const { return grads_; }
+  const std::shared_ptr<DpParamGather>& param_gather() const { return param_gather_; }
 
  private:
   at::Tensor run_forward(const at::Tensor& rows, bool recompute, std::vector<at::Tensor>& saved,
                          const std::vector<int64_t>& input_sizes) const;
+  // F; `target` undefined: drawn from the loss when needed.
+  void forward_drawn(MicroState& s, int micro, const at::Tensor& input, StepLoss* loss, const at::Tensor& target);
 
   LinearChain chain_;
   bool recompute_;

@@ -31,7 +31,10 @@ at::Tensor StepLoss::scaled_loss(int micro, const at::Tensor& output) {
 }
 
 at::Tensor StepLoss::loss_grad(int micro, const at::Tensor& output) {
-  const at::Tensor target = targets_(micro);
+  return loss_grad(micro, output, targets_(micro));
+}
+
+at::Tensor StepLoss::loss_grad(int micro, const at::Tensor& output, const at::Tensor& target) {
   if (spec_.builtin_mse && output.sizes() == target.sizes()) {
     LossAndGrad loss = mse_loss_and_grad(output, target, multiplier_);
     losses_.at(micro) = loss.loss;

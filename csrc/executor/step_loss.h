@@ -33,6 +33,15 @@ class StepLoss {
   // d(loss x multiplier) / d(output), keeping no graph. The built-in MSE computes it with the loss; any other
   // loss runs through autograd from the output (a fresh leaf) to the loss only.
   at::Tensor loss_grad(int micro, const at::Tensor& output);
+  // The same with the micro-batch's target already drawn (by a caller that had to see it first).
+  at::Tensor loss_grad(int micro, const at::Tensor& output, const at::Tensor& target);
+
+  // For a program that computes the loss itself (a CUDA-graphed stage, with the built-in MSE): the spec, the
+  // multiplier, the micro-batch's target, and where its unmultiplied loss goes.
+  const LossSpec& spec() const { return spec_; }
+  double multiplier() const { return multiplier_; }
+  at::Tensor target(int micro) const { return targets_(micro); }
+  void record(int micro, at::Tensor loss) { losses_.at(micro) = std::move(loss); }
 
  private:
   at::Tensor checked_loss(int micro, const at::Tensor& output, const at::Tensor& target);

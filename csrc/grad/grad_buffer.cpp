@@ -190,7 +190,7 @@ void GradBuffer::set_grad_final_listener(GradFinalListener listener) {
 }
 
 void GradBuffer::grad_final(const at::Tensor& param) {
-  if (!param.defined() || !listening_.load()) return;
+  if (!param.defined() || !listening_.load() || muted_.load()) return;
   std::lock_guard<std::mutex> lock(listener_mutex_);
   if (!listener_) return;
   const at::Tensor* grad = nullptr;

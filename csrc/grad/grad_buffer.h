@@ -80,6 +80,9 @@ class GradBuffer : public torch::CustomClassHolder {
   // An empty listener removes it. The listener runs under the buffer's listener lock: it must not set one.
   void set_grad_final_listener(GradFinalListener listener);
   void grad_final(const at::Tensor& param);
+  // While muted (a MutedGradFinal scope), grad_final announces nothing: a CUDA graph being captured records its
+  // kernels without running them, so its writes are announced after each replay instead.
+  void set_grad_final_muted(bool muted) { muted_.store(muted); }
 
  private:
   // write(i, just_params) gives the i-th weight-gradient write (just_params: only its weight and bias, for
@@ -97,6 +100,7 @@ class GradBuffer : public torch::CustomClassHolder {
   GradFinalListener listener_;
   std::atomic<bool> listening_{false};  // lets grad_final skip the lock when nobody listens (most actions)
   std::atomic<bool> overwrite_{false};
+  std::atomic<bool> muted_{false};
   std::atomic<bool> restore_on_write_{false};
   std::mutex restore_mutex_;
   std::unordered_map<const c10::StorageImpl*, size_t> bucket_of_storage_;
@@ -110,6 +114,18 @@ class OverwriteWeightGrads {
   ~OverwriteWeightGrads() { grads_.set_overwrites(false); }
   OverwriteWeightGrads(const OverwriteWeightGrads&) = delete;
   OverwriteWeightGrads& operator=(const OverwriteWeightGrads&) = delete;
+
+ private:
+  GradBuffer& grads_;
+};
+
+// Scope of a captured (or rerun) graph's weight-gradient writes: their final announcements are the replayer's.
+class MutedGradFinal {
+ public:
+  explicit MutedGradFinal(GradBuffer& grads) : grads_(grads) { grads_.set_grad_final_muted(true); }
+  ~MutedGradFinal() { grads_.set_grad_final_muted(false); }
+  MutedGradFinal(const MutedGradFinal&) = delete;
+  MutedGradFinal& operator=(const MutedGradFinal&) = delete;
 
  private:
   GradBuffer& grads_;

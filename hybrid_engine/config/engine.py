@@ -18,6 +18,7 @@ SCHEDULES: tuple[str, ...] = tuple(_C.schedule.schedule_names())
 STAGE_IMPLS = ("auto", "native", "autograd")
 RECOMPUTE = ("none", "selective", "full")
 AMP_MODES = ("off", "fp16", "bf16")
+GRAPH_MODES = ("auto", "on", "off")
 AMP_IMPLS = ("half-weights", "autocast")
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DP_GRAD_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
@@ -136,6 +137,10 @@ class StageConfig:
     tp_chunks: int = field(default=0, metadata=flag(metavar="N"))
     """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
     GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
+    cuda_graphs: str = field(default="auto", metadata=flag(choices=GRAPH_MODES))
+    """Native chain stages: capture each micro-batch's forward and backward as CUDA graphs and replay them, one
+    launch instead of one per kernel (auto: on for native stages on CUDA where the run allows it, said once at
+    start; on: required, or one line and exit 2; off: eager)."""
 
     def __post_init__(self):
         if isinstance(self.recompute, bool):  # StageConfig(impl, True): the engine's whole-stage recompute
@@ -149,6 +154,7 @@ class StageConfig:
     def validate(self) -> None:
         _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
         _choice(self.recompute, RECOMPUTE, "stages.recompute (--recompute)")
+        _choice(self.cuda_graphs, GRAPH_MODES, "stages.cuda_graphs (--cuda-graphs)")
         if self.tp_chunks < 0:
             raise ConfigError(f"stages.tp_chunks (--tp-chunks) must be >= 0 (0: auto), got {self.tp_chunks}")
 

@@ -34,6 +34,7 @@ from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from .update import UpdateStep
+from hybrid_engine.parallel.pipeline.graphs import GraphChoice, graphed
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
@@ -75,6 +76,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
     schedule, stages, precision, data_parallel: typed configuration (hybrid_engine/config/engine.py).
     trace: time every action of each step (`trace` property) and its DP and MP collectives (`comm_trace`).
+    cuda_graphs: the run's resolved --cuda-graphs (the driver's, which asks the planner); None resolves
+        `stages.cuda_graphs` here (hybrid_engine/parallel/pipeline/graphs.py).
     """
 
     def __init__(self, model: nn.Sequential, loss: losses.LossSpec, groups: GridGroups, *,
@@ -84,7 +87,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
                  parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None,
-                 cp_comm: str = "auto", plan_card: str = "auto"):
+                 cp_comm: str = "auto", plan_card: str = "auto", cuda_graphs: GraphChoice | None = None):
         for cfg in (stages, precision):
             cfg.validate()
         data_parallel.validate(groups.grid)
@@ -154,8 +157,11 @@ class Engine(EngineState, UpdateStep, Reschedule):
                      if sharded else None)
         # ZeRO-1 with the parameter all-gather overlapped: each layer of the forward waits for its own bucket.
         waits = self.zero.waits if self.zero is not None and self.zero.overlap else None
-        self._programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads, waits,
-                                        groups.mp, self._comm_trace)
+        self._eager_programs = build_programs(self.plans, self._stages, precision, stages, self.device, self.grads,
+                                              waits, groups.mp, self._comm_trace)
+        # --cuda-graphs on where the run cannot have graphs: ConfigError
+        self.cuda_graphs = cuda_graphs or self.graph_choice(schedule, stages.cuda_graphs)
+        self._programs = graphed(self._eager_programs, self.cuda_graphs, str(self.device))
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         if self.zero is not None:
@@ -180,6 +186,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         """The choices made for the user, once, by rank 0: every stage's program, the loss, the update."""
         lines = [plan.describe(self.stage_cfg) for plan in self.plans]
         lines.append(f"loss: {losses.describe(self.loss, self.plans[-1].native)}")
+        lines.append(self.cuda_graphs.describe())
         if self._tied:
             lines.append(self._tied.describe())
         lines.append(self.update.describe())
@@ -340,6 +347,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         it is process-wide, so other engines in the process are untouched."""
         self.wait_for_parameters()  # no all-gather left writing into the parameters
         self._executor = None
+        self._programs = dict(self._eager_programs)  # CUDA graphs hold the MP groups' captured collectives
         self._tied.close()
         if self._shard_groups is not None:
             self._shard_groups.close()

@@ -4,11 +4,13 @@ state stays, and the executor is built again on the next step."""
 from __future__ import annotations
 
 from hybrid_engine.config.engine import ScheduleConfig
+from hybrid_engine.models import losses
+from hybrid_engine.parallel.pipeline.graphs import GraphChoice, graphed, resolve
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 
 
 class Reschedule:
-    """Reads and sets the Engine's schedule, micro-batch count, actions and executor."""
+    """Reads and sets the Engine's schedule, micro-batch count, actions, executor and CUDA-graph choice."""
 
     def reschedule(self, schedule: ScheduleConfig) -> None:
         """Run `schedule` from the next step on: one of the same stages only (virtual stages and placement)."""
@@ -21,7 +23,19 @@ class Reschedule:
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         self._overwrite_grads = self.overwrites_grads(schedule)
+        # Graphs where the new schedule allows them (never a refusal mid-run: `on` is held to as auto is).
+        choice = self.graph_choice(schedule, "off" if self.stage_cfg.cuda_graphs == "off" else "auto")
+        if choice.on != self.cuda_graphs.on and self.groups.rank == 0:
+            print(f"schedule {schedule.name}: {choice.describe()}", flush=True)
+        if choice.on != self.cuda_graphs.on:
+            self._programs = graphed(self._eager_programs, choice, str(self.device))
+        self.cuda_graphs = choice
         self._executor = None
+
+    def graph_choice(self, schedule: ScheduleConfig, mode: str) -> GraphChoice:
+        """Whether this engine's native stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
+        return resolve(mode, self.device.type, [p.native for p in self.plans], schedule, self.pp_size,
+                       self.stage_cfg, self.data_parallel, losses.is_builtin(self.loss), self._trace)
 
     def overwrites_grads(self, schedule: ScheduleConfig) -> bool:
         """Native chains write every gradient of the rank exactly once per step in a merged W, or in the one B of

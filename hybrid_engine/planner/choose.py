@@ -61,7 +61,7 @@ class Prediction:
 
 def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> Prediction:
     t = step_time(shape, card, s, plan)
-    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, card.workspace_bytes)))
+    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, card.workspace_bytes, t.graphs)))
 
 
 @dataclass(frozen=True)

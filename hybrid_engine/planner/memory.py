@@ -122,8 +122,10 @@ def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) 
     return peak
 
 
-def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0) -> list[RankPeak]:
-    """Predicted peak of each pipeline rank (workspace: what the card's libraries allocate on every rank)."""
+def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0,
+               replayed: bool = False) -> list[RankPeak]:
+    """Predicted peak of each pipeline rank (workspace: what the card's libraries allocate on every rank;
+    replayed: the stages run as CUDA graphs, step_time.graphed)."""
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     cut = shape.cut(s.pp * v)
@@ -151,5 +153,8 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
         backward = BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
+        if replayed:  # every micro-batch index keeps its forward's activations and its backward graph's temporaries
+            activations = m * sum(held[st] for st in stages)
+            backward *= m * len(stages)
         out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out

@@ -28,6 +28,9 @@ class Setting:
     zero_shard: int = 0
     """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP x CP rank."""
     bucket_bytes: float = 256 * 2**20
+    cuda_graphs: str = "off"
+    """--cuda-graphs: on, native chain stages replay as CUDA graphs wherever the plan allows it; auto, where that is
+    also predicted faster; off, never (step_time.step_time)."""
 
     @property
     def replicas(self) -> int:
@@ -59,4 +62,5 @@ class Setting:
         d = cfg.data_parallel
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
-                       cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20)
+                       cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20,
+                       cfg.stages.cuda_graphs)

@@ -16,7 +16,10 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
                                                       simulate, stage_rank)
 
 from .candidates import Plan
-from .card import ATTENTION_BACKWARD, Card
+from hybrid_engine.config.engine import ScheduleConfig
+from hybrid_engine.parallel.pipeline.graphs import splits_backward
+
+from .card import ATTENTION_BACKWARD, CARDS, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
 from .model_shape import ModelShape
 from .setting import Setting
@@ -68,25 +71,41 @@ class StepTime:
     """Context parallelism's K/V transfers (None without cp): the variant, both variants' costs, why."""
     cp_exposed_s: float = 0.0
     """What those transfers expose per step on the slowest rank."""
+    graphs: bool = False
+    """The native stages replay as CUDA graphs (--cuda-graphs auto: where that is predicted faster)."""
 
 
-def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> tuple[list[Costs], list[float], float,
-                                                                                   int]:
+def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
+    """Whether the plan's stages may replay as CUDA graphs (parallel/pipeline/graphs.py's rules for a run: native
+    stages on a GPU, no recompute, ZeRO 0 or 1, a schedule without W actions; --cuda-graphs not off): each F and B
+    then costs one launch, card.action_overhead_s, instead of one per layer, and the DP gradient collectives start
+    after the last backward's replay instead of under it."""
+    return (s.cuda_graphs != "off" and shape.native and card.name != CARDS["cpu"].name and not s.full_recompute
+            and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
+                                                                   plan.virtual_stages, plan.lookahead), s.pp))
+
+
+def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool | None = None
+                ) -> tuple[list[Costs], list[float], float, int]:
     """Per stage (pp x v of them): the costs of one micro-batch's F, B, I, W; its merged weight gradient (all
-    micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step."""
+    micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step.
+    replayed: the stages run as CUDA graphs (None: wherever they may, `graphed`)."""
     m, mp, e = plan.micro_batches, s.mp, s.elem
     slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
+    replayed = graphed(shape, card, s, plan) if replayed is None else replayed
     for layers in shape.cut(s.pp * plan.virtual_stages):
-        f = i = w = wm = 0.0
+        # replayed: one graph launch an action, no host work a layer
+        f = i = card.action_overhead_s if replayed else 0.0
+        w = wm = 0.0
         for index in layers:
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
             attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, s.cp > 1)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
-            overhead = card.host_action_s if card.host_action_s is not None else \
+            overhead = 0.0 if replayed else card.host_action_s if card.host_action_s is not None else \
                 card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
             scale = slow * card.compute_scale
             f += scale * (gemm + attention + elementwise) + overhead
@@ -162,8 +181,21 @@ def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: s
 
 
 def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime:
-    """The predicted time of one step of `plan` on `card` (the slowest rank's)."""
-    costs, merged, mp_s, mp_count = stage_costs(shape, card, s, plan)
+    """The predicted time of one step of `plan` on `card` (the slowest rank's): with its stages replayed as CUDA
+    graphs where they may be (--cuda-graphs on), or whichever of replayed and eager is faster (auto: what the run
+    then chooses, parallel/pipeline/graphs.py)."""
+    if not graphed(shape, card, s, plan):
+        return timed(shape, card, s, plan, replayed=False)
+    replayed = timed(shape, card, s, plan, replayed=True)
+    if s.cuda_graphs == "on":
+        return replayed
+    eager = timed(shape, card, s, plan, replayed=False)
+    return replayed if replayed.step_s <= eager.step_s else eager
+
+
+def timed(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool) -> StepTime:
+    """The predicted step with the stages replayed as CUDA graphs or eager."""
+    costs, merged, mp_s, mp_count = stage_costs(shape, card, s, plan, replayed)
     tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
     latency = card.hop_s(tokens * shape.hidden * s.elem) if s.pp > 1 else 0.0
     schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
@@ -176,7 +208,8 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     worst = 0.0
     dp_worst = update_worst = 0.0
     for r in range(s.pp):
-        last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
+        # what of the DP collectives the last backward hides: nothing of a replayed one (announced after it)
+        last_backward = 0.0 if replayed else sum(costs[st].B for st in held[r]) + per_rank_merged[r]
         dp_s, dp_exposed = 0.0, 0.0
         if s.replicas > 1:  # the gradients summed over dp x cp
             nbytes = params[r] * s.grad_wire_bytes
@@ -201,7 +234,7 @@ def step_time(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> StepTime
     attending = max(sum(1 for st in held[r] for i in cut[st] if shape.layers[i].attention_flops) for r in range(s.pp))
     kv, kv_s = context_exposed(shape, card, s, plan, tokens, attending)
     return StepTime(worst, sim.makespan + max(per_rank_merged), sim.bubble, dp_worst, mp_count, mp_s, update_worst,
-                    sim, kv, kv_s)
+                    sim, kv, kv_s, replayed)
 
 
 def context_exposed(shape: ModelShape, card: Card, s: Setting, plan: Plan, tokens: float,

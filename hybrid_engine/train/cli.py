@@ -37,6 +37,7 @@ from hybrid_engine.checkpoint.runs import checkpoint_to_start_from
 from hybrid_engine.config.output_paths import check_output_paths
 from hybrid_engine.planner import plan_run
 from hybrid_engine.planner.refit import Replanner
+from hybrid_engine.parallel.pipeline import graphs
 from hybrid_engine.planner.run_plan import with_plan
 from hybrid_engine.planner.grids import grid_table
 from .update_settings import update_settings
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
     grid = validate_launch(cfg, env, device.type, argv, prog)  # the plan, through the same checks
     check_output_paths(cfg, flags.config_file(argv))
     workload = registry.build_workload(cfg, device)  # the model (meta), loss, cut and data; data files read here
+    cuda_graphs = graphs.check_run(cfg, workload, grid, device.type)  # on that the run cannot meet: exit 2 here
     # a launcher's restart (torchrun --max-restarts) or SLURM's requeue (sbatch --requeue, a preemption)
     start_from = checkpoint_to_start_from(cfg, workload, restarted=env.attempt > 0 or slurm.requeue_count() > 0,
                                           settings=update_settings(cfg, registry.entry(cfg.model.name).clip_grad))
@@ -166,13 +168,14 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
         print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
     predicted, fallback = plan.chosen, bool(asked.unset)  # a plan the user gave is not the planner's to change
     while True:
-        engine = build_engine(cfg, workload, groups, device)
+        engine = build_engine(cfg, workload, groups, device, cuda_graphs)
         if state is not None:  # a step that hangs is then named by its stage, action, peer and collective
             state.hang = hang_report.HangReport(
                 hang_report.Placement(env.rank, tuple(groups.pp_ranks), tuple(grid.group_of(env.rank, "dp")),
                                       tuple(grid.group_of(env.rank, "mp")), nodes.hosts), engine.activity)
         try:
-            replanner = (Replanner.for_run(cfg, asked, grid, device.type, registry.check_model, plan)
+            replanner = (Replanner.for_run(graphs.as_chosen(cfg, cuda_graphs), asked, grid, device.type,
+                                           registry.check_model, plan)
                          if plan.by_time and fallback else None)
             Trainer(cfg, engine, workload, grid, groups, device, faults_plan=fault_plan, state=state,
                     predicted=predicted if plan.by_time else None, fallback=fallback,
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
             print(line, flush=True)
         cfg, fallback = with_plan(cfg, predicted.plan), False  # once: a second failure ends the run
         grid = validate_launch(cfg, env, device.type, argv, prog)
+        cuda_graphs = graphs.check_run(cfg, workload, grid, device.type)
         fault_plan = dataclasses.replace(fault_plan, oom_at_step=None)  # injected under the first plan only
     engine.close()  # the executor holds process groups: release them before the groups are destroyed
     dist.destroy_process_group()

@@ -28,6 +28,7 @@ from hybrid_engine.config.run import RunConfig
 from hybrid_engine.engine.engine import Engine
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.parallel.grid import GridGroups
+from hybrid_engine.parallel.pipeline.graphs import GraphChoice
 from hybrid_engine.models import registry
 from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
@@ -70,9 +71,11 @@ class RunState:
         return f"{where}; last checkpoint {latest or self.last_checkpoint or 'none'}"
 
 
-def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device) -> Engine:
+def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device: torch.device,
+                 cuda_graphs: GraphChoice | None = None) -> Engine:
     """The one place a run's configuration becomes an Engine (each rank builds only its own stages); a --clip-grad
-    left unsaid is the model's default, its registry entry's (the engine announces it)."""
+    left unsaid is the model's default, its registry entry's (the engine announces it); cuda_graphs: the run's
+    resolved --cuda-graphs (None: the engine resolves it)."""
     o, precision = cfg.optimizer, cfg.precision
     if precision.clip_grad is None:
         precision = dataclasses.replace(precision, clip_grad=registry.entry(cfg.model.name).clip_grad)
@@ -80,6 +83,7 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm, plan_card=cfg.plan.card,
+                  cuda_graphs=cuda_graphs,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
 

@@ -52,7 +52,7 @@ def test_one_gpu_mlp_plan_matches_the_measured_step_within_a_fifth(config, flags
         measured = json.load(f)["runs"][f"{config}_auto"]
     with open(MEMORY_POINTS) as f:  # the same plan's peak, measured on the engine as it builds stages now
         peak = json.load(f)["runs"][f"{config}_1f1b_m1"]["peak_mem_gib"]
-    c = plan_of(flags, 1)
+    c = plan_of(flags + ["--cuda-graphs", "off"], 1)  # measured before the stages were graphed
     assert c.chosen.plan.flags() == measured["plan"], (c.chosen.plan.flags(), measured["plan"])
     assert measured["plan"].startswith("--schedule 1f1b --micro-batches 1 ")
     assert abs(c.chosen.step_s / measured["step_time_s"] - 1) < 0.2, (c.chosen.step_s, measured["step_time_s"])

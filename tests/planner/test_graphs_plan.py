@@ -1,0 +1,139 @@
+"""The planner and CUDA graphs: a plan whose native stages replay as graphs pays one launch a stage's F and B
+instead of the host's fixed cost for every layer, and exposes the DP gradient collectives its eager backward hid
+(planner/step_time.py), so a host-bound MLP grid's predicted step drops with --cuda-graphs on, auto takes whichever
+of replayed and eager is faster, and plans the graphs do not cover predict what they did."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybrid_engine.models.mlp.workload import mlp_shape
+from hybrid_engine.planner import CARDS
+from hybrid_engine.planner.candidates import Plan
+from hybrid_engine.planner.setting import Setting
+from hybrid_engine.planner.step_time import step_time
+from hybrid_engine.train.cli import parse_config
+
+C = mlp_shape(8192, 8)  # config C: 64 rows a step, host-bound at 4 GPUs
+H100 = CARDS["h100"]
+
+
+def step_ms(shape, card, setting: Setting, plan: Plan) -> float:
+    return 1e3 * step_time(shape, card, setting, plan).step_s
+
+
+@pytest.mark.parametrize("grid,plan", [((1, 4, 1), Plan("1f1b", 8)), ((1, 1, 4), Plan("1f1b", 1)),
+                                       ((1, 2, 2), Plan("interleaved", 4, 2)), ((1, 1, 1), Plan("gpipe", 4))])
+def test_graphs_drop_the_per_layer_host_cost_of_a_host_bound_mlp(grid, plan):
+    eager = Setting(*grid, 64)
+    off, on = step_ms(C, H100, eager, plan), step_ms(C, H100, dataclasses.replace(eager, cuda_graphs="on"), plan)
+    # at least the per-layer overhead of one micro-batch's F and B on the busiest stage, less the launch it keeps
+    layers = 8 // (grid[1] * plan.virtual_stages)
+    assert off - on >= 2 * (layers - 1) * H100.action_overhead_s * 1e3 * 0.99, (off, on)
+    assert on < off
+
+
+@pytest.mark.parametrize("what,setting,plan,card", [
+    ("zero-bubble W actions", Setting(1, 4, 1, 64, cuda_graphs="on"), Plan("zb1", 8, merge_wgrad=True), H100),
+    ("recompute", Setting(1, 4, 1, 64, full_recompute=True, cuda_graphs="on"), Plan("1f1b", 8), H100),
+    ("ZeRO-2", Setting(4, 1, 1, 64, zero=2, cuda_graphs="on"), Plan("1f1b", 1), H100),
+    ("the CPU", Setting(1, 4, 1, 64, cuda_graphs="on"), Plan("1f1b", 8), CARDS["cpu"]),
+])
+def test_plans_the_graphs_do_not_cover_predict_as_before(what, setting, plan, card):
+    eager = dataclasses.replace(setting, cuda_graphs="off")
+    assert step_ms(C, card, setting, plan) == step_ms(C, card, eager, plan), what
+
+
+def test_the_run_setting_reads_the_flag():
+    assert Setting.of(parse_config([]), 1, 4, 1).cuda_graphs == "auto"
+    assert Setting.of(parse_config(["--cuda-graphs", "on"]), 1, 4, 1).cuda_graphs == "on"
+    assert Setting.of(parse_config(["--cuda-graphs", "off"]), 1, 4, 1).cuda_graphs == "off"
+
+
+def test_a_replayed_backward_hides_none_of_the_dp_collectives():
+    """The graphed backward announces its gradients after its replay: a dp grid's gradient collectives are all
+    exposed, where the eager backward hid all but the last bucket's under its later layers."""
+    L = mlp_shape(8192, 16)
+    eager = Setting(4, 1, 1, 1024, zero=1)
+    off = step_time(L, H100, eager, Plan("1f1b", 1))
+    on = step_time(L, H100, dataclasses.replace(eager, cuda_graphs="on"), Plan("1f1b", 1))
+    params = sum(layer.params for layer in L.layers)
+    whole = H100.collective_s(params * 4, 4, 1.0)  # fp32 gradients reduce-scattered over 4 ranks (ZeRO-1)
+    assert on.dp_exposed_s == pytest.approx(whole) and off.dp_exposed_s < whole
+    assert on.graphs and not off.graphs
+    # auto: here the eager step, whose backward hides the collectives, is predicted faster
+    auto = step_time(L, H100, dataclasses.replace(eager, cuda_graphs="auto"), Plan("1f1b", 1))
+    assert off.step_s < on.step_s and (auto.step_s, auto.graphs) == (off.step_s, False)
+
+
+def test_auto_replays_where_that_is_faster():
+    auto = step_time(C, H100, Setting(1, 4, 1, 64, cuda_graphs="auto"), Plan("1f1b", 8))
+    on = step_time(C, H100, Setting(1, 4, 1, 64, cuda_graphs="on"), Plan("1f1b", 8))
+    assert (auto.step_s, auto.graphs) == (on.step_s, True)
+
+
+def test_replayed_stages_keep_every_micro_batch_in_memory():
+    """Every micro-batch index has its own graphs and buffers (csrc/executor/graphed_stage.h): a 1F1B pipeline's
+    peak holds m micro-batches' activations with graphs, at most pp without."""
+    from hybrid_engine.planner.memory import peak_bytes
+
+    L = mlp_shape(8192, 16)
+    setting, plan = Setting(1, 4, 1, 1024), Plan("1f1b", 16)
+    eager = peak_bytes(L, setting, plan, H100.workspace_bytes)
+    replayed = peak_bytes(L, setting, plan, H100.workspace_bytes, replayed=True)
+    for rank, (e, r) in enumerate(zip(eager, replayed)):
+        assert r.static == e.static and r.dynamic > e.dynamic, rank
+    # the first rank held pp (4) micro-batches eagerly; replayed, it holds all 16 and 16 backward graphs' temporaries
+    assert replayed[0].dynamic > 3.5 * eager[0].dynamic
+    assert choose_peak(L, setting, plan, graphs=True) == replayed and choose_peak(L, setting, plan, False) == eager
+
+
+def choose_peak(shape, setting: Setting, plan: Plan, graphs: bool):
+    """The peaks the planner's prediction carries, with --cuda-graphs on a GPU card or off."""
+    from hybrid_engine.planner.choose import predict
+
+    return list(predict(shape, H100, dataclasses.replace(setting, cuda_graphs="on" if graphs else "off"), plan).ranks)
+
+
+def run_choice(flags: list[str], world: int):
+    """The driver's --cuda-graphs choice for a run of `flags` on `world` H100s (planned from this machine)."""
+    from hybrid_engine.config.checks import resolve_grid
+    from hybrid_engine.models import registry
+    from hybrid_engine.parallel.pipeline.graphs import check_run
+
+    cfg = parse_config(flags + ["--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"])  # the plan, whole
+    p = cfg.parallel
+    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world)
+    return check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100)
+
+
+C_FLAGS = ["--dim", "8192", "--depth", "8", "--batch-size", "64", "--amp", "fp16"]
+L_FLAGS = ["--dim", "8192", "--depth", "16", "--batch-size", "1024", "--amp", "fp16"]
+
+
+def test_auto_asks_the_planner_and_says_both_predictions():
+    pp4 = run_choice(C_FLAGS + ["--pp", "4", "--schedule", "1f1b", "--micro-batches", "8"], 4)
+    assert pp4.on and pp4.why.startswith("auto: native chain stages' forward and backward replayed per micro-batch, "
+                                         "predicted ")
+    assert pp4.why.endswith(" eager on H100") and "ms a step replayed" in pp4.why
+    dp4 = run_choice(L_FLAGS + ["--dp", "4", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "1"], 4)
+    assert not dp4.on and dp4.why.startswith("auto: the eager step is predicted faster, ")
+    assert dp4.why.endswith("eager on H100 (the eager backward hides the DP gradient collectives)")
+    on = run_choice(L_FLAGS + ["--dp", "4", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "1",
+                               "--cuda-graphs", "on"], 4)
+    assert on.on and on.why.startswith("--cuda-graphs on")  # asked for: not the planner's to change
+
+
+def test_the_refit_times_the_running_plan_as_it_runs():
+    """The replanner refits the card to the measured steps of the plan as it runs: replayed or eager as the run
+    chose, not both ways again (an eager run's host cost a layer is what the refit must see)."""
+    from hybrid_engine.parallel.pipeline.graphs import GraphChoice, as_chosen
+    from hybrid_engine.planner.step_time import stage_costs
+
+    cfg = parse_config(C_FLAGS)
+    assert as_chosen(cfg, GraphChoice(False, "eager")).stages.cuda_graphs == "off"
+    assert as_chosen(cfg, GraphChoice(True, "replayed")).stages.cuda_graphs == "on"
+    eager = Setting.of(as_chosen(cfg, GraphChoice(False, "eager")), 1, 4, 1)
+    counted = stage_costs(C, dataclasses.replace(H100, compute_scale=0.0, host_action_s=1.0), eager, Plan("1f1b", 8))
+    assert counted[0][0].F == 2  # two layer actions of the first stage's forward: the host's cost per layer is seen
