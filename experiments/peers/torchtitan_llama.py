@@ -121,6 +121,9 @@ def flex_takes_torchtitans_masks() -> bool:
 
 
 sdpa = a.cpu or not flex_takes_torchtitans_masks()
+ATTENTION_SAID = {(True, True): "causal SDPA (no flex backward on the CPU)", (False, False): "flex attention",
+                  (False, True): "causal SDPA (this torch has no create_block_mask(separate_full_blocks=...), "
+                                 "which its flex attention calls)"}
 parallelism = ParallelismConfig(spmd_backend=a.spmd_backend)
 training = TrainingConfig(local_batch_size=a.batch // world // a.micro, global_batch_size=a.batch, seq_len=a.seq,
                           disable_cuda_graphs=a.cpu or a.no_cuda_graphs)
@@ -137,7 +140,7 @@ if rank == 0:
           f"{a.micro} micro-batches of {training.local_batch_size}, "
           f"{'chunked' if chunked_loss else 'plain (this torch fails the chunked one)'} cross-entropy, "
           f"CUDA graphs {'on' if cuda_graphs else 'off'}, "
-          f"{'causal SDPA (no flex backward on the CPU)' if a.cpu else 'flex attention' if not sdpa else 'causal SDPA (this torch has no create_block_mask(separate_full_blocks=...), which its flex attention calls)'}", flush=True)
+          f"{ATTENTION_SAID[a.cpu, sdpa]}", flush=True)
 if a.cpu:  # torchtitan picks "cuda" when it finds no accelerator; its meshes go on the CPU for the smoke test
     titan_parallel_dims.device_type = "cpu"
 dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=world,

@@ -57,6 +57,25 @@ def _fused_ab(which: str, run: str, tree: str) -> float:
 ZERO_DP4, ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 
+GRAPHS = "2026-11-27-4xH100-graphs.json"
+GRID_NAMES = {"mp4": "dp1 pp1 mp4", "pp4": "dp1 pp4 mp1", "pp2 × mp2": "dp1 pp2 mp2", "dp2 × pp2": "dp2 pp2 mp1",
+              "dp4": "dp4 pp1 mp1"}
+
+
+def _graphs(grid: str, config: str) -> dict:
+    """A grid's comparison of the graphs pass (off and on), by the grid's name on the page."""
+    return next(c for c in results(GRAPHS)["comparisons"]
+                if c["grid"] == GRID_NAMES.get(grid, grid) and c["config"] == config)
+
+
+def _graphs_one_gpu(grid: str, config: str, graphs: str = "on") -> str:
+    """One GPU's eager step at the grid's micro-batches over the grid's step (graphed, or eager)."""
+    row = _graphs(grid, config)
+    one = next(c for c in results(GRAPHS)["comparisons"] if c["grid"] == "dp1 pp1 mp1"
+               and c["config"] == config and c["micro_batches"] == row["micro_batches"])
+    return ratio(one["off_ms"], row[f"{graphs}_ms"])
+
+
 LONG_SEQ_DOC = "docs/long_sequences.md"
 
 
@@ -221,6 +240,21 @@ CLAIMS = [
      lambda: ratio(_long_all("cp4_32k")["mfu"], _long_all("gpu1_8k")["mfu"])),
     (LONG_SEQ_DOC, "The all-gather variant is {}× the ring at 32k",
      lambda: ratio(_long_all("cp4_32k_gather")["tokens_s"], _long_all("cp4_32k")["tokens_s"])),
+    *[(PERF, f"| {grid} | {config} | {{}} | {{}} | {{}} | {{}}× | {{}}× |",
+       lambda g=grid, c=config: str(_graphs(g, c)["micro_batches"]),
+       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["off_ms"]),
+       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["on_ms"]),
+       lambda g=grid, c=config: ratio(_graphs(g, c)["off_ms"], _graphs(g, c)["on_ms"]),
+       lambda g=grid, c=config: _graphs_one_gpu(g, c))
+      for grid in GRID_NAMES for config in ("C", "L")],
+    (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
+     lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
+    (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",
+     lambda: ratio(_graphs("dp4", "L")["off_ms"], _graphs("dp4", "L")["on_ms"])),
+    (PERF, "Config L reaches {}× one GPU at pp4 and {}× at mp4",
+     lambda: _graphs_one_gpu("pp4", "L"), lambda: _graphs_one_gpu("mp4", "L")),
+    (PERF, "and {}× and {}× eagerly", lambda: _graphs_one_gpu("pp4", "L", "off"),
+     lambda: _graphs_one_gpu("mp4", "L", "off")),
     (PERF, "Zero 3's peak is {}% of zero 1's",
      lambda: pct(0)(_zero_dp4("zero3")["peak_gib"] / _zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",

@@ -149,12 +149,30 @@ def zero_plan_runs():
         for key, run in data["runs"].items():
             if key in grids and "plan" in run:
                 step_ms = 16 * 4096 / run["tokens_s"] * 1e3
-                yield ("4xH200-zero-sharding-plans", f"{key}_job{job}", f"{llama_8b} {grids[key]} {run['plan']}".split(),
-                       4, step_ms)
+                flags = f"{llama_8b} {grids[key]} {run['plan']}".split()
+                yield "4xH200-zero-sharding-plans", f"{key}_job{job}", flags, 4, step_ms
+
+
+def graph_runs():
+    """The graphs pass on 4 x H100: configs L and C, 1F1B, on one GPU and every 4-GPU grid, eager and graphed (each
+    run's --cuda-graphs as it ran)."""
+    for run in load("4xH100-graphs")["runs"]:
+        grid = dict((axis[:2], int(axis[2:])) for axis in run["grid"].split())
+        flags = (f"{ {'L': L, 'C': C}[run['config']]} --dp {grid['dp']} --pp {grid['pp']} --mp {grid['mp']} "
+                 f"--schedule 1f1b --micro-batches {run['micro_batches']} --cuda-graphs {run['graphs']}").split()
+        key = f"{run['config']}_{run['grid'].replace(' ', '')}_m{run['micro_batches']}_{run['graphs']}"
+        yield "4xH100-graphs", key, flags, grid["dp"] * grid["pp"] * grid["mp"], run["median_step_ms"]
 
 
 def measured_steps():
-    """Every point: (results file, run, flags, ranks, measured step ms)."""
+    """Every point: (results file, run, flags, ranks, measured step ms), each planned eager or graphed as it ran (every
+    run before the graphs pass predates CUDA-graphed stages)."""
+    for name, run, flags, ranks, step_ms in _measured_steps():
+        yield name, run, flags + ["--cuda-graphs", "off"], ranks, step_ms
+    yield from graph_runs()
+
+
+def _measured_steps():
     yield from grid_runs("4xH200-grids-mlp", ("L_dp2mp2_trace",), [])
     yield from grid_runs("4xH200-grids-gpt", (), ["--schedule", "1f1b"])
     yield from grid_runs("2xH100-gpt-pp-tp", (), ["--schedule", "1f1b"])

@@ -23,7 +23,22 @@ _LLAMA_TP = ("the Llama under tensor parallelism runs RMSNorm, RoPE and SwiGLU u
              "operators a block's forward and backward, 3x the GPT's, and its steps sit near 3.2 ms a layer and "
              "micro-batch wherever it was measured, as if its host set the pace; the model counts no operators. The "
              "same plan also measured 209 to 345 ms across the passes, wider than +-15% about any one prediction")
+_H100_EAGER_DP = ("the MLP's eager DP grids on 4 x H100 run 16-18% over the prediction while the same grids graphed "
+                  "(their gradient collectives after the replay, exposed in the model too) are within 10%: the eager "
+                  "backward hides less of the collectives than the model credits")
+_H100_MP4 = ("L at mp4 on 4 x H100: predicted 18-21% slow, graphed or not, where its pp2 x mp2 points are within 3%: "
+             "four-way all-reduces of 16 MiB measured faster than the card's link rate gives")
 KNOWN_MISSES = {
+    ("4xH100-graphs", "C_dp4pp1mp1_m1_off"): _H100_EAGER_DP,
+    ("4xH100-graphs", "C_dp2pp2mp1_m4_off"): _H100_EAGER_DP,
+    ("4xH100-graphs", "L_dp2pp2mp1_m4_off"): _H100_EAGER_DP,
+    ("4xH100-graphs", "L_dp1pp1mp4_m1_off"): _H100_MP4,
+    ("4xH100-graphs", "L_dp1pp1mp4_m1_on"): _H100_MP4,
+    ("4xH100-graphs", "C_dp1pp1mp4_m1_off"): ("C at mp4 eager on 4 x H100: 3.53 ms against 3.00 predicted (-15.1%), "
+                                               "as config C's mp4 on H200s (C_mp4 above)"),
+    ("4xH100-graphs", "C_dp1pp1mp4_m1_on"): ("C at mp4 graphed: 1.94 ms against 2.87 predicted (+48%); the model keeps "
+                                              "the tensor-parallel all-reduces' per-collective wait inside a replay "
+                                              "that launches them without the host"),
     # (results file, run): why it is left out. Predicted fast unless said.
     ("4xH200-grids-mlp", "C_dp2mp2"): _MLP_TREE,
     ("4xH200-grids-mlp", "C_dp2pp2"): _MLP_TREE,
@@ -81,13 +96,13 @@ def points(known: bool):
 
 def test_every_file_and_grid_is_read():
     ids = {(name, run) for name, run, *_ in measured_steps()}
-    assert len(ids) == 108 and set(KNOWN_MISSES) <= ids
+    assert len(ids) == 140 and set(KNOWN_MISSES) <= ids
     assert {name for name, _ in ids} == {
         "4xH200-grids-mlp", "4xH200-grids-gpt", "2xH100-gpt-pp-tp", "2xH200-gpt-dp", "4xH200-llama-4gpu",
         "1xH200-llama-1gpu", "1xH200-plan-one",
         "4xH200-plan-four", "4xH200-engine-ab-llama", "4xH200-engine-ab-gpt", "4xH200-engine-ab-gpt-pp2tp2-repeat",
         "4xH200-engine-ab-gpt-fused-on", "4xH200-engine-ab-llama-fused-on", "2xH200-engine-ab-gpt-tp2",
-        "4xH200-zero-sharding", "4xH200-zero-sharding-plans"}
+        "4xH200-zero-sharding", "4xH200-zero-sharding-plans", "4xH100-graphs"}
     tp4_m2 = next(p for p in points(False) if p.id == "4xH200-grids-gpt:gpt_tp4_m2")
     assert tp4_m2.values[0].count("--micro-batches") == 1 and tp4_m2.values[3] == 159.2  # the last value given
 
