@@ -233,6 +233,13 @@ def read_convergence(path: Path) -> Optional[Convergence]:
     return Convergence(path, _name_parts(path)[1], curves, extra) if curves else None
 
 
+def is_bench(data: Any) -> bool:
+    """A bench results file (experiments/analysis/ of the pipeline passes): its "meta" and its "runs", each run naming
+    the system it measured. Other passes' files may have both keys (the graphs pass's) without being one."""
+    return (isinstance(data, dict) and isinstance(data.get("meta"), dict) and isinstance(data.get("runs"), list)
+            and all(isinstance(r, dict) and "system" in r for r in data["runs"]))
+
+
 def load(root: Path) -> Results:
     root = Path(root)
     benches, maxbatches, convergences = [], [], []
@@ -254,7 +261,7 @@ def load(root: Path) -> Results:
         except (OSError, ValueError) as exc:
             ignored.append((path, f"unreadable: {exc}"))
             continue
-        if isinstance(data, dict) and "runs" in data and "meta" in data:
+        if is_bench(data):
             bench = _read_bench(path, data)
             benches.append((bench.date, bench.card, path, bench))
         else:

@@ -13,10 +13,10 @@ RESULTS = REPO / "experiments" / "results"
 sys.path.insert(0, str(REPO))
 
 from report import build, tables  # noqa: E402
-from report.data import NOT_MEASURED, load  # noqa: E402
+from report.data import NOT_MEASURED, is_bench, load  # noqa: E402
 
-# The newest bench file: "runs" and "meta" (the GPT's files have "runs" too, but no "meta").
-BENCH = sorted(p for p in RESULTS.glob("*.json") if {"runs", "meta"} <= json.loads(p.read_text()).keys())[-1]
+# The newest bench file, by the report's own rule (the GPT's files have "runs" too, but no "meta").
+BENCH = sorted(p for p in RESULTS.glob("*.json") if is_bench(json.loads(p.read_text())))[-1]
 
 
 def pdf_pages(path: Path) -> int:
