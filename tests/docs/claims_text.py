@@ -11,7 +11,7 @@ from doc_sources import (CLEAN_CI, COMPILE_AB, FIRST, GRIDS_MLP, GRIDS_MLP_FIRST
                          ZERO_PASS, archive_member, comma, first_median_step_ms, fixed, forward_mp_all_reduces_us,
                          gpu_idle_fraction, job7_efficiency, job_run, last_backward_ms, llama, mlp_l_bytes,
                          mlp_ratios, pct, pptp, profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded,
-                         summary_ms, summary_rate, timed_step_ms)
+                         summary_ms, summary_rate, timed_step_ms, LONG_SEQ4_ALL, long_seq4, zero_dp4, zero_plans)
 
 LLAMA_DOC = "docs/llama.md"
 COMMAND_TIMES = "cpu/2026-11-27-readme-command-times.json"
@@ -54,7 +54,7 @@ def _fused_ab(which: str, run: str, tree: str) -> float:
     return results(FUSED_AB.format(which))["median_step_ms"][run][f"{tree}_ms"]
 
 
-ZERO_DP4, ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-logs.tgz"
+ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 
 GRAPHS = "2026-11-27-4xH100-graphs.json"
@@ -80,21 +80,8 @@ LONG_SEQ_DOC = "docs/long_sequences.md"
 
 
 def _long_all(name: str) -> dict:
-    """A run of the cp4 job at 16k-64k (the earlier job's 128k: _long_first)."""
-    return next(r for r in results("2026-11-27-4xH200-long-seq-cp4-all.json")["runs"] if r["name"] == name)
-
-
-def _long_first(name: str) -> dict:
-    return next(r for r in results("2026-11-27-4xH200-long-seq.json")["runs"] if r["name"] == name)
-
-
-def _zero_plans(run: str, job: int = 1) -> dict:
-    """A run of the 8B plans' jobs under the 78 GiB cap (the second: the planner's plan beside the peers)."""
-    return results("2026-11-27-4xH200-zero-sharding-plans.json")["jobs"][job]["runs"][run]
-
-
-def _zero_dp4(run: str) -> dict:
-    return results(ZERO_DP4)["runs"][run]
+    """A run of the cp4 job at 16k-64k (the earlier job's, 128k among them: long_seq4)."""
+    return long_seq4(name, LONG_SEQ4_ALL)
 
 
 def _llama4(run: str) -> dict:
@@ -200,38 +187,38 @@ CLAIMS = [
      lambda: fixed(2)(results(ZERO_PASS)["runs"]["L_dp2_1f1b"]["peak_gib"][0]
                       - results(ZERO_PASS)["runs"]["L_dp2_zero_1f1b"]["peak_gib"][0])),
     (PERF, "bound by its fp32 gradients (L: {} GB a step)", lambda: fixed(1)(mlp_l_bytes(4))),
-    *[(PERF, f"| {label} | {{}} | {{}}% | {{}} |", lambda run=run: comma(_zero_dp4(run)["tokens_s"]),
-       lambda run=run: pct()(_zero_dp4(run)["mfu"]), lambda run=run: fixed(1)(_zero_dp4(run)["peak_gib"]))
+    *[(PERF, f"| {label} | {{}} | {{}}% | {{}} |", lambda run=run: comma(zero_dp4(run)["tokens_s"]),
+       lambda run=run: pct()(zero_dp4(run)["mfu"]), lambda run=run: fixed(1)(zero_dp4(run)["peak_gib"]))
       for label, run in (("`--zero 1` (no cap)", "zero1_uncapped"), ("`--zero 2`", "zero2"), ("`--zero 3`", "zero3"),
                          ("FSDP2 on Hugging Face's Llama, compiled", "fsdp2_compile"))],
     (PERF, "within an H100's memory at {}× FSDP2 compiled, zero 3 at {}×",
-     lambda: ratio(_zero_dp4("zero2")["tokens_s"], _zero_dp4("fsdp2_compile")["tokens_s"]),
-     lambda: ratio(_zero_dp4("zero3")["tokens_s"], _zero_dp4("fsdp2_compile")["tokens_s"])),
+     lambda: ratio(zero_dp4("zero2")["tokens_s"], zero_dp4("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(zero_dp4("zero3")["tokens_s"], zero_dp4("fsdp2_compile")["tokens_s"])),
     (PERF, "their steps are {} and {} ms longer than zero 1's",
      *[lambda z=z: fixed(0)(summary_ms(ZERO_DP4_LOGS, f"zero{z}.log") - summary_ms(ZERO_DP4_LOGS, "zero1_uncapped.log"))
        for z in (2, 3)]),
-    *[(PERF, f"| {label} | {{}} | {{}} |", lambda run=run: comma(_zero_plans(run)["tokens_s"]),
-       lambda run=run: fixed(1)(_zero_plans(run)["peak_gib"]))
+    *[(PERF, f"| {label} | {{}} | {{}} |", lambda run=run: comma(zero_plans(run)["tokens_s"]),
+       lambda run=run: fixed(1)(zero_plans(run)["peak_gib"]))
       for label, run in (("the planner's plan: dp2 × pp2, `--zero 1`", "plan_auto"),
                          ("FSDP2 on Hugging Face's Llama, compiled", "fsdp2_compile"),
                          ("torchtitan, eager (its CUDA graphs)", "torchtitan_eager"),
                          ("torchtitan, compiled (without CUDA graphs)", "torchtitan_compile"))],
     (PERF, "The planner's plan reaches {}% MFU: {}× FSDP2 compiled ({} unrounded) and {}× torchtitan eager, {}×",
-     lambda: pct()(_zero_plans("plan_auto")["mfu"]),
-     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("fsdp2_compile")["tokens_s"]),
-     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("fsdp2_compile")["tokens_s"], 3),
-     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("torchtitan_eager")["tokens_s"]),
-     lambda: ratio(_zero_plans("plan_auto")["tokens_s"], _zero_plans("torchtitan_compile")["tokens_s"])),
+     lambda: pct()(zero_plans("plan_auto")["mfu"]),
+     lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("fsdp2_compile")["tokens_s"], 3),
+     lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("torchtitan_eager")["tokens_s"]),
+     lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("torchtitan_compile")["tokens_s"])),
     (PERF, "In the first job zero 2 at dp4 ran {} tokens/s beside the same plan's {}.",
-     lambda: comma(_zero_plans("zero2", 0)["tokens_s"]), lambda: comma(_zero_plans("plan_auto", 0)["tokens_s"])),
+     lambda: comma(zero_plans("zero2", 0)["tokens_s"]), lambda: comma(zero_plans("plan_auto", 0)["tokens_s"])),
     *[(LONG_SEQ_DOC, f"| {label} | {{}} | {{}}% | {{}}% | {{}} |", lambda run=run: comma(_long_all(run)["tokens_s"]),
        lambda run=run: pct()(_long_all(run)["mfu"]), lambda run=run: pct()(_long_all(run)["mfu_causal"]),
        lambda run=run: fixed(1)(max(_long_all(run)["peak_gib_per_gpu"])))
       for label, run in (("one GPU, 8k", "gpu1_8k"), ("cp4, 16k", "cp4_16k"), ("cp4, 32k", "cp4_32k"),
                          ("cp4, 32k, `--cp-comm all-gather`", "cp4_32k_gather"), ("cp4, 64k", "cp4_64k"))],
     (LONG_SEQ_DOC, "| cp4, 128k (the earlier job) | {} | {}% | — | {} |",
-     lambda: comma(_long_first("cp4_128k")["tokens_s"]), lambda: pct()(_long_first("cp4_128k")["mfu"]),
-     lambda: fixed(1)(max(_long_first("cp4_128k")["peak_gib_per_gpu"]))),
+     lambda: comma(long_seq4("cp4_128k")["tokens_s"]), lambda: pct()(long_seq4("cp4_128k")["mfu"]),
+     lambda: fixed(1)(max(long_seq4("cp4_128k")["peak_gib_per_gpu"]))),
     (LONG_SEQ_DOC, "| torch's `context_parallel`, cp4, 32k | {} | {}% | {}% | — |",
      lambda: comma(_long_all("torch_cp4_32k")["tokens_s"]), lambda: pct()(_long_all("torch_cp4_32k")["mfu"]),
      lambda: pct()(_long_all("torch_cp4_32k")["mfu_causal"])),
@@ -256,7 +243,7 @@ CLAIMS = [
     (PERF, "and {}× and {}× eagerly", lambda: _graphs_one_gpu("pp4", "L", "off"),
      lambda: _graphs_one_gpu("mp4", "L", "off")),
     (PERF, "Zero 3's peak is {}% of zero 1's",
-     lambda: pct(0)(_zero_dp4("zero3")["peak_gib"] / _zero_dp4("zero1_uncapped")["peak_gib"])),
+     lambda: pct(0)(zero_dp4("zero3")["peak_gib"] / zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",
      lambda: f"{min(forward_mp_all_reduces_us(GRIDS_MLP_LOGS, 'L_dp2mp2_trace.json')[1:]):.0f}",
      lambda: f"{max(forward_mp_all_reduces_us(GRIDS_MLP_LOGS, 'L_dp2mp2_trace.json')[1:]):.0f}"),

@@ -176,6 +176,23 @@ GRIDS_MLP_LOGS, COMPILE_AB = "2026-11-27-4xH200-grids-mlp-logs.tgz", "2026-11-26
 SP_AB, LLAMA4_LOGS = "2026-11-26-2xH100-sp-ab-logs.tgz", "2026-11-27-4xH200-llama-4gpu-logs.tgz"
 LLAMA_TEXT = "cpu/2026-11-27-llama-vs-gpt-text.json"
 MAIN_JOB, CLEAN_CI = "cpu/2026-11-27-main-job.json", "cpu/2026-11-27-clean-clone-ci.json"
+LONG_SEQ4, LONG_SEQ4_ALL = "2026-11-27-4xH200-long-seq.json", "2026-11-27-4xH200-long-seq-cp4-all.json"
+ZERO_DP4, ZERO_PLANS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-plans.json"
+
+
+def long_seq4(name: str, file: str = LONG_SEQ4) -> dict:
+    """A run of a 4 x H200 long-sequence job by its name (the first job's by default; LONG_SEQ4_ALL: 16k-64k)."""
+    return next(r for r in results(file)["runs"] if r["name"] == name)
+
+
+def zero_dp4(run: str) -> dict:
+    """A run of the 8B ZeRO levels at dp4 (4 x H200)."""
+    return results(ZERO_DP4)["runs"][run]
+
+
+def zero_plans(run: str, job: int = 1) -> dict:
+    """A run of the 8B plans' jobs under the 78 GiB cap (the second: the planner's plan beside the peers)."""
+    return results(ZERO_PLANS)["jobs"][job]["runs"][run]
 
 
 def job_run(job: str, config: str, mode: str, variant: str = "") -> dict:

@@ -21,13 +21,11 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, P
                          PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
                          grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
                          pptp, profile_calls, profile_cuda_percent, profile_host_us_per_call, ratio, results,
-                         summary_ms, summary_rate, zero_scaling)
+                         summary_ms, summary_rate, zero_dp4, zero_plans, zero_scaling, long_seq4)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 LONG_SEQ = "2026-11-27-2xH200-long-seq.json"
 ZERO_DP2 = "2026-11-27-2xH200-zero-sharding-dp2.json"
-LONG_SEQ4, ZERO_DP4 = "2026-11-27-4xH200-long-seq.json", "2026-11-27-4xH200-zero-sharding.json"
-ZERO_PLANS = "2026-11-27-4xH200-zero-sharding-plans.json"
 SP_COLLECTIVES = ("c10d::reduce_scatter_", "c10d::allgather_")  # the host-side ops of the sequence-parallel collectives
 def step_errors(prefix: str, four: bool) -> list[float]:
     """The plan pass's (measured - predicted) / predicted step times of a model's runs."""
@@ -54,19 +52,6 @@ def zero_dp2(run: str) -> dict:
 
 def long_seq(name: str) -> dict:
     return next(r for r in results(LONG_SEQ)["runs"] if r["name"] == name)
-
-
-def long_seq4(name: str) -> dict:
-    return next(r for r in results(LONG_SEQ4)["runs"] if r["name"] == name)
-
-
-def zero_plans(run: str) -> dict:
-    """A run of the 8B plans' second job (the planner's plan beside FSDP2 and torchtitan, under the 78 GiB cap)."""
-    return results(ZERO_PLANS)["jobs"][1]["runs"][run]
-
-
-def zero_dp4(run: str) -> dict:
-    return results(ZERO_DP4)["runs"][run]
 
 
 def realtext(job: str, precision: str) -> float:
