@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from hybrid_engine.planner.choose import predict
 from hybrid_engine.planner.model_shape import shape_of
 from hybrid_engine.planner.setting import Setting
 from hybrid_engine.train.cli import parse_config
+from measured_steps import engine_flags
 from plan_flags import plan_of
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
@@ -32,19 +32,8 @@ MODEL_PARAMS = 852_557_824  # the runs' "853M parameters"
 
 
 def flags_of(command: str) -> list[str]:
-    """The engine's flags of a run's command line, less its output and data paths."""
-    words = shlex.split(command)
-    words = words[words.index("hybrid_engine.py") + 1:]
-    flags, i = [], 0
-    while i < len(words):
-        if words[i] in ("--metrics", "--data"):
-            i += 2
-        elif words[i] == "--quiet":
-            i += 1
-        else:
-            flags.append(words[i])
-            i += 1
-    return flags + RUN_SETTINGS
+    """The engine's flags of a run's command line (less its output, data and timing), with what its tree chose."""
+    return engine_flags(command) + RUN_SETTINGS
 
 
 def measured(run: dict) -> tuple[float, float]:
