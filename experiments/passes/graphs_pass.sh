@@ -19,8 +19,7 @@ source experiments/passes/pass_lib.sh
 SMOKE=${SMOKE:-0}
 PY=${PYTHON:-python3}
 if [[ $SMOKE == 1 ]]; then
-  OUT=${OUT:-/tmp/graphs_smoke_out}; RES=/tmp/graphs_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
-  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-420})); RESERVE=5
+  smoke_start graphs 420 5
   export CUDA_VISIBLE_DEVICES="" GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1
   GPUS_SEEN=4; CARD="cpu"
   TESTS="tests/parallel/test_graphed_stages.py tests/parallel/test_cuda_graphs_gpu.py"

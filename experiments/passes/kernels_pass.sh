@@ -20,8 +20,7 @@ source experiments/passes/pass_lib.sh
 SMOKE=${SMOKE:-0}
 PY=${PYTHON:-python3}
 if [[ $SMOKE == 1 ]]; then
-  OUT=${OUT:-/tmp/kernels_smoke_out}; RES=/tmp/kernels_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
-  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-540})); RESERVE=5
+  smoke_start kernels 540 5
   GPUS_SEEN=4; CARD="cpu"; PHASE=${PHASE:-all}
   SHAPE1B="--hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 128 --seq-len 32 --vocab-size 512"
   SHAPE8B="--hidden 64 --layers ${LAYERS8B:-4} --heads 4 --kv-heads 2 --ffn-hidden 160 --seq-len 64 --vocab-size 1024"

@@ -24,8 +24,7 @@ source experiments/passes/pass_lib.sh
 SMOKE=${SMOKE:-0}
 PY=${PYTHON:-python3}
 if [[ $SMOKE == 1 ]]; then
-  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-600})); RESERVE=10
-  OUT=${OUT:-/tmp/he_out}; RES=/tmp/long_seq_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
+  smoke_start long_seq 600 10
   SHAPE="--hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 128"
   SEQS=(256 512 1024 2048); BASE=256; MID=512; DEV="--device cpu"; PEER_DEV="--device cpu"; VOCAB=500
   LIMIT=150

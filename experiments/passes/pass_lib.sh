@@ -31,6 +31,13 @@ pass_start() {  # name: a budgeted pass (PASS_BUDGET_S, default 540 s; budget_ru
   fi
 }
 
+smoke_start() {  # name budget_s reserve_s: a pass's tiny CPU form (SMOKE=1) under its budget (PASS_BUDGET_S, else
+  # budget_s), its logs under /tmp/<name>_smoke emptied first (no earlier call's run enters its results), the archive
+  # to ${OUT:-/tmp/he_out}
+  DEADLINE=$((SECONDS + ${PASS_BUDGET_S:-$2})); RESERVE=$3
+  OUT=${OUT:-/tmp/he_out}; RES=/tmp/$1_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
+}
+
 budget_run() {  # name limit_s command...: logged under $RES (.cmd, .log, .rc), killed at its limit or at the pass's
   # $DEADLINE less $RESERVE seconds (a run that no longer fits is skipped, said, and listed in skipped.txt)
   local name=$1 limit=$2; shift 2
