@@ -128,29 +128,33 @@ def gpt_dp_runs():
         yield "2xH200-gpt-dp", key, f"{gpt} {grid}".split(), ranks, run["step_ms"]
 
 
+# The ZeRO passes' 8B shape (experiments/passes/zero_sharding_pass.sh): 16 sequences of 4096 tokens a step.
+LLAMA_8B = ("--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 "
+            "--vocab-size 128256 --batch-size 16 --amp bf16 --optimizer adamw")
+
+
+def _step_ms_8b(run: dict) -> float:
+    """The 8B run's step: the batch's tokens over its rate."""
+    return 16 * 4096 / run["tokens_s"] * 1e3
+
+
 def zero_runs():
     """The 8B at dp4 on 4 x H200, zero 1, 2 and 3, 4 micro-batches, every fusion on (its logs)."""
-    llama_8b = ("--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 "
-                "--vocab-size 128256 --batch-size 16 --amp bf16 --optimizer adamw --fused-kernels on --dp 4 "
-                "--schedule 1f1b --micro-batches 4")
+    flags = f"{LLAMA_8B} --fused-kernels on --dp 4 --schedule 1f1b --micro-batches 4"
     for level in (1, 2, 3):
         run = load("4xH200-zero-sharding")["runs"]["zero1_uncapped" if level == 1 else f"zero{level}"]
-        step_ms = 16 * 4096 / run["tokens_s"] * 1e3  # the batch's tokens over the rate
-        yield "4xH200-zero-sharding", f"zero{level}", f"{llama_8b} --zero {level}".split(), 4, step_ms
+        yield "4xH200-zero-sharding", f"zero{level}", f"{flags} --zero {level}".split(), 4, _step_ms_8b(run)
 
 
 def zero_plan_runs():
     """The 8B under --memory-cap-gib 78 on 4 x H200, two jobs: zero 2 at dp4 and the plan command's first row (its
     grid from the plan line in its log: dp2 x pp2, zero 1), each with the plan its summary recorded."""
-    llama_8b = ("--model llama --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 "
-                "--vocab-size 128256 --batch-size 16 --amp bf16 --optimizer adamw --memory-cap-gib 78")
     grids = {"zero2": "--dp 4 --zero 2", "plan_auto": "--dp 2 --pp 2 --zero 1"}
     for job, data in enumerate(load("4xH200-zero-sharding-plans")["jobs"], 1):
         for key, run in data["runs"].items():
             if key in grids and "plan" in run:
-                step_ms = 16 * 4096 / run["tokens_s"] * 1e3
-                flags = f"{llama_8b} {grids[key]} {run['plan']}".split()
-                yield "4xH200-zero-sharding-plans", f"{key}_job{job}", flags, 4, step_ms
+                flags = f"{LLAMA_8B} --memory-cap-gib 78 {grids[key]} {run['plan']}".split()
+                yield "4xH200-zero-sharding-plans", f"{key}_job{job}", flags, 4, _step_ms_8b(run)
 
 
 def graph_runs():
