@@ -8,7 +8,8 @@
 #   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (the variant the planner's rule says at start)
 #   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k
 #                    (experiments/peers/torch_cp_llama.py)
-#   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k, the other variant, if the budget still allows
+#   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k and 16k (cp4_16k_gather), the other variant, if the
+#                    budget still allows
 # tokens/s, MFU (the engine's formula, attention counted: 6 N + 12 L s heads d per token; and its causal half) and
 # peak memory per GPU of every run, the targets checked, in one JSON: $OUT/<date>-4x<card>-long-seq.json (and the
 # logs in $OUT/long_seq.tgz), written by experiments/analysis/long_seq_results.py.
@@ -59,6 +60,7 @@ engine cp${C}_128k $C ${SEQS[3]} --cp $C
 engine cp${C}_64k $C ${SEQS[2]} --cp $C
 engine cp${C}_16k $C ${SEQS[0]} --cp $C
 engine cp${C}_32k_gather $C $MID --cp $C --cp-comm all-gather
+engine cp${C}_16k_gather $C ${SEQS[0]} --cp $C --cp-comm all-gather
 
 CARD=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo cpu) | head -1)
 SHORT=$(grep -o 'H[0-9]00' <<< "$CARD" | head -1)

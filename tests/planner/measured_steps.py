@@ -87,7 +87,8 @@ def grid_runs(name: str, skip: tuple[str, ...], schedule: list[str]):
             flags += schedule
         ranks = run.get("gpus") or math.prod(int(flags[flags.index(f) + 1]) for f in ("--dp", "--pp", "--mp")
                                              if f in flags)
-        yield name, key, flags + (VOCAB if "llama" in flags else []), ranks, run["step_ms"]
+        yield name, key, flags + (VOCAB if "llama" in flags and "--vocab-size" not in flags else []), ranks, \
+            run["step_ms"]
 
 
 def plan_runs(name: str, ranks: int):
@@ -168,6 +169,13 @@ def graph_runs():
         yield "4xH100-graphs", key, flags, grid["dp"] * grid["pp"] * grid["mp"], run["median_step_ms"]
 
 
+def pp4_schedule_runs():
+    """The GPT at pp4 on 4 x H100 under each schedule the pass named, with the rest of the plan its log printed."""
+    for name, key, flags, ranks, step_ms in grid_runs("4xH100-pp4-schedules", (), []):
+        v = 2 if flags[flags.index("--schedule") + 1] in ("zbv", "dualpipev") else 1
+        yield name, key, flags + f"--virtual-stages {v} --lookahead 0 --no-merge-wgrad".split(), ranks, step_ms
+
+
 def measured_steps():
     """Every point: (results file, run, flags, ranks, measured step ms), each planned eager or graphed as it ran (every
     run before the graphs pass predates CUDA-graphed stages)."""
@@ -188,3 +196,7 @@ def _measured_steps():
     yield from ab_runs()
     yield from zero_runs()
     yield from zero_plan_runs()
+    yield from pp4_schedule_runs()
+    # the 8B at pp4 on 4 x H100, bf16 and fp8 (kernels pass), each with the plan its log printed
+    yield from grid_runs("4xH100-kernels-8b-pp4", (), "--schedule zbv --virtual-stages 2 --lookahead 0 "
+                         "--no-merge-wgrad".split())

@@ -28,6 +28,8 @@ _H100_EAGER_DP = ("the MLP's eager DP grids on 4 x H100 run 16-18% over the pred
                   "backward hides less of the collectives than the model credits")
 _H100_MP4 = ("L at mp4 on 4 x H100: predicted 18-21% slow, graphed or not, where its pp2 x mp2 points are within 3%: "
              "four-way all-reduces of 16 MiB measured faster than the card's link rate gives")
+_FP8 = ("--fp8: the model times every GEMM at the bf16 rate and counts none of the quantization (two amax reductions "
+        "and two casts a GEMM), which measured slower than the GEMMs it saves: predicted as bf16, -30% and -33%")
 KNOWN_MISSES = {
     ("4xH100-graphs", "C_dp4pp1mp1_m1_off"): _H100_EAGER_DP,
     ("4xH100-graphs", "C_dp2pp2mp1_m4_off"): _H100_EAGER_DP,
@@ -40,6 +42,8 @@ KNOWN_MISSES = {
                                               "the tensor-parallel all-reduces' per-collective wait inside a replay "
                                               "that launches them without the host"),
     # (results file, run): why it is left out. Predicted fast unless said.
+    ("4xH100-kernels-8b-pp4", "llama8b_fp8_tensorwise"): _FP8,
+    ("4xH100-kernels-8b-pp4", "llama8b_fp8_rowwise"): _FP8,
     ("4xH200-grids-mlp", "C_dp2mp2"): _MLP_TREE,
     ("4xH200-grids-mlp", "C_dp2pp2"): _MLP_TREE,
     ("4xH200-grids-mlp", "C_pp2mp2"): _MLP_TREE,
@@ -96,13 +100,14 @@ def points(known: bool):
 
 def test_every_file_and_grid_is_read():
     ids = {(name, run) for name, run, *_ in measured_steps()}
-    assert len(ids) == 140 and set(KNOWN_MISSES) <= ids
+    assert len(ids) == 146 and set(KNOWN_MISSES) <= ids
     assert {name for name, _ in ids} == {
         "4xH200-grids-mlp", "4xH200-grids-gpt", "2xH100-gpt-pp-tp", "2xH200-gpt-dp", "4xH200-llama-4gpu",
         "1xH200-llama-1gpu", "1xH200-plan-one",
         "4xH200-plan-four", "4xH200-engine-ab-llama", "4xH200-engine-ab-gpt", "4xH200-engine-ab-gpt-pp2tp2-repeat",
         "4xH200-engine-ab-gpt-fused-on", "4xH200-engine-ab-llama-fused-on", "2xH200-engine-ab-gpt-tp2",
-        "4xH200-zero-sharding", "4xH200-zero-sharding-plans", "4xH100-graphs"}
+        "4xH200-zero-sharding", "4xH200-zero-sharding-plans", "4xH100-graphs", "4xH100-pp4-schedules",
+        "4xH100-kernels-8b-pp4"}
     tp4_m2 = next(p for p in points(False) if p.id == "4xH200-grids-gpt:gpt_tp4_m2")
     assert tp4_m2.values[0].count("--micro-batches") == 1 and tp4_m2.values[3] == 159.2  # the last value given
 
