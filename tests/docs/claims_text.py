@@ -58,6 +58,11 @@ ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 
 GRAPHS = "2026-11-27-4xH100-graphs.json"
+PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
+
+
+def _pp4(run: str) -> dict:
+    return results(PP4_SCHEDULES)["runs"][f"engine_pp4_{run}"]
 GRID_NAMES = {"mp4": "dp1 pp1 mp4", "pp4": "dp1 pp4 mp1", "pp2 × mp2": "dp1 pp2 mp2", "dp2 × pp2": "dp2 pp2 mp1",
               "dp4": "dp4 pp1 mp1"}
 
@@ -234,6 +239,11 @@ CLAIMS = [
        lambda g=grid, c=config: ratio(_graphs(g, c)["off_ms"], _graphs(g, c)["on_ms"]),
        lambda g=grid, c=config: _graphs_one_gpu(g, c))
       for grid in GRID_NAMES for config in ("C", "L")],
+    ("docs/schedules.md", "1f1b ran {} tokens/s ({} ms a step), zbv {} ({} ms, {}× 1f1b) and dualpipev {} ({} ms, {}×)",
+     lambda: comma(_pp4("1f1b")["tokens_s"]), lambda: fixed(2)(_pp4("1f1b")["step_ms"]),
+     *[f for v in ("zbv", "dualpipev") for f in (lambda v=v: comma(_pp4(v)["tokens_s"]),
+                                                  lambda v=v: fixed(2)(_pp4(v)["step_ms"]),
+                                                  lambda v=v: ratio(_pp4(v)["tokens_s"], _pp4("1f1b")["tokens_s"]))]),
     (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
      lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
     (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",
