@@ -55,6 +55,17 @@ def chunk_grad(logits: torch.Tensor, top: torch.Tensor, sum_exp: torch.Tensor, l
     return ((softmax - onehot) / tokens).to(logits.dtype)
 
 
+def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, acc in fp32 and a, b in the weights' dtype. On CUDA with half a and b, one GEMM adds its fp32
+    product into acc (cuBLAS's beta = 1 with an fp32 output): the vocabulary-sized weight gradient of every chunk is
+    read and written once, not written in half, copied to fp32 and added. Elsewhere the product is added in place,
+    converted as it is read (no fp32 copy of it), which equals `acc += (a @ b).float()` bit for bit."""
+    if acc.is_cuda and a.dtype in (torch.float16, torch.bfloat16):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.add_(a @ b)
+
+
 class ChunkRegions:
     """The three elementwise passes over a chunk's logits, each one region (kernels/options.py): on CUDA with
     Triton each reads the logits once in their own dtype and never writes an fp32 copy of them."""
@@ -95,7 +106,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if want_grads:
                 grad_logits = regions.grad(logits, top, stats[0], local, in_range, valid, n)
                 grad_x[lo:lo + rows_per_chunk] = grad_logits @ weight
-                grad_w += (grad_logits.t() @ xc).float()
+                add_product(grad_w, grad_logits.t(), xc)
         if want_grads:
             ctx.save_for_backward(grad_x, grad_w)
             ctx.shape, ctx.dtype = x.shape, weight.dtype

@@ -67,6 +67,29 @@ def test_linear_cross_entropy_equals_the_head_and_the_vocab_parallel_loss(rows_p
         assert abs(linear_cross_entropy(x, weight, targets, None, 45).item() - plain.item()) <= 1e-6
 
 
+def test_the_chunks_weight_gradient_adds_the_half_product_without_an_fp32_copy():
+    """On the CPU the chunk's product is added in place as it is read: bit for bit the fp32 copy added."""
+    from hybrid_engine.kernels.linear_cross_entropy import add_product
+    a, b = _randn(40, 24).bfloat16(), _randn(24, 16).bfloat16()
+    acc = _randn(40, 16)
+    expected = acc + (a @ b).float()
+    add_product(acc, a, b)
+    assert torch.equal(acc, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_weight_gradient_accumulates_in_one_gemm_with_an_fp32_output():
+    """cuBLAS adds the fp32 product into the accumulator: closer to the exact product than the bf16-rounded one."""
+    from hybrid_engine.kernels.linear_cross_entropy import add_product
+    a, b = _randn(512, 256).bfloat16().cuda(), _randn(256, 384).bfloat16().cuda()
+    acc = _randn(512, 384).cuda()
+    exact = acc.double() + a.double() @ b.double()
+    rounded = acc + (a @ b).float()
+    add_product(acc, a, b)
+    assert (acc.double() - exact).abs().max() <= (rounded.double() - exact).abs().max()
+    assert torch.allclose(acc.double(), exact, rtol=1e-5, atol=1e-4)
+
+
 def test_a_llama_trained_with_the_fused_kernels_equals_one_trained_without():
     plain = train_one_process(KernelOptions(), 3, tied=True)
     fused = train_one_process(KernelOptions(fused=True), 3, tied=True)
