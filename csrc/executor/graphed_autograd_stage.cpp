@@ -198,7 +198,9 @@ void GraphedAutogradStage::capture(Slot& slot) {
     slot.loss = loss_->unrecorded_loss(slot.index, out, slot.target);
     slot.root = slot.loss * multiplier_;
   });
-  std::unique_ptr<StageGraph> backward = graphs_.make();
+  // The slots' B graphs share one pool: they replay one at a time, and what one keeps (the input gradient) stays
+  // referenced; F graphs keep their saved activations until their B, each in a pool of its own.
+  std::unique_ptr<StageGraph> backward = graphs_.make(/*shared=*/true);
   backward->capture([this, &slot] {
     slot.finals.clear();
     {

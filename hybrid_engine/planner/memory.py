@@ -157,9 +157,11 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         if replayed and shape.native:  # every micro-batch index keeps its activations and its backward's temporaries
             activations = m * sum(held[st] for st in stages)
             backward *= m * len(stages)
-        elif replayed:  # an autograd stage: each slot (a micro-batch in flight) keeps the same, through the run
+        elif replayed:
+            # autograd stages: each slot (a micro-batch in flight) keeps its activations through the run, and its
+            # forward pool a layer's temporaries beside them; the slots' backward graphs share one pool a stage
             kept_slots = {st: slots(programs[r], st) for st in stages}
-            activations = sum(kept_slots[st] * held[st] for st in stages)
-            backward *= sum(kept_slots.values())
+            activations = sum(kept_slots[st] * held[st] for st in stages) + sum(kept_slots.values()) * backward
+            backward *= len(stages)
         out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out
