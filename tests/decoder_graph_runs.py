@@ -53,7 +53,8 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
         opt = optim.AdamW(LR * 0.1) if run.get("optimizer") == "adamw" else optim.SGD(LR, 0.9)
         engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
                              micro_batches=run.get("m", 4), virtual_stages=run.get("v", 1), optimizer=opt,
-                             amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device, cuda_graphs=mode,
+                             amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device,
+                             cuda_graphs=mode,
                              **workload.engine_kwargs(pp * run.get("v", 1)))
         if run["graphs"] == "host":
             engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
@@ -81,6 +82,45 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
         groups.destroy()
         dist.barrier()
     return out
+
+
+def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
+    """The Llama on one rank, 2 micro-batches streamed a step, of these rows: two steps of 4 + 4, two of 2 + 2, three
+    of 4 + 3 (a smaller last micro-batch). A new shape runs eagerly and is captured at the next step's start; the
+    last micro-batch of 3 rows runs eagerly beside the 4-row graphs, which it never displaces."""
+    workload = workload_of({})
+    groups = build_groups(ProcessGrid(1, 1, 1), rank)
+    engine = make_engine(workload.model, groups, loss=workload.loss, micro_batches=2, optimizer=optim.SGD(LR, 0.9),
+                         cuda_graphs="off", **workload.engine_kwargs(1))
+    if graphs == "host":
+        engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
+    losses, counts = [], []
+    for step, rows in enumerate(((4, 4), (4, 4), (2, 2), (2, 2), (4, 3), (4, 3), (4, 3))):
+        x, y = workload.draw(step, 0, sum(rows))
+
+        def source(t):
+            return lambda micro: t[sum(rows[:micro]):sum(rows[:micro + 1])]
+
+        losses.append(engine.train_step(source(x), source(y)).loss)
+        [program] = engine.stage_programs.values()
+        counts.append((program.captures, program.replays) if graphs == "host" else None)
+    out = {"losses": losses, "counts": counts,
+           "state": {k: t.numpy() for k, t in engine.full_state_dict().items()}}
+    engine.close()
+    groups.destroy()
+    return out
+
+
+class Action:
+    """A compute action of a run's result as graphs.slots reads it (type.name, stage)."""
+
+    def __init__(self, kind: str, stage: int, micro: int):
+        self.type, self.stage, self.micro = type("Kind", (), {"name": kind}), stage, micro
+
+
+def compute_actions(result: dict) -> list[Action]:
+    """The F and B actions of the rank's action list, in order."""
+    return [Action(*a) for a in result["actions"] if a[0] in ("F", "B")]
 
 
 if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSON

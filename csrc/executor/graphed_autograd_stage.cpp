@@ -92,6 +92,9 @@ void GraphedAutogradStage::forward(MicroState& s, int micro, const at::Tensor& i
       eager_->forward(s, micro, input, first_stage, nullptr);
       s.saved = {s.output};  // the backward's root (the executor drops s.output once it is sent)
     }
+    in_flight_[micro] = {&slot, true};
+    // The step's first eager micro-batch in the slot sets the shapes to capture (a smaller last one does not).
+    if (slot.recorded) return;
     slot.seen = Shapes{};
     slot.seen.input = input.sizes().vec();
     slot.seen.input_dtype = input.scalar_type();
@@ -101,7 +104,6 @@ void GraphedAutogradStage::forward(MicroState& s, int micro, const at::Tensor& i
       slot.seen.target = target.sizes().vec();
       slot.seen.target_dtype = target.scalar_type();
     }
-    in_flight_[micro] = {&slot, true};
     return;
   }
   wait_for_parameters();
@@ -138,7 +140,7 @@ at::Tensor GraphedAutogradStage::backward(MicroState& s, int micro, const at::Te
   if (flight.eager) {
     if (loss == nullptr) s.output = s.saved.at(0);
     s.saved.clear();
-    if (output_grad.defined()) {
+    if (output_grad.defined() && !slot.recorded) {
       slot.seen.output_grad = output_grad.sizes().vec();
       slot.seen.output_grad_dtype = output_grad.scalar_type();
     }

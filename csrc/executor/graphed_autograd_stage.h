@@ -23,8 +23,9 @@
 // Warm-up and capture: a slot's first micro-batch runs eagerly (the Python stage, torch.compile's compilation,
 // cuBLAS and NCCL set up) and records its shapes; the next step captures the slot's graphs before its first action
 // (before_step), when nothing of the step is in flight, slot by slot, F before B. A micro-batch whose shapes the
-// slot's graphs were not captured for runs eagerly; its shapes are captured at the next step's start unless the
-// slot's graphs were replayed in this step (a smaller last micro-batch does not recapture every step).
+// slot's graphs were not captured for runs eagerly; the shapes of the step's first such micro-batch in the slot are
+// captured at the next step's start unless the slot's graphs were replayed in this step (a smaller last
+// micro-batch runs eagerly and does not recapture every step).
 //
 // Random numbers: torch's CUDA graph registers the default CUDA generator's state at capture, so a dropout inside
 // a replay draws fresh numbers each replay (not eager's numbers); a generator of the stage's own is not registered.
@@ -77,7 +78,7 @@ class GraphedAutogradStage : public StageProgram {
   };
   struct Slot {
     int index = 0;
-    bool recorded = false;  // `seen` holds an eager F and B's shapes, not yet captured
+    bool recorded = false;  // `seen` holds the step's first eager F and B's shapes, not yet captured
     bool replayed = false;  // its graphs were replayed in this step
     Shapes seen;            // the last eager run's
     Shapes captured;        // the graphs'

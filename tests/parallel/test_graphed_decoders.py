@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dist_utils import run_ranks
-from decoder_graph_runs import train
+from decoder_graph_runs import compute_actions, train
 from hybrid_engine.parallel.pipeline.graphs import slots
 
 GRIDS = {
@@ -47,21 +47,15 @@ def check(grids: dict, per_rank: list[list[dict]]) -> None:
                 assert (replayed["state"][key] == eager["state"][key]).all(), (name, key)
             assert replayed["kinds"] == ["GraphedAutogradStage"] and eager["kinds"] == ["AutogradStage"], name
             m, steps = grids[name].get("m", 4), len(eager["losses"])
-            compute = [a for a in replayed["actions"] if a[0] in ("F", "B")]
+            compute = compute_actions(replayed)
             for (captures, replays, kept), (stage, slot_of) in zip(replayed["counts"],
                                                                   replayed["slot_of_micro"].items()):
-                want = slots([_Action(*a) for a in compute], stage)
+                want = slots(compute, stage)
                 # the first step eager in every slot, each later one replays every micro-batch's F and B
                 assert kept == want and captures == 2 * want, (name, stage)
                 assert replays == 2 * m * (steps - 1), (name, stage)
                 assert sorted(set(slot_of)) == list(range(want)) and len(slot_of) == m, (name, stage)
 
-
-class _Action:
-    """An action as `slots` reads it (type.name, stage)."""
-
-    def __init__(self, kind: str, stage: int, micro: int):
-        self.type, self.stage, self.micro = type("T", (), {"name": kind}), stage, micro
 
 
 def test_replayed_decoder_stages_train_bit_for_bit_like_eager_ones_on_one_rank():
@@ -70,6 +64,18 @@ def test_replayed_decoder_stages_train_bit_for_bit_like_eager_ones_on_one_rank()
     # fp16 tests the device multiplier only if the scale moved between replays
     fp16 = runs[2 * list(GRIDS).index("llama 1 rank fp16 (the scale moves)")]
     assert len(set(fp16["scales"])) > 2, fp16["scales"]
+
+
+def test_a_new_shape_runs_eagerly_and_is_captured_again_and_a_smaller_last_micro_batch_runs_beside_the_graphs():
+    from decoder_graph_runs import train_changing_shapes
+
+    [replayed], [eager] = (run_ranks(1, train_changing_shapes, graphs, timeout=120) for graphs in ("host", "off"))
+    assert replayed["losses"] == eager["losses"]
+    for key in eager["state"]:
+        assert (replayed["state"][key] == eager["state"][key]).all(), key
+    # (captures, replays) after each step: one slot; 4 rows captured at step 1, 2 rows at step 3, 4 rows again at
+    # step 5 (step 4 ran all eagerly); from step 5 on the 3-row micro-batch runs eagerly and nothing is recaptured
+    assert replayed["counts"] == [(0, 0), (2, 4), (2, 4), (4, 8), (4, 8), (6, 10), (6, 12)]
 
 
 @pytest.mark.multiprocess
