@@ -59,7 +59,7 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
         if run["graphs"] == "host":
             engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
         per_dp, at = BATCH // dp, groups.coords.dp
-        losses, scales = [], []
+        losses, scales, launches = [], [], []
         for step in range(STEPS):
             x, y = workload.draw(step, at * per_dp, (at + 1) * per_dp, inputs=engine.holds_first_stage,
                                  targets=engine.holds_last_stage)
@@ -70,8 +70,10 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
             result = engine.train_step(x, y)
             losses.append(result.loss)
             scales.append(result.loss_scale)
+            # each DP bucket's reduction, and whether a final-gradient announcement started it during the backward
+            launches.append(engine._dp_sync.last_step_launches() if dp > 1 else [])
         programs = engine.stage_programs.values()
-        out.append({"losses": losses, "scales": scales, "graphs": engine.cuda_graphs.on,
+        out.append({"losses": losses, "scales": scales, "launches": launches, "graphs": engine.cuda_graphs.on,
                     "kinds": sorted({type(p).__name__ for p in programs}),
                     "counts": [(p.captures, p.replays, p.slots) for p in programs if hasattr(p, "slots")],
                     "slot_of_micro": {s: list(p.slot_of_micro) for s, p in engine.stage_programs.items()

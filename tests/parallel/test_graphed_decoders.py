@@ -42,6 +42,8 @@ def check(grids: dict, per_rank: list[list[dict]]) -> None:
         for index, name in enumerate(grids):
             replayed, eager = rank_runs[2 * index], rank_runs[2 * index + 1]
             assert replayed["losses"] == eager["losses"] and replayed["scales"] == eager["scales"], name
+            # the announcements each replay makes start the DP reductions as the eager backward's do
+            assert replayed["launches"] == eager["launches"], name
             assert replayed["state"].keys() == eager["state"].keys(), name
             for key in eager["state"]:
                 assert (replayed["state"][key] == eager["state"][key]).all(), (name, key)
@@ -80,7 +82,10 @@ def test_a_new_shape_runs_eagerly_and_is_captured_again_and_a_smaller_last_micro
 
 @pytest.mark.multiprocess
 def test_replayed_decoder_stages_train_bit_for_bit_on_two_rank_grids():
-    check(TWO_RANK_GRIDS, run_ranks(2, train, runs_of(TWO_RANK_GRIDS), timeout=600))
+    per_rank = run_ranks(2, train, runs_of(TWO_RANK_GRIDS), timeout=600)
+    check(TWO_RANK_GRIDS, per_rank)
+    dp2 = per_rank[0][2 * list(TWO_RANK_GRIDS).index("llama dp2 ZeRO-1")]
+    assert all(any(cause == "notified" for _, cause in step) for step in dp2["launches"]), dp2["launches"]
 
 
 @pytest.mark.multiprocess
