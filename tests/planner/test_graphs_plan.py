@@ -1,7 +1,9 @@
-"""The planner and CUDA graphs: a plan whose native stages replay as graphs pays one launch a stage's F and B
-instead of the host's fixed cost for every layer, and exposes the DP gradient collectives its eager backward hid
+"""The planner and CUDA graphs: a plan whose stages replay as graphs pays one launch a stage's F and B instead of
+the host's fixed cost for every layer, and exposes the DP gradient collectives its eager backward hid
 (planner/step_time.py), so a host-bound MLP grid's predicted step drops with --cuda-graphs on, auto takes whichever
-of replayed and eager is faster, and plans the graphs do not cover predict what they did."""
+of replayed and eager is faster, and plans the graphs do not cover predict what they did. A transformer's replayed
+stages drop their Python and launches a layer and keep one slot of activations per micro-batch in flight; auto
+leaves them eager where that does not fit, and refuses or leaves eager what the graphs cannot hold."""
 from __future__ import annotations
 
 import dataclasses
@@ -105,7 +107,7 @@ def run_choice(flags: list[str], world: int):
 
     cfg = parse_config(flags + ["--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"])  # the plan, whole
     p = cfg.parallel
-    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world)
+    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world, p.cp)
     return check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100)
 
 
@@ -216,3 +218,22 @@ def test_auto_leaves_a_transformer_eager_where_its_graphs_do_not_fit_and_says_bo
                       card=H100.with_memory((eager + replayed) / 2 / 0.97))
     assert not tight.on and tight.why.startswith("auto: the replayed stages' graphs need ")
     assert "ms a step replayed" in tight.why and tight.why.endswith(" eager on H100")
+
+
+@pytest.mark.parametrize("flags,why", [
+    (["--recompute", "selective"], "selective recompute reruns the attention core inside the backward"),
+    (["--cp", "2"], "context parallelism runs its attention's K/V transfers from a host loop"),
+    (["--schedule", "zb1"], "schedule zb1 defers weight gradients to W actions, which are not graphed"),
+])
+def test_on_for_a_transformer_the_run_cannot_graph_is_one_line_before_any_process_group(flags, why):
+    from hybrid_engine.config.engine import ConfigError
+
+    world = 4 if "--cp" in flags else 2
+    grid = [] if "--cp" in flags else ["--pp", "2"]
+    schedule = [] if "--schedule" in flags else ["--schedule", "1f1b"]
+    run = LLAMA_1B + ["--batch-size", "8", "--micro-batches", "4"] + grid + schedule + flags
+    with pytest.raises(ConfigError) as refused:
+        run_choice(run + ["--cuda-graphs", "on"], world)
+    assert str(refused.value) == f"--cuda-graphs on: {why}; use --cuda-graphs auto or off"
+    auto = run_choice(run + ["--cuda-graphs", "auto"], world)
+    assert not auto.on and auto.why == f"auto: {why}"
