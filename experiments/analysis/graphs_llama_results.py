@@ -3,7 +3,8 @@
 
     python experiments/analysis/graphs_llama_results.py LOG_DIR OUT.json --card NAME --torch VERSION --shape FLAGS
 
-Runs are <grid>_off and <grid>_on (grid: gpu1, tp4, pp4, pp2tp2), read as grids_results.py reads them (each run's
+Runs are <grid>_off and <grid>_on (grid: gpu1, tp4, pp4, pp2tp2; graph_tests, where the pass ran them: pytest's
+summary line), read as grids_results.py reads them (each run's
 --metrics file, the median after the warm-up), each with the CUDA-graphs line its log printed (what the engine
 replayed, or why not). Ratios: each grid's graphs on against off, and each 4-GPU run against 4 x one GPU with the
 same --cuda-graphs (issue 38's target for tp4: at least 0.8), each with the relative difference of the last losses.
@@ -61,11 +62,15 @@ def main() -> int:
     p.add_argument("--shape", required=True)
     a = p.parse_args()
     runs = collect(a.log_dir)
+    runs.pop("graph_tests", None)  # WITH_TESTS=1: pytest's summary line, kept apart
+    tests_log = a.log_dir / "graph_tests.log"
+    tests_lines = tests_log.read_text().strip().splitlines() if tests_log.exists() else []
+    tests = tests_lines[-1] if tests_lines else None
     for name, run in runs.items():
         run.pop("gpus", None)  # the command says: --nproc_per_node
         run["graphs_line"] = graphs_line(a.log_dir / f"{name}.log")
-    result = {"card": a.card, "torch": a.torch, "unit": "tokens/s", "shape": a.shape, "runs": runs,
-              "ratios": ratios(runs)}
+    result = {"card": a.card, "torch": a.torch, "unit": "tokens/s", "shape": a.shape, "graph_tests": tests,
+              "runs": runs, "ratios": ratios(runs)}
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'run':<14} {'step ms':>9} {'tokens/s':>10} {'peak GiB':>9} {'loss':>8}  graphs")
     for name, r in runs.items():

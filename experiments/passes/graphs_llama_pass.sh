@@ -8,6 +8,9 @@
 # $OUT/<date>-<n>x<card>-graphs-llama.json (experiments/analysis/graphs_llama_results.py: on against off per grid,
 # each 4-GPU run against 4 x one GPU) and graphs-llama.tgz (logs).
 #
+# WITH_TESTS=1 first runs the transformers' graph tests (tests/parallel/test_cuda_graphs_decoders_gpu.py on 1, 2 and
+# 4 GPUs; SMOKE=1: their host-replayed CPU form, tests/parallel/test_graphed_decoders.py) within the same budget.
+#
 #   bash experiments/passes/graphs_llama_pass.sh                # device kind nvidia-h100-x4
 #   SMOKE=1 bash experiments/passes/graphs_llama_pass.sh        # tiny, on this CPU (gloo ranks; graphs auto: off)
 set -uo pipefail
@@ -23,6 +26,7 @@ if [[ $SMOKE == 1 ]]; then
   RUN="--batch-size 8 --micro-batches 4 --steps 4 --warmup 2"
   AMP="--amp off"
   ON="auto"  # the CPU has no CUDA graphs: auto says so, on would end the run
+  TESTS="tests/parallel/test_graphed_decoders.py"
 else
   PASS_BUDGET_S=${PASS_BUDGET_S:-570} pass_start graphs_llama
   GPUS_SEEN=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
@@ -31,6 +35,12 @@ else
   RUN="--batch-size 16 --micro-batches 8 --steps 8 --warmup 3"
   AMP="--amp bf16"
   ON="on"
+  TESTS="tests/parallel/test_cuda_graphs_decoders_gpu.py"
+fi
+if [[ ${WITH_TESTS:-0} == 1 ]]; then
+  budget_run graph_tests 300 $PY -m pytest -q -p no:cacheprovider -n 0 $TESTS
+  echo "graph tests: $(tail -1 "$RES/graph_tests.log")"
+  grep -E "^(FAILED|ERROR)" "$RES/graph_tests.log"
 fi
 COMMON="--model llama --seed 0 --lr 3e-4 --optimizer adamw --weight-decay 0.1 --betas 0.9,0.95 $AMP \
 --schedule 1f1b --virtual-stages 1 --lookahead 0 --no-merge-wgrad --zero 0 --dp 1"

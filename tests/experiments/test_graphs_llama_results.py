@@ -32,6 +32,9 @@ def test_the_results_file_compares_on_with_off_and_four_gpus_with_one(tmp_path, 
     _run(res, "tp4_on", 360.0, 5.005, on)
     _run(res, "pp4_off", 350.0, 5.0, "CUDA graphs off (--cuda-graphs off)")
     _run(res, "pp4_on", 1.0, 0.0, on, rc=1)
+    (res / "graph_tests.cmd").write_text("python -m pytest tests/parallel/test_cuda_graphs_decoders_gpu.py")
+    (res / "graph_tests.rc").write_text("0")
+    (res / "graph_tests.log").write_text("...\n3 passed in 200.1s\n")
     out = tmp_path / "graphs-llama.json"
     monkeypatch.setattr(sys, "argv", ["graphs_llama_results.py", str(res), str(out), "--card", "NVIDIA H100",
                                       "--torch", "2.13", "--shape", "1B flags"])
@@ -44,4 +47,5 @@ def test_the_results_file_compares_on_with_off_and_four_gpus_with_one(tmp_path, 
     assert r["pp4"] == {"off_vs_4x_1gpu": 0.875} and "pp2tp2" not in r
     assert result["runs"]["pp4_on"]["error"].startswith("exit 1: ")
     assert result["runs"]["tp4_on"]["graphs_line"] == on and result["shape"] == "1B flags"
+    assert result["graph_tests"] == "3 passed in 200.1s" and "graph_tests" not in result["runs"]
     assert "tp4: on_vs_off 1.2" in capsys.readouterr().out
