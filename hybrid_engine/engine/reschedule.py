@@ -33,7 +33,7 @@ class Reschedule:
         self._executor = None
 
     def graph_choice(self, schedule: ScheduleConfig, mode: str) -> GraphChoice:
-        """Whether this engine's native stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
+        """Whether this engine's stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
         return resolve(mode, self.device.type, [p.native for p in self.plans], schedule, self.pp_size,
                        self.stage_cfg, self.data_parallel, losses.is_builtin(self.loss), self._trace,
                        self.grid.cp_size)

@@ -29,8 +29,8 @@ class Setting:
     """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP x CP rank."""
     bucket_bytes: float = 256 * 2**20
     cuda_graphs: str = "off"
-    """--cuda-graphs: on, native chain stages replay as CUDA graphs wherever the plan allows it; auto, where that is
-    also predicted faster; off, never (step_time.step_time)."""
+    """--cuda-graphs: on, the stages replay as CUDA graphs wherever the plan allows it; auto, where that is also
+    predicted faster (and, choose.predict, fits); off, never (step_time.step_time)."""
 
     @property
     def replicas(self) -> int:

@@ -36,7 +36,7 @@ from hybrid_engine.parallel.pipeline.schedule import compute_schedule
 
 @dataclass(frozen=True)
 class GraphChoice:
-    """The resolved choice: `on` graphs the native chain stages; `why` is the reason said with it."""
+    """The resolved choice: `on` graphs the stages; `why` is the reason said with it."""
 
     on: bool
     why: str
