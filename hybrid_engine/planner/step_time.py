@@ -82,7 +82,7 @@ def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives start after
     the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
     return (s.cuda_graphs != "off" and card.name != CARDS["cpu"].name and not s.full_recompute and s.cp == 1
-            and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
+            and not (s.selective_recompute and not shape.native) and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
                                                                    plan.virtual_stages, plan.lookahead), s.pp))
 
 

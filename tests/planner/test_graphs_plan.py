@@ -237,3 +237,13 @@ def test_on_for_a_transformer_the_run_cannot_graph_is_one_line_before_any_proces
     assert str(refused.value) == f"--cuda-graphs on: {why}; use --cuda-graphs auto or off"
     auto = run_choice(run + ["--cuda-graphs", "auto"], world)
     assert not auto.on and auto.why == f"auto: {why}"
+
+
+@pytest.mark.parametrize("flags,grid", [(["--recompute", "selective"], (1, 2, 1)), (["--recompute", "full"], (1, 2, 1)),
+                                        (["--cp", "2"], (1, 1, 1))])
+def test_transformer_plans_the_graphs_do_not_cover_predict_eager(flags, grid):
+    shape, s = llama_1b(["--batch-size", "8"] + flags, *grid)
+    plan = Plan("1f1b", 4)
+    on = step_time(shape, H100, dataclasses.replace(s, cuda_graphs="on"), plan)
+    off = step_time(shape, H100, dataclasses.replace(s, cuda_graphs="off"), plan)
+    assert not on.graphs and on.step_s == off.step_s
