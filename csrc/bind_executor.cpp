@@ -12,6 +12,7 @@
 #include "executor/dp_grad_sync.h"
 #include "executor/dp_param_gather.h"
 #include "executor/pipeline_executor.h"
+#include "executor/graphed_autograd_stage.h"
 #include "executor/graphed_stage.h"
 #include "executor/stage_program.h"
 
@@ -206,6 +207,25 @@ void bind_executor(py::module_& m) {
            "host_rerun: replay by running the recorded host code again (tests without a GPU).")
       .def_property_readonly("captures", &GraphedChainStage::captures)
       .def_property_readonly("replays", &GraphedChainStage::replays);
+  py::class_<GraphedAutogradStage, StageProgram, std::shared_ptr<GraphedAutogradStage>>(
+      m, "GraphedAutogradStage",
+      "An autograd stage whose F and B are CUDA graphs, in slots reused by micro-batches not in flight together "
+      "(executor/graphed_autograd_stage.h).")
+      .def(py::init([](std::shared_ptr<AutogradStage> eager, GradBufferPtr grads, std::vector<at::Tensor> params,
+                       std::shared_ptr<DpParamGather> param_gather, const std::string& device, bool host_rerun) {
+             return std::make_shared<GraphedAutogradStage>(std::move(eager), std::move(grads), std::move(params),
+                                                           std::move(param_gather), at::Device(device), host_rerun);
+           }),
+           py::arg("eager"), py::arg("grads"), py::arg("params"), py::arg("param_gather") = nullptr,
+           py::arg("device") = "cuda", py::arg("host_rerun") = false,
+           "eager: the autograd stage to graph (it runs each slot's first micro-batch, the warm-up); params, "
+           "param_gather: ZeRO-1's overlapped gathers, waited for before a capture and each F replay; host_rerun: "
+           "replay by running the recorded host code again (tests without a GPU).")
+      .def_property_readonly("captures", &GraphedAutogradStage::captures)
+      .def_property_readonly("replays", &GraphedAutogradStage::replays)
+      .def_property_readonly("slots", &GraphedAutogradStage::slots)
+      .def_property_readonly("slot_of_micro", &GraphedAutogradStage::slot_of_micro,
+                             "The slot each micro-batch of the latest step took, by micro-batch index.");
   py::class_<AutogradStage, StageProgram, std::shared_ptr<AutogradStage>>(
       m, "AutogradStage", "Any module, called through Python; its backward is torch's autograd.")
       .def(py::init([](py::function forward, std::string description) {

@@ -18,7 +18,8 @@ namespace {
 
 class CudaStageGraph : public StageGraph {
  public:
-  explicit CudaStageGraph(const c10::Stream& capture_stream) : stream_(capture_stream) {}
+  CudaStageGraph(const c10::Stream& capture_stream, const StageGraphs::PoolId& pool)
+      : stream_(capture_stream), pool_(pool) {}
 
   void capture(std::function<void()> body) override {
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_.device_index());
@@ -32,9 +33,9 @@ class CudaStageGraph : public StageGraph {
       // pool).
       at::cuda::getCurrentCUDABlasHandle();
       at::cuda::getCurrentCUDABlasLtHandle();
-      // A pool of its own ({0, 0}). Thread-local: the NCCL watchdog may query the events of the P2P and DP
-      // collectives still in flight while this thread captures.
-      graph_.capture_begin(/*pool=*/{0, 0}, cudaStreamCaptureModeThreadLocal);
+      // A pool of its own ({0, 0}) or the stage's shared one. Thread-local: the NCCL watchdog may query the
+      // events of the P2P and DP collectives still in flight while this thread captures.
+      graph_.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
       try {
         body();
       } catch (...) {
@@ -56,6 +57,7 @@ class CudaStageGraph : public StageGraph {
 
  private:
   c10::cuda::CUDAStream stream_;
+  c10::MempoolId_t pool_;
   at::cuda::CUDAGraph graph_;
 };
 
@@ -66,8 +68,10 @@ c10::Stream cuda_capture_stream(const at::Device& device) {
                                       device.has_index() ? device.index() : c10::cuda::current_device());
 }
 
-std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream) {
-  return std::make_unique<CudaStageGraph>(capture_stream);
+StageGraphs::PoolId cuda_graph_pool() { return at::cuda::graph_pool_handle(); }
+
+std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream, const StageGraphs::PoolId& pool) {
+  return std::make_unique<CudaStageGraph>(capture_stream, pool);
 }
 
 }  // namespace hybrid

@@ -87,7 +87,7 @@ bool GraphedChainStage::matches(const Slot& slot, const at::Tensor& input, const
   return !c.last || (c.target == target.sizes().vec() && c.target_dtype == target.scalar_type());
 }
 
-void GraphedChainStage::before_step() {
+void GraphedChainStage::before_step(StepLoss* /*loss*/) {
   for (auto& [micro, slot] : slots_) {
     if (!slot.recorded) continue;
     slot.recorded = false;

@@ -50,7 +50,7 @@ class GraphedChainStage : public StageProgram {
   // the buffers' plumbing without a GPU).
   GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at::Device device, bool host_rerun = false);
 
-  void before_step() override;
+  void before_step(StepLoss* loss) override;
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;

@@ -173,7 +173,7 @@ std::vector<at::Tensor> PipelineExecutor::run_streamed(const MicroBatchFn& input
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start_).count();
   };
   try {
-    for (auto& [stage, program] : programs_) program->before_step();
+    for (auto& [stage, program] : programs_) program->before_step(step_.loss);
     for (size_t i = 0; i < actions_.size(); ++i) {
       const Action& a = actions_[i];
       const bool traced = config_.record_trace && is_compute(a.type);

@@ -8,7 +8,8 @@ namespace hybrid {
 #ifdef HYBRID_WITH_CUDA
 // csrc/cuda/stage_graph_cuda.cpp
 c10::Stream cuda_capture_stream(const at::Device& device);
-std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream);
+StageGraphs::PoolId cuda_graph_pool();
+std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream, const StageGraphs::PoolId& pool);
 #endif
 
 namespace {
@@ -29,14 +30,17 @@ StageGraphs::StageGraphs(const at::Device& device, bool host_rerun) {
   if (!device.is_cuda()) throw std::invalid_argument("CUDA graphs need a CUDA device, got " + device.str());
 #ifdef HYBRID_WITH_CUDA
   capture_stream_ = cuda_capture_stream(device);
+  shared_pool_ = cuda_graph_pool();
 #else
   throw std::invalid_argument("CUDA graphs need a CUDA build of torch (this one has none)");
 #endif
 }
 
-std::unique_ptr<StageGraph> StageGraphs::make() const {
+std::unique_ptr<StageGraph> StageGraphs::make(bool shared) const {
 #ifdef HYBRID_WITH_CUDA
-  if (capture_stream_) return make_cuda_stage_graph(*capture_stream_);
+  if (capture_stream_) return make_cuda_stage_graph(*capture_stream_, shared ? shared_pool_ : PoolId{0, 0});
+#else
+  (void)shared;
 #endif
   return std::make_unique<HostRerunGraph>();
 }

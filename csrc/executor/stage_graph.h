@@ -3,7 +3,9 @@
 // without a GPU, the host running the recorded body again (it writes where it wrote before, as a replay does).
 //
 // A CUDA graph gets a memory pool of its own: what one graph allocated and still holds (a micro-batch's saved
-// activations) is never handed to another, so graphs may replay in any order.
+// activations) is never handed to another, so graphs may replay in any order. Graphs made `shared` share one pool
+// of their StageGraphs instead: for graphs replayed one at a time on one stream whose results are copied or kept
+// referenced (their temporaries reuse one another's memory, what each still holds at its capture's end is kept).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 namespace hybrid {
 
@@ -30,10 +33,13 @@ class StageGraphs {
   // CUDA graphs for a CUDA device; the host rerun where `host_rerun` (any device). Throws for CUDA graphs on a
   // build without CUDA or a device that is not CUDA.
   StageGraphs(const at::Device& device, bool host_rerun);
-  std::unique_ptr<StageGraph> make() const;
+  std::unique_ptr<StageGraph> make(bool shared = false) const;
+
+  using PoolId = std::pair<unsigned long long, unsigned long long>;  // the CUDA caching allocator's MempoolId_t
 
  private:
   std::optional<c10::Stream> capture_stream_;  // CUDA graphs only
+  PoolId shared_pool_{0, 0};                   // CUDA graphs only: the pool `shared` graphs capture into
 };
 
 }  // namespace hybrid

@@ -113,6 +113,12 @@ void AutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, b
   }
 }
 
+void AutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss& loss,
+                            const at::Tensor& target) {
+  s.input = first_stage || !at::isFloatingType(input.scalar_type()) ? input : input.requires_grad_(true);
+  s.loss = loss.scaled_loss(micro, fn_(s.input), target);
+}
+
 at::Tensor AutogradStage::backward(MicroState& s, int /*micro*/, const at::Tensor& output_grad, bool first_stage,
                                    StepLoss* loss) {
   const at::Tensor root = loss != nullptr ? s.loss : s.output;

@@ -52,8 +52,9 @@ class StageProgram {
                               StepLoss* loss) = 0;
   // Called by the executor at the start of every step, before its first action: nothing of the step is in
   // flight yet (a CUDA-graphed stage captures its graphs here: a capture waits for every NCCL operation of the
-  // process to finish, and a pipeline peer's operations posted ahead could wait for this rank).
-  virtual void before_step() {}
+  // process to finish, and a pipeline peer's operations posted ahead could wait for this rank). `loss`: the
+  // step's, on the rank that holds the last stage (a graphed last stage captures its loss), else null.
+  virtual void before_step(StepLoss* /*loss*/) {}
   // Whether the backward needs s.output (else SEND_F drops it once the transfer holds it).
   virtual bool needs_output_for_backward() const = 0;
   virtual bool native() const = 0;
@@ -96,9 +97,13 @@ class AutogradStage : public StageProgram {
   using Fn = std::function<at::Tensor(const at::Tensor& input)>;
   AutogradStage(Fn fn, std::string description) : fn_(std::move(fn)), description_(std::move(description)) {}
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
+  // The last stage's F with its micro-batch's target already drawn (by a caller that had to see it first).
+  void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss& loss,
+               const at::Tensor& target);
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;
   bool needs_output_for_backward() const override { return true; }
+  const Fn& fn() const { return fn_; }
   bool native() const override { return false; }
   std::string describe() const override { return description_; }
 

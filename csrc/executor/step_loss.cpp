@@ -10,7 +10,7 @@
 
 namespace hybrid {
 
-at::Tensor StepLoss::checked_loss(int micro, const at::Tensor& output, const at::Tensor& target) {
+at::Tensor StepLoss::unrecorded_loss(int micro, const at::Tensor& output, const at::Tensor& target) const {
   at::Tensor loss;
   if (spec_.builtin_mse) {
     // Broadcasting shapes (with torch's warning) take the plain form; equal shapes the memory-lean one.
@@ -22,12 +22,21 @@ at::Tensor StepLoss::checked_loss(int micro, const at::Tensor& output, const at:
   if (!loss.defined() || loss.numel() != 1) {
     throw std::runtime_error("micro-batch " + std::to_string(micro) + ": the loss function must return a scalar");
   }
+  return loss;
+}
+
+at::Tensor StepLoss::checked_loss(int micro, const at::Tensor& output, const at::Tensor& target) {
+  at::Tensor loss = unrecorded_loss(micro, output, target);
   losses_.at(micro) = loss.detach();
   return loss;
 }
 
 at::Tensor StepLoss::scaled_loss(int micro, const at::Tensor& output) {
-  return checked_loss(micro, output, targets_(micro)) * multiplier_;
+  return scaled_loss(micro, output, targets_(micro));
+}
+
+at::Tensor StepLoss::scaled_loss(int micro, const at::Tensor& output, const at::Tensor& target) {
+  return checked_loss(micro, output, target) * multiplier_;
 }
 
 at::Tensor StepLoss::loss_grad(int micro, const at::Tensor& output) {

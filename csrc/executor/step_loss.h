@@ -30,6 +30,8 @@ class StepLoss {
 
   // Through autograd: the micro-batch's loss times the multiplier, a root for torch::autograd::backward.
   at::Tensor scaled_loss(int micro, const at::Tensor& output);
+  // The same with the micro-batch's target already drawn (by a caller that had to see it first).
+  at::Tensor scaled_loss(int micro, const at::Tensor& output, const at::Tensor& target);
   // d(loss x multiplier) / d(output), keeping no graph. The built-in MSE computes it with the loss; any other
   // loss runs through autograd from the output (a fresh leaf) to the loss only.
   at::Tensor loss_grad(int micro, const at::Tensor& output);
@@ -42,9 +44,12 @@ class StepLoss {
   double multiplier() const { return multiplier_; }
   at::Tensor target(int micro) const { return targets_(micro); }
   void record(int micro, at::Tensor loss) { losses_.at(micro) = std::move(loss); }
+  // The unmultiplied loss through autograd, checked to be a scalar and not recorded (a graph's capture computes
+  // it once and records each replay's value itself).
+  at::Tensor unrecorded_loss(int micro, const at::Tensor& output, const at::Tensor& target) const;
 
  private:
-  at::Tensor checked_loss(int micro, const at::Tensor& output, const at::Tensor& target);
+  at::Tensor checked_loss(int micro, const at::Tensor& output, const at::Tensor& target);  // recorded
 
   const LossSpec& spec_;
   const MicroBatchFn& targets_;

@@ -189,8 +189,20 @@ void GradBuffer::set_grad_final_listener(GradFinalListener listener) {
   listener_ = std::move(listener);
 }
 
+void GradBuffer::set_grad_final_muted(bool muted, std::vector<at::Tensor>* record) {
+  std::lock_guard<std::mutex> lock(listener_mutex_);
+  muted_.store(muted);
+  muted_record_ = muted ? record : nullptr;
+}
+
 void GradBuffer::grad_final(const at::Tensor& param) {
-  if (!param.defined() || !listening_.load() || muted_.load()) return;
+  if (!param.defined()) return;
+  if (muted_.load()) {
+    std::lock_guard<std::mutex> lock(listener_mutex_);
+    if (muted_record_ != nullptr) muted_record_->push_back(param);
+    return;
+  }
+  if (!listening_.load()) return;
   std::lock_guard<std::mutex> lock(listener_mutex_);
   if (!listener_) return;
   const at::Tensor* grad = nullptr;

@@ -81,8 +81,9 @@ class GradBuffer : public torch::CustomClassHolder {
   void set_grad_final_listener(GradFinalListener listener);
   void grad_final(const at::Tensor& param);
   // While muted (a MutedGradFinal scope), grad_final announces nothing: a CUDA graph being captured records its
-  // kernels without running them, so its writes are announced after each replay instead.
-  void set_grad_final_muted(bool muted) { muted_.store(muted); }
+  // kernels without running them, so its writes are announced after each replay instead. `record` (optional):
+  // where the muted announcements are appended, in order (what a replayer of autograd's backward announces).
+  void set_grad_final_muted(bool muted, std::vector<at::Tensor>* record = nullptr);
 
  private:
   // write(i, just_params) gives the i-th weight-gradient write (just_params: only its weight and bias, for
@@ -101,6 +102,7 @@ class GradBuffer : public torch::CustomClassHolder {
   std::atomic<bool> listening_{false};  // lets grad_final skip the lock when nobody listens (most actions)
   std::atomic<bool> overwrite_{false};
   std::atomic<bool> muted_{false};
+  std::vector<at::Tensor>* muted_record_ = nullptr;  // under listener_mutex_
   std::atomic<bool> restore_on_write_{false};
   std::mutex restore_mutex_;
   std::unordered_map<const c10::StorageImpl*, size_t> bucket_of_storage_;
@@ -119,10 +121,13 @@ class OverwriteWeightGrads {
   GradBuffer& grads_;
 };
 
-// Scope of a captured (or rerun) graph's weight-gradient writes: their final announcements are the replayer's.
+// Scope of a captured (or rerun) graph's weight-gradient writes: their final announcements are the replayer's
+// (appended to `record` where given).
 class MutedGradFinal {
  public:
-  explicit MutedGradFinal(GradBuffer& grads) : grads_(grads) { grads_.set_grad_final_muted(true); }
+  explicit MutedGradFinal(GradBuffer& grads, std::vector<at::Tensor>* record = nullptr) : grads_(grads) {
+    grads_.set_grad_final_muted(true, record);
+  }
   ~MutedGradFinal() { grads_.set_grad_final_muted(false); }
   MutedGradFinal(const MutedGradFinal&) = delete;
   MutedGradFinal& operator=(const MutedGradFinal&) = delete;

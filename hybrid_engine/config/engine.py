@@ -138,9 +138,10 @@ class StageConfig:
     """Native tensor-parallel chains: row chunks per micro-batch, so the MP all-reduce of one chunk runs under the
     GEMMs of the next (0: auto, which does not split: on 4 x H200 splitting cost more than it hid)."""
     cuda_graphs: str = field(default="auto", metadata=flag(choices=GRAPH_MODES))
-    """Native chain stages: capture each micro-batch's forward and backward as CUDA graphs and replay them, one
-    launch instead of one per kernel (auto: on for native stages on CUDA where the run allows it, said once at
-    start; on: required, or one line and exit 2; off: eager)."""
+    """Capture each stage's forward and backward as CUDA graphs and replay them, one launch instead of one per
+    kernel (native chains: graphs per micro-batch; autograd stages: one slot per micro-batch in flight; auto: on
+    CUDA where the run allows it and the planner predicts it faster and fitting, said once at start; on:
+    required, or one line and exit 2; off: eager)."""
 
     def __post_init__(self):
         if isinstance(self.recompute, bool):  # StageConfig(impl, True): the engine's whole-stage recompute

@@ -34,7 +34,7 @@ from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from .update import UpdateStep
-from hybrid_engine.parallel.pipeline.graphs import GraphChoice, graphed
+from hybrid_engine.parallel.pipeline.graphs import GraphChoice
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
@@ -161,7 +161,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
                                               waits, groups.mp, self._comm_trace)
         # --cuda-graphs on where the run cannot have graphs: ConfigError
         self.cuda_graphs = cuda_graphs or self.graph_choice(schedule, stages.cuda_graphs)
-        self._programs = graphed(self._eager_programs, self.cuda_graphs, str(self.device))
+        self._programs = self.graphed_programs(self.cuda_graphs)
         self.actions = make_schedule(schedule.name, self.pp_size, schedule.micro_batches, schedule.virtual_stages,
                                      schedule.lookahead)[self.pp_rank]
         if self.zero is not None:

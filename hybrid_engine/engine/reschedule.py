@@ -28,14 +28,22 @@ class Reschedule:
         if choice.on != self.cuda_graphs.on and self.groups.rank == 0:
             print(f"schedule {schedule.name}: {choice.describe()}", flush=True)
         if choice.on != self.cuda_graphs.on:
-            self._programs = graphed(self._eager_programs, choice, str(self.device))
+            self._programs = self.graphed_programs(choice)
         self.cuda_graphs = choice
         self._executor = None
 
     def graph_choice(self, schedule: ScheduleConfig, mode: str) -> GraphChoice:
-        """Whether this engine's native stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
+        """Whether this engine's stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
         return resolve(mode, self.device.type, [p.native for p in self.plans], schedule, self.pp_size,
-                       self.stage_cfg, self.data_parallel, losses.is_builtin(self.loss), self._trace)
+                       self.stage_cfg, self.data_parallel, losses.is_builtin(self.loss), self._trace,
+                       self.grid.cp_size)
+
+    def graphed_programs(self, choice: GraphChoice, host_rerun: bool = False) -> dict[int, object]:
+        """This rank's stage programs under `choice` (host_rerun: the graphs' plumbing replayed by the host, for
+        tests without a GPU)."""
+        gather = self.zero.waits.gather if self.zero is not None and self.zero.overlap else None
+        return graphed(self._eager_programs, choice, str(self.device), host_rerun, self.grads,
+                       {s: list(stage.parameters()) for s, stage in self._stages.items()}, gather)
 
     def overwrites_grads(self, schedule: ScheduleConfig) -> bool:
         """Native chains write every gradient of the rank exactly once per step in a merged W, or in the one B of

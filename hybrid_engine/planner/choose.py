@@ -3,6 +3,8 @@ the memory cap set aside, the fastest kept (on a card whose rates the planner do
 nearest the reference instead), and one line that says it beside the runner-up."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,9 +61,18 @@ class Prediction:
         return f"{self.plan.describe()}: {self.step_s * 1e3:.3g} ms, {self.peak / GIB:.1f} GiB"
 
 
-def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> Prediction:
+def predict(shape: ModelShape, card: Card, s: Setting, plan: Plan, cap: float | None = None) -> Prediction:
+    """The plan's step and peaks; under --cuda-graphs auto, eager where the replayed step is faster but its graphs'
+    memory does not fit the cap (default: the card's memory) and the eager step's does (the run's own choice,
+    parallel/pipeline/graphs.py)."""
+    cap = card.memory_bytes if cap is None else cap
     t = step_time(shape, card, s, plan)
-    return Prediction(plan, t, tuple(peak_bytes(shape, s, plan, card.workspace_bytes, t.graphs)))
+    peaks = tuple(peak_bytes(shape, s, plan, card.workspace_bytes, t.graphs))
+    if t.graphs and s.cuda_graphs == "auto" and not fits(list(peaks), cap):
+        eager = tuple(peak_bytes(shape, s, plan, card.workspace_bytes))
+        if fits(list(eager), cap):
+            return Prediction(plan, step_time(shape, card, dataclasses.replace(s, cuda_graphs="off"), plan), eager)
+    return Prediction(plan, t, peaks)
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ def choose(shape: ModelShape, card: Card, s: Setting, request: Request, legal: C
     """The fastest legal plan within the cap (default: the card's memory) that keeps what `request` fixes; raises
     NoPlanFits with one line when none is legal or none fits."""
     cap = cap_bytes if cap_bytes is not None else card.memory_bytes
-    weighed = [predict(shape, card, s, plan) for plan in candidates(request, s.per_dp, legal)]
+    weighed = [predict(shape, card, s, plan, cap) for plan in candidates(request, s.per_dp, legal)]
     if not weighed:
         why = getattr(legal, "first_error", None)
         raise NoPlanFits(f"no legal plan for batch {s.batch_size} on dp x pp x mp = {s.dp} x {s.pp} x {s.mp} with "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybrid_engine.parallel.pipeline.graphs import slots
 from hybrid_engine.parallel.pipeline.schedule import compute_schedule, rank_stages, schedule_placement, stage_rank
 
 from .candidates import Plan
@@ -153,8 +154,14 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
         backward = BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
-        if replayed:  # every micro-batch index keeps its forward's activations and its backward graph's temporaries
+        if replayed and shape.native:  # every micro-batch index keeps its activations and its backward's temporaries
             activations = m * sum(held[st] for st in stages)
             backward *= m * len(stages)
+        elif replayed:
+            # autograd stages: each slot (a micro-batch in flight) keeps its activations through the run, and its
+            # forward pool a layer's temporaries beside them; the slots' backward graphs share one pool a stage
+            kept_slots = {st: slots(programs[r], st) for st in stages}
+            activations = sum(kept_slots[st] * held[st] for st in stages) + sum(kept_slots.values()) * backward
+            backward *= len(stages)
         out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out

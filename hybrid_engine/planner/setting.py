@@ -29,8 +29,11 @@ class Setting:
     """ZeRO's shard group (--zero-shard-size): ranks that split what the level shards; 0: every DP x CP rank."""
     bucket_bytes: float = 256 * 2**20
     cuda_graphs: str = "off"
-    """--cuda-graphs: on, native chain stages replay as CUDA graphs wherever the plan allows it; auto, where that is
-    also predicted faster; off, never (step_time.step_time)."""
+    """--cuda-graphs: on, the stages replay as CUDA graphs wherever the plan allows it; auto, where that is also
+    predicted faster (and, choose.predict, fits); off, never (step_time.step_time)."""
+    selective_recompute: bool = False
+    """The decoders' selective recompute (the attention core rerun in the backward): what the model does, not the
+    engine, so its cost is the model's; it keeps the stages from replaying as CUDA graphs."""
 
     @property
     def replicas(self) -> int:
@@ -63,4 +66,4 @@ class Setting:
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
                        cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20,
-                       cfg.stages.cuda_graphs)
+                       cfg.stages.cuda_graphs, cfg.stages.recompute == "selective")

@@ -72,16 +72,17 @@ class StepTime:
     cp_exposed_s: float = 0.0
     """What those transfers expose per step on the slowest rank."""
     graphs: bool = False
-    """The native stages replay as CUDA graphs (--cuda-graphs auto: where that is predicted faster)."""
+    """The stages replay as CUDA graphs (--cuda-graphs auto: where that is predicted faster)."""
 
 
 def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
-    """Whether the plan's stages may replay as CUDA graphs (parallel/pipeline/graphs.py's rules for a run: native
-    stages on a GPU, no recompute, ZeRO 0 or 1, a schedule without W actions; --cuda-graphs not off): each F and B
-    then costs one launch, card.action_overhead_s, instead of one per layer, and the DP gradient collectives start
-    after the last backward's replay instead of under it."""
-    return (s.cuda_graphs != "off" and shape.native and card.name != CARDS["cpu"].name and not s.full_recompute
-            and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
+    """Whether the plan's stages may replay as CUDA graphs (parallel/pipeline/graphs.py's rules for a run: a GPU,
+    no recompute, ZeRO 0 or 1, no context parallelism, a schedule without W actions; --cuda-graphs not off): each F
+    and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an autograd
+    stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives start after
+    the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
+    return (s.cuda_graphs != "off" and card.name != CARDS["cpu"].name and not s.full_recompute and s.cp == 1
+            and not (s.selective_recompute and not shape.native) and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
                                                                    plan.virtual_stages, plan.lookahead), s.pp))
 
 

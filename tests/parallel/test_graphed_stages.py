@@ -16,9 +16,9 @@ ONE_F_ONE_B = ScheduleConfig("1f1b", 4)
 
 
 def choose(mode: str, device: str = "cuda", native=(True, True), schedule=ONE_F_ONE_B, stages=StageConfig(),
-           zero: int = 0, builtin_loss: bool = True, trace: bool = False):
+           zero: int = 0, builtin_loss: bool = True, trace: bool = False, cp: int = 1):
     return resolve(mode, device, list(native), schedule, 2, stages, DataParallelConfig(zero=zero), builtin_loss,
-                   trace)
+                   trace, cp)
 
 
 def test_auto_is_on_for_native_chains_on_cuda_and_off_on_the_cpu_with_its_reason():
@@ -27,27 +27,39 @@ def test_auto_is_on_for_native_chains_on_cuda_and_off_on_the_cpu_with_its_reason
     off = choose("auto", device="cpu")
     assert not off.on and off.describe() == "CUDA graphs off (auto: the CPU has no CUDA graphs)"
     assert choose("off").describe() == "CUDA graphs off (--cuda-graphs off)"
+    # autograd stages are graphed too, in slots of graphs (tests/parallel/test_graphed_decoders.py)
     mixed = choose("auto", native=(True, False))
-    assert mixed.on and mixed.why.endswith("; autograd stage 1 eager")
+    assert mixed.on and mixed.why == ("auto: native chain stages' forward and backward replayed per micro-batch, "
+                                      "autograd stages' one slot of graphs per micro-batch in flight")
+    decoders = choose("on", native=(False, False), builtin_loss=False)
+    assert decoders.why == ("--cuda-graphs on: every stage's forward and backward replayed, one slot of graphs per "
+                            "micro-batch in flight")
 
 
 @pytest.mark.parametrize("why,kwargs", [
     ("the CPU has no CUDA graphs", {"device": "cpu"}),
-    ("no native chain stage: autograd stages are not graphed", {"native": (False, False)}),
     ("recomputed stages rerun their forward inside the backward", {"stages": StageConfig(recompute="full")}),
+    ("recomputed stages rerun their forward inside the backward",
+     {"stages": StageConfig(recompute="full"), "native": (False, False)}),
+    ("selective recompute reruns the attention core inside the backward",
+     {"stages": StageConfig(recompute="selective"), "native": (False, False)}),
     ("schedule zb1 defers weight gradients to W actions, which are not graphed",
      {"schedule": ScheduleConfig("zb1", 4)}),
     ("ZeRO-2 moves the gradient buckets between writes", {"zero": 2}),
+    ("ZeRO-3 moves the gradient buckets between writes", {"zero": 3, "native": (False, False)}),
+    ("context parallelism runs its attention's K/V transfers from a host loop", {"cp": 2, "native": (False, False)}),
+    ("schedule zbv defers weight gradients to W actions, which are not graphed",
+     {"schedule": ScheduleConfig("zbv", 4, 2), "native": (False, False)}),
     ("the last stage's loss is not the built-in MSE", {"builtin_loss": False}),
     ("--trace times every tensor-parallel collective as it launches", {"trace": True}),
-    ("stage 1 runs through autograd", {"native": (True, False)}),
+    ("--trace times every tensor-parallel collective as it launches",
+     {"trace": True, "native": (False, False), "builtin_loss": False}),
 ])
 def test_on_where_the_run_cannot_be_graphed_is_one_line(why, kwargs):
     with pytest.raises(ConfigError) as refused:
         choose("on", **kwargs)
     assert str(refused.value) == f"--cuda-graphs on: {why}; use --cuda-graphs auto or off"
-    if "runs through autograd" not in why:
-        assert not choose("auto", **kwargs).on and choose("auto", **kwargs).why == f"auto: {why}"
+    assert not choose("auto", **kwargs).on and choose("auto", **kwargs).why == f"auto: {why}"
 
 
 def test_an_unknown_mode_is_refused():
@@ -129,7 +141,7 @@ def test_the_flag_and_the_toml_key_set_the_stage_field(tmp_path):
     with pytest.raises(ConfigError, match=r"stages.cuda_graphs \(--cuda-graphs\) must be one of auto, on, off"):
         parse_config(["--config", str(path)]).validate(1, "cpu", registry.check_model)
     help_text = " ".join(build_parser().format_help().split())  # the field's docstring is the flag's help
-    assert ("--cuda-graphs {auto,on,off} Native chain stages: capture each micro-batch's forward and backward"
+    assert ("--cuda-graphs {auto,on,off} Capture each stage's forward and backward as CUDA graphs and replay them"
             in help_text)
 
 

@@ -1,7 +1,9 @@
-"""The planner and CUDA graphs: a plan whose native stages replay as graphs pays one launch a stage's F and B
-instead of the host's fixed cost for every layer, and exposes the DP gradient collectives its eager backward hid
+"""The planner and CUDA graphs: a plan whose stages replay as graphs pays one launch a stage's F and B instead of
+the host's fixed cost for every layer, and exposes the DP gradient collectives its eager backward hid
 (planner/step_time.py), so a host-bound MLP grid's predicted step drops with --cuda-graphs on, auto takes whichever
-of replayed and eager is faster, and plans the graphs do not cover predict what they did."""
+of replayed and eager is faster, and plans the graphs do not cover predict what they did. A transformer's replayed
+stages drop their Python and launches a layer and keep one slot of activations per micro-batch in flight; auto
+leaves them eager where that does not fit, and refuses or leaves eager what the graphs cannot hold."""
 from __future__ import annotations
 
 import dataclasses
@@ -105,7 +107,7 @@ def run_choice(flags: list[str], world: int):
 
     cfg = parse_config(flags + ["--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"])  # the plan, whole
     p = cfg.parallel
-    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world)
+    grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world, p.cp)
     return check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100)
 
 
@@ -138,3 +140,110 @@ def test_the_refit_times_the_running_plan_as_it_runs():
     eager = Setting.of(as_chosen(cfg, GraphChoice(False, "eager")), 1, 4, 1)
     counted = stage_costs(C, dataclasses.replace(H100, compute_scale=0.0, host_action_s=1.0), eager, Plan("1f1b", 8))
     assert counted[0][0].F == 2  # two layer actions of the first stage's forward: the host's cost per layer is seen
+
+
+LLAMA_1B = ["--model", "llama", "--layers", "16", "--hidden", "2048", "--heads", "32", "--kv-heads", "8",
+            "--ffn-hidden", "5632", "--seq-len", "2048", "--amp", "bf16", "--optimizer", "adamw",
+            "--fused-kernels", "off"]
+
+
+def llama_1b(flags: list[str], dp: int = 1, pp: int = 1, mp: int = 1):
+    from hybrid_engine.planner.model_shape import shape_of
+
+    cfg = parse_config(LLAMA_1B + flags)
+    return shape_of(cfg), Setting.of(cfg, dp, pp, mp)
+
+
+def test_slots_are_the_micro_batches_a_stage_has_in_flight():
+    from hybrid_engine.parallel.pipeline.graphs import slots
+    from hybrid_engine.parallel.pipeline.schedule import compute_schedule
+
+    pp4 = compute_schedule("1f1b", 4, 8, 1, 0)
+    assert [slots(pp4[r], r) for r in range(4)] == [4, 3, 2, 1]  # 1F1B: the warm-up's depth, not the 8 micro-batches
+    assert slots(compute_schedule("1f1b", 1, 8, 1, 0)[0], 0) == 1  # one GPU: each micro-batch's B before the next F
+    assert slots(compute_schedule("gpipe", 2, 4, 1, 0)[0], 0) == 4  # GPipe: every forward before any backward
+    interleaved = compute_schedule("interleaved", 2, 4, 2, 0)
+    assert all(1 <= slots(interleaved[0], st) <= 4 for st in (0, 2))
+
+
+def test_a_transformer_replayed_drops_the_host_work_of_every_layer():
+    from hybrid_engine.planner.step_time import AUTOGRAD_ACTION_S
+
+    shape, eager = llama_1b(["--batch-size", "8"], pp=4)
+    plan = Plan("1f1b", 8)
+    off = step_time(shape, H100, dataclasses.replace(eager, cuda_graphs="off"), plan)
+    on = step_time(shape, H100, dataclasses.replace(eager, cuda_graphs="on"), plan)
+    assert on.graphs and not off.graphs
+    # each of a stage's F and B pays one launch instead of the host's work for each of its layers
+    layers = len(shape.cut(4)[0])
+    saved = 2 * 8 * (layers * (H100.action_overhead_s + AUTOGRAD_ACTION_S) - H100.action_overhead_s)
+    assert off.pipeline_s - on.pipeline_s >= 0.99 * saved
+
+
+def test_a_transformer_replayed_keeps_one_slot_per_micro_batch_in_flight_not_one_per_micro_batch():
+    from hybrid_engine.planner.memory import peak_bytes
+
+    shape, s = llama_1b(["--batch-size", "8"])
+    plan = Plan("1f1b", 8)
+    eager = peak_bytes(shape, s, plan, H100.workspace_bytes)[0]
+    replayed = peak_bytes(shape, s, plan, H100.workspace_bytes, replayed=True)[0]
+    # one GPU: one slot, its activations and a layer's temporaries in its forward pool beside the eager backward's
+    assert replayed.static == eager.static and eager.dynamic < replayed.dynamic < 1.3 * eager.dynamic
+    shape4, s4 = llama_1b(["--batch-size", "8"], pp=4)
+    eager4 = peak_bytes(shape4, s4, plan, H100.workspace_bytes)
+    replayed4 = peak_bytes(shape4, s4, plan, H100.workspace_bytes, replayed=True)
+    for e, r in zip(eager4, replayed4):  # 1F1B: the slots are the micro-batches eager holds at its peak
+        assert e.dynamic < r.dynamic < 1.3 * e.dynamic
+
+
+def test_auto_leaves_a_transformer_eager_where_its_graphs_do_not_fit_and_says_both_numbers():
+    from hybrid_engine.config.checks import resolve_grid
+    from hybrid_engine.models import registry
+    from hybrid_engine.parallel.pipeline.graphs import check_run
+    from hybrid_engine.planner.memory import peak_bytes
+
+    flags = LLAMA_1B + ["--batch-size", "16", "--pp", "2", "--schedule", "gpipe", "--micro-batches", "8",
+                        "--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"]
+    cfg = parse_config(flags)
+    grid = resolve_grid(None, 2, 1, cfg.parallel.order, 2)
+    shape, s = llama_1b(["--batch-size", "16"], pp=2)
+    plan = Plan("gpipe", 8)
+    eager = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes))
+    replayed = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes, replayed=True))
+    assert eager < replayed
+    roomy = check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100.with_memory(2 * replayed))
+    assert roomy.on and roomy.why.startswith("auto: every stage's forward and backward replayed, one slot of graphs "
+                                             "per micro-batch in flight, predicted ")
+    tight = check_run(cfg, registry.build_workload(cfg), grid, "cuda",
+                      card=H100.with_memory((eager + replayed) / 2 / 0.97))
+    assert not tight.on and tight.why.startswith("auto: the replayed stages' graphs need ")
+    assert "ms a step replayed" in tight.why and tight.why.endswith(" eager on H100")
+
+
+@pytest.mark.parametrize("flags,why", [
+    (["--recompute", "selective"], "selective recompute reruns the attention core inside the backward"),
+    (["--cp", "2"], "context parallelism runs its attention's K/V transfers from a host loop"),
+    (["--schedule", "zb1"], "schedule zb1 defers weight gradients to W actions, which are not graphed"),
+])
+def test_on_for_a_transformer_the_run_cannot_graph_is_one_line_before_any_process_group(flags, why):
+    from hybrid_engine.config.engine import ConfigError
+
+    world = 4 if "--cp" in flags else 2
+    grid = [] if "--cp" in flags else ["--pp", "2"]
+    schedule = [] if "--schedule" in flags else ["--schedule", "1f1b"]
+    run = LLAMA_1B + ["--batch-size", "8", "--micro-batches", "4"] + grid + schedule + flags
+    with pytest.raises(ConfigError) as refused:
+        run_choice(run + ["--cuda-graphs", "on"], world)
+    assert str(refused.value) == f"--cuda-graphs on: {why}; use --cuda-graphs auto or off"
+    auto = run_choice(run + ["--cuda-graphs", "auto"], world)
+    assert not auto.on and auto.why == f"auto: {why}"
+
+
+@pytest.mark.parametrize("flags,grid", [(["--recompute", "selective"], (1, 2, 1)), (["--recompute", "full"], (1, 2, 1)),
+                                        (["--cp", "2"], (1, 1, 1))])
+def test_transformer_plans_the_graphs_do_not_cover_predict_eager(flags, grid):
+    shape, s = llama_1b(["--batch-size", "8"] + flags, *grid)
+    plan = Plan("1f1b", 4)
+    on = step_time(shape, H100, dataclasses.replace(s, cuda_graphs="on"), plan)
+    off = step_time(shape, H100, dataclasses.replace(s, cuda_graphs="off"), plan)
+    assert not on.graphs and on.step_s == off.step_s

@@ -1,17 +1,27 @@
 """CUDA-graphed stages: --cuda-graphs auto | on | off, resolved once, before anything is built, and said in one line.
 
-A graphed native chain stage (csrc/executor/graphed_stage.h) captures each micro-batch's F and B as CUDA graphs
-and replays them: one launch instead of one per kernel, which is what the course MLP's steps at 4 GPUs were
-paying for (the measured step 2-3x its GEMMs' time). What a run must be for it, each a rule here and nowhere else:
+A graphed stage captures F and B as CUDA graphs and replays them: one launch instead of one per kernel, which is
+what the course MLP's steps at 4 GPUs paid for (the measured step 2-3x its GEMMs' time), and what a transformer
+stage pays again in Python and launches for every operation. Native chain stages
+(csrc/executor/graphed_stage.h) keep graphs per micro-batch index; autograd stages, the GPT's and the Llama's
+(csrc/executor/graphed_autograd_stage.h), keep one slot of graphs per micro-batch in flight at once (`slots`),
+reused by micro-batches whose lifetimes do not overlap. The tensor-parallel and sequence-parallel collectives run
+inside the graphs; the P2P transfers and the DP collectives outside. What a run must be for it, each a rule here
+and nowhere else:
 
   CUDA              the CPU has no graphs (auto: off; on: refused).
-  native stages     autograd stages are not graphed; auto graphs the native chains of a run and leaves the rest
-                    eager, on needs every stage native.
-  no recompute      a recomputed stage reruns its forward inside its backward: nothing to keep static.
+  no recompute      a recomputed stage reruns its forward (full) or its attention core (selective) inside its
+                    backward: nothing to keep static.
   no I and W        a zero-bubble schedule defers weight gradients to W actions that stash the B's tensors.
   ZeRO 0 or 1       ZeRO-2 and 3 release and restore gradient buckets (their addresses move) between writes.
-  built-in MSE      the last stage's loss is captured with its forward (any other loss runs through Python).
+  no context        context parallelism's attention runs its ring of K/V transfers from a host loop.
+    parallelism
+  built-in MSE      a native last stage's loss is captured with its forward (any other loss runs through Python;
+                    an autograd last stage captures any loss with its forward).
   no --trace        the trace times every tensor-parallel collective as it launches; a replay launches none.
+
+Random numbers: torch's CUDA graph registers the default CUDA generator at capture, so a dropout replays with
+fresh numbers each replay (the engine's GPT and Llama have none).
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ from hybrid_engine.parallel.pipeline.schedule import compute_schedule
 
 @dataclass(frozen=True)
 class GraphChoice:
-    """The resolved choice: `on` graphs the native chain stages; `why` is the reason said with it."""
+    """The resolved choice: `on` graphs the stages; `why` is the reason said with it."""
 
     on: bool
     why: str
@@ -43,18 +53,21 @@ def splits_backward(schedule: ScheduleConfig, pp: int) -> bool:
 
 
 def why_not(device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
-            stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool, trace: bool) -> str:
-    """Why this run's native stages cannot be graphed ('' when they can). native_stages: per stage, native."""
+            stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool, trace: bool,
+            cp: int = 1) -> str:
+    """Why this run's stages cannot be graphed ('' when they can). native_stages: per stage, native."""
     if device_type != "cuda":
         return "the CPU has no CUDA graphs"
-    if not any(native_stages):
-        return "no native chain stage: autograd stages are not graphed"
     if stages.full_recompute:
         return "recomputed stages rerun their forward inside the backward"
+    if stages.recompute == "selective" and not all(native_stages):
+        return "selective recompute reruns the attention core inside the backward"
     if splits_backward(schedule, pp):
         return f"schedule {schedule.name} defers weight gradients to W actions, which are not graphed"
     if data_parallel.zero >= 2:
         return f"ZeRO-{data_parallel.zero} moves the gradient buckets between writes"
+    if cp > 1:
+        return "context parallelism runs its attention's K/V transfers from a host loop"
     if native_stages[-1] and not builtin_loss:
         return "the last stage's loss is not the built-in MSE"
     if trace:
@@ -62,38 +75,69 @@ def why_not(device_type: str, native_stages: Sequence[bool], schedule: ScheduleC
     return ""
 
 
+def replays(native_stages: Sequence[bool]) -> str:
+    """What a run of these stages replays, as the choice's line says it."""
+    if all(native_stages):
+        return "native chain stages' forward and backward replayed per micro-batch"
+    if not any(native_stages):
+        return "every stage's forward and backward replayed, one slot of graphs per micro-batch in flight"
+    return ("native chain stages' forward and backward replayed per micro-batch, autograd stages' one slot of "
+            "graphs per micro-batch in flight")
+
+
 def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
             stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool,
-            trace: bool = False) -> GraphChoice:
+            trace: bool = False, cp: int = 1) -> GraphChoice:
     """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed."""
     if mode not in GRAPH_MODES:
         raise ConfigError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
         return GraphChoice(False, "--cuda-graphs off")
-    why = why_not(device_type, native_stages, schedule, pp, stages, data_parallel, builtin_loss, trace)
+    why = why_not(device_type, native_stages, schedule, pp, stages, data_parallel, builtin_loss, trace, cp)
     if mode == "on":
-        autograd = [s for s, native in enumerate(native_stages) if not native]
-        if not why and autograd:
-            why = (f"stages {', '.join(map(str, autograd))} run" if len(autograd) > 1 else f"stage {autograd[0]} runs"
-                   ) + " through autograd"
         if why:
             raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
-        return GraphChoice(True, "--cuda-graphs on: every stage's forward and backward replayed per micro-batch")
+        return GraphChoice(True, f"--cuda-graphs on: {replays(native_stages)}")
     if why:
         return GraphChoice(False, f"auto: {why}")
-    eager = [s for s, native in enumerate(native_stages) if not native]
-    rest = f"; autograd stage{'s' if len(eager) > 1 else ''} {', '.join(map(str, eager))} eager" if eager else ""
-    return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch{rest}")
+    return GraphChoice(True, f"auto: {replays(native_stages)}")
 
 
-def graphed(programs: dict[int, object], choice: GraphChoice, device: str, host_rerun: bool = False
-            ) -> dict[int, object]:
-    """The programs with every native chain wrapped in its CUDA-graphed form where the choice is on (host_rerun:
-    the graphs' plumbing replayed by the host, for tests without a GPU)."""
+def slots(actions: Sequence, stage: int) -> int:
+    """The slots of graphs a graphed autograd stage keeps on the rank whose compute actions (F, B, I, W, in order)
+    these are: the most of its micro-batches in flight at once, each from its F to its B. The executor's stage takes
+    the lowest free slot at each F (csrc/executor/graphed_autograd_stage.h), which needs exactly this many."""
+    in_flight = most = 0
+    for a in actions:
+        if a.stage != stage:
+            continue
+        if a.type.name == "F":
+            in_flight += 1
+            most = max(most, in_flight)
+        elif a.type.name in ("B", "I"):
+            in_flight -= 1
+    return most
+
+
+def graphed(programs: dict[int, object], choice: GraphChoice, device: str, host_rerun: bool = False,
+            grads=None, stage_params: dict[int, list] | None = None, param_gather=None) -> dict[int, object]:
+    """The programs with every stage wrapped in its CUDA-graphed form where the choice is on (host_rerun: the
+    graphs' plumbing replayed by the host, for tests without a GPU). An autograd stage needs the engine's GradBuffer
+    (`grads`), its parameters (`stage_params[stage]`) and ZeRO-1's overlapped gathers (`param_gather`, or None)."""
     if not choice.on:
         return dict(programs)
-    return {s: _C.GraphedChainStage(p, device, host_rerun) if isinstance(p, _C.NativeChainStage) else p
-            for s, p in programs.items()}
+    out = {}
+    for s, p in programs.items():
+        if isinstance(p, _C.NativeChainStage):
+            out[s] = _C.GraphedChainStage(p, device, host_rerun)
+        elif isinstance(p, _C.AutogradStage):
+            if grads is None:
+                raise ValueError("graphed: an autograd stage needs the engine's GradBuffer")
+            out[s] = _C.GraphedAutogradStage(p, grads, list((stage_params or {}).get(s, [])), param_gather, device,
+                                             host_rerun)
+        else:
+            out[s] = p
+    return out
 
 
 def as_chosen(cfg, choice: GraphChoice):
@@ -118,18 +162,22 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     layout = model["layout"] if model["layout"] is not None else partition(workload.model, num_stages)
     plans = plan_stages(workload.model, layout, grid.mp_size, cfg.precision, cfg.stages,
                         tp_chains=model["parallelize"] is parallelize_mlp)
-    choice = resolve(cfg.stages.cuda_graphs, device_type, [p.native for p in plans], cfg.schedule, grid.pp_size,
-                     cfg.stages, cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None)
-    if not choice.on or cfg.stages.cuda_graphs != "auto" or not all(p.native for p in plans):
+    native = [p.native for p in plans]
+    choice = resolve(cfg.stages.cuda_graphs, device_type, native, cfg.schedule, grid.pp_size, cfg.stages,
+                     cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None,
+                     grid.cp_size)
+    if not choice.on or cfg.stages.cuda_graphs != "auto":
         return choice
     return planned(cfg, grid, card or this_device(cfg.plan.card, device_type)) or choice
 
 
 def planned(cfg, grid, card) -> GraphChoice | None:
-    """auto for a run of native stages: replayed if the planner predicts the run's plan faster so (each action one
-    launch instead of one per layer, against the DP gradient collectives a replayed backward no longer hides),
-    else eager; both predictions said. None where the planner times no replay on `card`."""
+    """auto: replayed if the planner predicts the run's plan faster so (each action one launch instead of one per
+    layer, against the DP gradient collectives a replayed backward no longer hides) and its replayed stages' memory
+    (graph pools held through the run) fits the card, else eager; both predictions said. None where the planner
+    times no replay on `card`."""
     from hybrid_engine.planner.candidates import Plan
+    from hybrid_engine.planner.memory import fits, peak_bytes
     from hybrid_engine.planner.model_shape import shape_of
     from hybrid_engine.planner.setting import Setting
     from hybrid_engine.planner.step_time import step_time
@@ -143,9 +191,13 @@ def planned(cfg, grid, card) -> GraphChoice | None:
     if not replayed.graphs:
         return None
     times = f"{replayed.step_s * 1e3:.3g} ms a step replayed, {eager.step_s * 1e3:.3g} eager on {card.name}"
-    if replayed.step_s <= eager.step_s:
-        return GraphChoice(True, f"auto: native chain stages' forward and backward replayed per micro-batch, "
-                                 f"predicted {times}")
-    hides = eager.dp_exposed_s < replayed.dp_exposed_s
-    hid = " (the eager backward hides the DP gradient collectives)" if hides else ""
-    return GraphChoice(False, f"auto: the eager step is predicted faster, {times}{hid}")
+    if replayed.step_s > eager.step_s:
+        hides = eager.dp_exposed_s < replayed.dp_exposed_s
+        hid = " (the eager backward hides the DP gradient collectives)" if hides else ""
+        return GraphChoice(False, f"auto: the eager step is predicted faster, {times}{hid}")
+    peaks = peak_bytes(shape, s, plan, card.workspace_bytes, replayed=True)
+    if not fits(peaks, card.memory_bytes) and fits(peak_bytes(shape, s, plan, card.workspace_bytes), card.memory_bytes):
+        need = max(p.needed for p in peaks) / 2**30
+        return GraphChoice(False, f"auto: the replayed stages' graphs need {need:.3g} GiB of the "
+                                  f"{card.memory_bytes / 2**30:.3g} GiB of {card.name}, predicted {times}")
+    return GraphChoice(True, f"auto: {replays([shape.native])}, predicted {times}")

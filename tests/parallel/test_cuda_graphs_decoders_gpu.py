@@ -1,0 +1,84 @@
+"""CUDA-graphed autograd stages on GPUs (skipped without CUDA, or without enough GPUs for a grid): the tiny Llama and
+GPT trained with --cuda-graphs on and off, the same steps, on 1, 2 and 4 GPUs (NCCL, one process per GPU under
+torchrun, tests/decoder_graph_runs.py): tp2 (with sequence parallelism), pp2 under 1F1B and interleaved, dp2 with
+ZeRO-1, pp2 x tp2 under both. The graphs replay the kernels the eager stages launch, so the losses and weights agree
+to fp32 rounding (atomics in the embedding's backward may sum in another order) and to a bf16 / fp16 rounding step
+in half precision, where the fp16 loss scale moves through the same values; every step after the first replays
+every micro-batch's F and B, in as many slots as the stage has micro-batches in flight.
+
+    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from launch_utils import REPO, free_port
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
+
+GRIDS = {
+    1: {"llama fp32": {}, "gpt fp32 tied": {"model": "gpt", "tied": True},
+        "llama bf16 AdamW": {"amp": "bf16", "optimizer": "adamw"}, "gpt fp16": {"model": "gpt", "amp": "fp16"},
+        "llama one micro-batch": {"m": 1}},
+    2: {"llama tp2": {"mp": 2}, "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
+        "llama tp2 sequence parallel bf16": {"mp": 2, "sp": True, "amp": "bf16"},
+        "llama pp2 1f1b": {"pp": 2}, "gpt pp2 interleaved tied": {"model": "gpt", "pp": 2, "schedule": "interleaved",
+                                                                   "v": 2, "tied": True},
+        "llama pp2 1f1b bf16 AdamW": {"pp": 2, "amp": "bf16", "optimizer": "adamw"},
+        "llama dp2 ZeRO-1": {"dp": 2, "zero": 1}},
+    4: {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
+        "llama pp2 x tp2 interleaved bf16": {"pp": 2, "mp": 2, "schedule": "interleaved", "v": 2, "amp": "bf16"},
+        "gpt pp2 x tp2 interleaved sequence parallel": {"model": "gpt", "pp": 2, "mp": 2, "schedule": "interleaved",
+                                                        "v": 2, "sp": True},
+        "llama pp4 1f1b": {"pp": 4, "m": 8}},
+}
+
+
+def run_on_gpus(gpus: int, tmp_path) -> dict[str, list[tuple[dict, dict]]]:
+    """{grid: [(graphed, eager) per rank]} of GRIDS[gpus], every run of them in one torchrun job."""
+    grids = GRIDS[gpus]
+    runs = [dict(grid, graphs=graphs) for grid in grids.values() for graphs in ("on", "off")]
+    out = tmp_path / f"gpus{gpus}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
+                           f"--master_port={free_port()}", str(REPO / "tests" / "decoder_graph_runs.py"), str(out),
+                           json.dumps(runs)], cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = []
+    for rank in range(gpus):
+        with open(f"{out}.rank{rank}", "rb") as f:
+            ranks.append(pickle.load(f))
+    return {name: [(r[2 * i], r[2 * i + 1]) for r in ranks] for i, name in enumerate(grids)}
+
+
+@pytest.mark.parametrize("gpus", sorted(GRIDS))
+def test_graphed_decoder_stages_train_like_eager_ones(gpus, tmp_path):
+    from decoder_graph_runs import compute_actions
+    from hybrid_engine.parallel.pipeline.graphs import slots
+
+    if GPUS < gpus:
+        pytest.skip(f"needs {gpus} GPUs, {GPUS} visible")
+    for name, per_rank in run_on_gpus(gpus, tmp_path).items():
+        grid = GRIDS[gpus][name]
+        half = grid.get("amp", "off") != "off"
+        for graphed, eager in per_rank:
+            assert graphed["graphs"] and not eager["graphs"], name
+            assert graphed["kinds"] == ["GraphedAutogradStage"], name
+            m, steps = grid.get("m", 4), len(eager["losses"])
+            compute = compute_actions(graphed)
+            for (captures, replays, kept), stage in zip(graphed["counts"], graphed["slot_of_micro"]):
+                assert kept == slots(compute, stage) and captures == 2 * kept, (name, stage)
+                assert replays == 2 * m * (steps - 1), (name, stage)  # the first step is the warm-up
+            assert graphed["scales"] == eager["scales"], name
+            tolerance = dict(rtol=2e-2, atol=2e-3) if half else dict(rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(graphed["losses"], eager["losses"], **tolerance, err_msg=name)
+            for key, value in eager["state"].items():
+                np.testing.assert_allclose(graphed["state"][key], value, **tolerance, err_msg=f"{name}: {key}")
