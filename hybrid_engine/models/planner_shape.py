@@ -65,7 +65,8 @@ def planned_kernels(cfg):
     KernelOptions (kernels/options.py)."""
     from hybrid_engine.train.cli import device_type
 
-    return cfg.model.options.kernels(device_type(cfg.parallel.device), cfg.plan.card, cfg.parallel.mp)
+    return cfg.model.options.kernels(device_type(cfg.parallel.device), cfg.plan.card, cfg.parallel.mp,
+                                     cfg.data_parallel.zero)
 
 
 def attention_core_flops(seq_len: int, width: int) -> float:

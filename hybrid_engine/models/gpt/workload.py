@@ -130,8 +130,9 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the GPT); the vocabulary is the data's."""
     m = cfg.model.options
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
+    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
-                        fp32_residual=m.fp32_residual, kernels=m.kernels(torch.device(device).type, mp=cfg.parallel.mp))
+                        fp32_residual=m.fp32_residual, kernels=kernels)
 
 
 def check(cfg, grid, device_type: str) -> None:

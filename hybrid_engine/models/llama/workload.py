@@ -102,7 +102,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the Llama)."""
     m = cfg.model.options
     shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
-    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp)
+    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
                           recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels)
 
