@@ -35,7 +35,7 @@ from .quantize import E4M3, E5M2, Quantizer, dequantize, quantize as eager_quant
 from .weight_cache import Fp8WeightCache
 
 
-def _product(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, rowwise: bool, native: bool,
+def scaled_product(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, rowwise: bool, native: bool,
              out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     """qa [m, k] (row-major, k contracted) times qb [n, k] transposed: [m, n] in out_dtype. The quantized b,
     transposed, is the column-major right operand torch._scaled_mm takes. fast_accum: the tensor cores' faster,
@@ -48,7 +48,7 @@ def _product(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Ten
     return (dequantize(qa, sa) @ dequantize(qb, sb).t()).to(out_dtype)
 
 
-def _groups(split: Optional[str], group, rowwise: bool) -> dict:
+def operand_groups(split: Optional[str], group, rowwise: bool) -> dict:
     """Which MP group each maximum is all-reduced over (None: none), by operand and layout: the maxima along a
     dimension MP splits, and tensor-wise every maximum of a tensor MP splits."""
     out_group = group if split == "out" else None
@@ -68,7 +68,7 @@ class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, recipe, split, group, native, quantize, weights, wants_dw):
         rowwise = recipe == "rowwise"
-        groups = _groups(split, group, rowwise)
+        groups = operand_groups(split, group, rowwise)
         x2 = x.reshape(-1, x.shape[-1])
         if wants_dw:  # x's forward form now, its dw form kept for the backward
             qx, sx, qx_first, sx_first = quantize.both(x2, E4M3, rowwise, groups["x_last"], groups["x_first"])
@@ -80,7 +80,7 @@ class _Fp8Linear(torch.autograd.Function):
             weights = None
             qw, sw = quantize(weight, E4M3, rowwise, 1, groups["w_last"])
         # y = x w.T contracts K: x's dimension 1, w's dimension 1
-        y = _product(qx, sx, qw, sw, rowwise, native, x.dtype, fast_accum=True)
+        y = scaled_product(qx, sx, qw, sw, rowwise, native, x.dtype, fast_accum=True)
         ctx.save_for_backward(*((qx_first, sx_first) if wants_dw else ()), weight)
         ctx.recipe, ctx.groups, ctx.native, ctx.quantize, ctx.weights = recipe, groups, native, quantize, weights
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -107,9 +107,9 @@ class _Fp8Linear(torch.autograd.Function):
                                                        lambda: weight_forms(weight, rowwise, groups, quantize))[2:]
             else:
                 qw_first, sw_first = quantize(weight, E4M3, rowwise, 0, groups["w_first"])
-            dx = _product(qdy, sdy, qw_first, sw_first, rowwise, ctx.native, ctx.x_dtype).view(ctx.x_shape)
+            dx = scaled_product(qdy, sdy, qw_first, sw_first, rowwise, ctx.native, ctx.x_dtype).view(ctx.x_shape)
         if wants_dw:  # dw = dy.T x contracts M (tokens, never split): only tensor-wise scales see MP
-            dw = _product(qdy_first, sdy_first, *x_first, rowwise, ctx.native, weight.dtype)
+            dw = scaled_product(qdy_first, sdy_first, *x_first, rowwise, ctx.native, weight.dtype)
         return dx, dw, None, None, None, None, None, None, None
 
 

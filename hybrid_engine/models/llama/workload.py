@@ -176,7 +176,9 @@ def block_activations(c: LlamaConfig, fused_swiglu: bool = False, sequence_paral
     projections' inputs (SDPA's reshaped output, the SwiGLU product) have no other keeper of; the norms' outputs,
     each read by two projections, are kept twice in fp8 instead of once: the same bytes."""
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    split = 3.0 * q + 3.0 * kv + (3.0 if fused_swiglu else 4.0) * c.ffn_hidden - (0.5 * (q + c.ffn_hidden) if fp8 else 0)
+    split = 3.0 * q + 3.0 * kv + (3.0 if fused_swiglu else 4.0) * c.ffn_hidden
+    if fp8:
+        split -= 0.5 * (q + c.ffn_hidden)
     if sequence_parallel:
         return split + 2.0 * c.hidden, 2.0 * c.hidden
     return split, 4.0 * c.hidden
