@@ -24,6 +24,7 @@ from hybrid_engine.optim.scaling import OverflowWatch, make_loss_scaler
 from hybrid_engine.config.engine import DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from hybrid_engine.checkpoint.engine_state import EngineState
 from hybrid_engine.parallel.data_parallel.grad_buffer import attach, build_grad_buffer
+from hybrid_engine.fp8.linear import attach_weight_cache
 from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
 from .global_loss import global_mean_loss
 from .micro_batches import MicroBatches, micro_batch_fn
@@ -147,6 +148,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.grads, self._stage_buckets = self.buffer_layout.grads, self.buffer_layout.stage_buckets
         self.grads.set_restore_on_write(per_micro)
         attach(self._stages, self.grads, self._comm_trace)
+        self.fp8_weights = attach_weight_cache(self._stages.values())  # emptied where the weights may change
         self._comm_spans: list = []
         self.zero = (ShardedOptimizer(optimizer, self.buffer_layout, precision.half_weights, groups,
                                       self._shard_groups, data_parallel.zero, self.device, self._stages,
@@ -274,6 +276,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         slice: the executor then asks for each micro-batch when its forward runs, so the batch is never resident
         as a whole. Returns the global mean loss on every rank."""
         start = time.perf_counter()
+        self.fp8_weights.clear()  # the last update (and ZeRO-1's gathers landing) changed the weights
         scale = self.scaler.scale if self.scaler is not None else 1.0
         # The loss of each micro-batch is divided by the micro-batch count and dp x cp here, exactly once (and
         # multiplied by the fp16 loss scale): the DP all-reduce then sums to the mean with no extra pass over the
@@ -377,7 +380,9 @@ class Engine(EngineState, UpdateStep, Reschedule):
 
     def wait_for_parameters(self) -> None:
         """ZeRO-1 with the all-gather overlapped: finish every parameter gather still in flight, so the whole
-        updated model is in place (the next forward waits layer by layer instead). A no-op otherwise."""
+        updated model is in place (the next forward waits layer by layer instead). Whoever asks may read or write the
+        weights next, so fp8's cached weight forms go."""
+        self.fp8_weights.clear()
         if self.zero is not None:
             self.zero.wait_for_parameters()
 

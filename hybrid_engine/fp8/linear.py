@@ -3,7 +3,9 @@ Linear, ColumnParallelLinear and RowParallelLinear by `to_fp8`, holding the same
 tags). The MP region's entry and exit are the same operators the layers use (parallel/tensor/ops.py): Megatron's f
 or the all-gather along the sequence before a column-parallel GEMM, the all-reduce or the reduce-scatter after a
 row-parallel one; the weight gradient goes back through autograd, whose accumulation the engine's gradient hooks
-route into the fp32 main grads (so zero-bubble schedules compute it in B rather than defer it)."""
+route into the fp32 main grads (so zero-bubble schedules compute it in B rather than defer it). A layer made with
+`cache_weights` takes its weight's fp8 forms from the engine's Fp8WeightCache (`attach_weight_cache`), quantized
+once a step."""
 from __future__ import annotations
 
 import torch
@@ -14,16 +16,19 @@ from hybrid_engine.parallel.tensor.layers import ColumnParallelLinear, Linear, R
 
 from .matmul import fp8_linear
 from .quantize import Quantizer
+from .weight_cache import Fp8WeightCache
 
-__all__ = ["Fp8Linear", "to_fp8"]
+__all__ = ["Fp8Linear", "to_fp8", "attach_weight_cache"]
 
 
 class Fp8Linear(nn.Module):
     """One of the tensor-parallel linear layers in float8: `kind` "linear" (no MP), "column" (output features
     split: the region entered before, unless the input entered it already) or "row" (input features split: the
-    partial products summed after, the bias added after the sum)."""
+    partial products summed after, the bias added after the sum). `cache_weights`: its weight quantized once a
+    step into the engine's cache (`weight_cache`, handed in by attach_weight_cache; None until then)."""
 
-    def __init__(self, layer: nn.Module, recipe: str, native: bool, compiled: bool = False):
+    def __init__(self, layer: nn.Module, recipe: str, native: bool, compiled: bool = False,
+                 cache_weights: bool = False):
         super().__init__()
         self.kind = ("row" if isinstance(layer, RowParallelLinear) else
                      "column" if isinstance(layer, ColumnParallelLinear) else "linear")
@@ -36,6 +41,7 @@ class Fp8Linear(nn.Module):
         self.input_in_region = bool(getattr(layer, "input_in_region", False))
         self.recipe, self.native = recipe, native
         self.quantize = Quantizer(compiled)
+        self.cache_weights, self.weight_cache = cache_weights, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.mp_group if self.mp_size > 1 else None
@@ -44,17 +50,17 @@ class Fp8Linear(nn.Module):
                 x = (ops.gather_along_sequence(x, group) if self.sequence_parallel
                      else ops.copy_to_mp_region(x, group))
             y = fp8_linear(x, self.weight, self.recipe, "out" if group else None, group, self.native,
-                           self.quantize)
+                           self.quantize, self.weight_cache)
             return y if self.bias is None else y + self.bias
         if self.kind == "row":
             y = fp8_linear(x, self.weight, self.recipe, "in" if group else None, group, self.native,
-                           self.quantize)
+                           self.quantize, self.weight_cache)
             y = ops.reduce_scatter_along_sequence(y, group) if self.sequence_parallel else ops.reduce_from_mp_region(
                 y, group)
             if self.bias is None:
                 return y
             return y + (ops.copy_to_mp_region(self.bias, group) if self.sequence_parallel else self.bias)
-        y = fp8_linear(x, self.weight, self.recipe, None, None, self.native, self.quantize)
+        y = fp8_linear(x, self.weight, self.recipe, None, None, self.native, self.quantize, self.weight_cache)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
@@ -62,14 +68,26 @@ class Fp8Linear(nn.Module):
                 f"{'torch._scaled_mm' if self.native else 'emulated'}")
 
 
-def to_fp8(module: nn.Module, recipe: str, native: bool, compiled: bool = False) -> int:
+def to_fp8(module: nn.Module, recipe: str, native: bool, compiled: bool = False, cache_weights: bool = False) -> int:
     """Swap every Linear, ColumnParallelLinear and RowParallelLinear under `module` (not `module` itself) for an
-    Fp8Linear, in place (`compiled`: its quantization in compiled regions); returns how many."""
+    Fp8Linear, in place (`compiled`: its quantization in compiled regions; `cache_weights`: its weight's fp8 forms
+    from the engine's cache); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, (Linear, ColumnParallelLinear, RowParallelLinear)):
-            setattr(module, name, Fp8Linear(child, recipe, native, compiled))
+            setattr(module, name, Fp8Linear(child, recipe, native, compiled, cache_weights))
             count += 1
         else:
-            count += to_fp8(child, recipe, native, compiled)
+            count += to_fp8(child, recipe, native, compiled, cache_weights)
     return count
+
+
+def attach_weight_cache(modules) -> Fp8WeightCache:
+    """One Fp8WeightCache for the Fp8Linear layers made with `cache_weights` among `modules` (an owner's stages),
+    handed to each: the owner empties it wherever the weights may change (weight_cache.py); it stays empty where
+    there are none."""
+    cache = Fp8WeightCache()
+    for layer in (m for module in modules for m in module.modules()):
+        if isinstance(layer, Fp8Linear) and layer.cache_weights:
+            layer.weight_cache = cache
+    return cache

@@ -56,7 +56,7 @@ def apply_kernels(stage: nn.Sequential, options: KernelOptions) -> nn.Sequential
     if options.fp8 is not None:
         for layer in stage:
             if isinstance(layer, (llama.Block, gpt.Block)):
-                to_fp8(layer, options.fp8, options.fp8_native, options.compiled)
+                to_fp8(layer, options.fp8, options.fp8_native, options.compiled, options.fp8_weight_cache)
     return stage
 
 

@@ -11,6 +11,10 @@ from hybrid_engine.config.engine import ConfigError
 
 FUSED_MODES = ("auto", "on", "off")
 FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_WEIGHT_CACHE_MODES = ("auto", "on", "off")
+# Why auto leaves fp8's weight cache off under ZeRO-3: its forms (2 bytes a parameter) would keep whole what ZeRO-3
+# releases after each layer.
+AUTO_WEIGHT_CACHE_WHY = "auto: ZeRO-3 releases the gathered weights the cache would keep"
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first cards with fp8 tensor cores (torch._scaled_mm)
 # Why auto leaves the elementwise modules unfused under tensor parallelism: measured on H200s (docs/kernels.md), the
 # compiled RMSNorm, RoPE and SwiGLU regions cost a Llama-1B about a third of its step at pp2 x tp2, while without
@@ -34,13 +38,17 @@ class KernelOptions:
     """The resolved choice: `fused` swaps in the chunked linear + cross-entropy and, with `elementwise`, the fused
     RMSNorm, RoPE and SwiGLU; `compiled` makes each (and fp8's quantization) a torch.compile'd region (CUDA with
     Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them through
-    torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM)."""
+    torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM),
+    `fp8_weight_cache` quantizes each weight once a step into the engine's Fp8WeightCache (fp8/weight_cache.py)
+    instead of once a micro-batch, `fp8_cache_why` says why it is off when it is."""
 
     fused: bool = False
     elementwise: bool = True
     compiled: bool = False
     fp8: Optional[str] = None
     fp8_native: bool = False
+    fp8_weight_cache: bool = True
+    fp8_cache_why: str = ""
 
     @property
     def any(self) -> bool:
@@ -62,21 +70,29 @@ class KernelOptions:
             return f"{fused}; fp8 off"
         grads = "e5m2" if self.fp8 == "tensorwise" else "e4m3"
         how = "torch._scaled_mm" if self.fp8_native else "emulated: quantized, dequantized, fp32 GEMMs"
+        cache = ("weights quantized once a step (cached: 2 bytes a block weight parameter)" if self.fp8_weight_cache
+                 else f"weights quantized every micro-batch ({self.fp8_cache_why or '--fp8-weight-cache off'})")
         return (f"{fused}; fp8 {self.fp8} on the blocks' linear layers (e4m3 forward, {grads} gradients, dynamic "
-                f"scales; {how}; the LM head stays in the weights' dtype)")
+                f"scales; {how}; {cache}; the LM head stays in the weights' dtype)")
 
 
 def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str, card: str | None = None,
-            mp: int = 1) -> KernelOptions:
+            mp: int = 1, fp8_weight_cache: str = "auto", zero: int = 0) -> KernelOptions:
     """The run's KernelOptions on `device_type` ("cuda" or "cpu"); ConfigError (one line) for a bad choice or fp8
     on a card without it. auto: the chunked linear + cross-entropy where CUDA and Triton are (its eager form
     elsewhere equals the unfused model, at the unfused model's speed), the elementwise modules too unless the
     layers are split over mp > 1 tensor-parallel ranks (AUTO_ELEMENTWISE_WHY). card: a Hopper card planned for
-    from any machine ("h100", "h200": CUDA with Triton and fp8 assumed, this machine's devices not asked)."""
+    from any machine ("h100", "h200": CUDA with Triton and fp8 assumed, this machine's devices not asked).
+    fp8_weight_cache: on, off, or auto (on unless `zero` is 3: AUTO_WEIGHT_CACHE_WHY)."""
     if fused_kernels not in FUSED_MODES:
         raise ConfigError(f"--fused-kernels must be one of {', '.join(FUSED_MODES)}, got {fused_kernels!r}")
     if fp8_recipe not in FP8_RECIPES:
         raise ConfigError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
+    if fp8_weight_cache not in FP8_WEIGHT_CACHE_MODES:
+        raise ConfigError(f"--fp8-weight-cache must be one of {', '.join(FP8_WEIGHT_CACHE_MODES)}, "
+                          f"got {fp8_weight_cache!r}")
+    cache = fp8_weight_cache == "on" or (fp8_weight_cache == "auto" and zero < 3)
+    cache_why = "" if cache else AUTO_WEIGHT_CACHE_WHY if fp8_weight_cache == "auto" else "--fp8-weight-cache off"
     hopper = card in ("h100", "h200")
     cuda = hopper or device_type == "cuda"
     compiled = hopper or (cuda and has_triton())
@@ -91,7 +107,7 @@ def resolve(fused_kernels: str, fp8: bool, fp8_recipe: str, device_type: str, ca
         native = True
     return KernelOptions(fused=fused, elementwise=elementwise, compiled=compiled and (fused or fp8),
                          fp8=fp8_recipe if fp8 else None,
-                         fp8_native=native)
+                         fp8_native=native, fp8_weight_cache=cache, fp8_cache_why=cache_why)
 
 
 def region(fn, compiled: bool):

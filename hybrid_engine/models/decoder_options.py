@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.config.fields import flag
-from hybrid_engine.kernels.options import FP8_RECIPES, FUSED_MODES, KernelOptions, resolve
+from hybrid_engine.kernels.options import FP8_RECIPES, FP8_WEIGHT_CACHE_MODES, FUSED_MODES, KernelOptions, resolve
 
 MAX_SIZE = 2**16
 MAX_SEQ_LEN = 2**20  # long-context training (context parallelism) reaches 128k tokens and beyond
@@ -45,16 +45,22 @@ class DecoderOptions:
     fp8_recipe: str = field(default="tensorwise", metadata=flag(choices=FP8_RECIPES))
     """GPT, Llama: with --fp8, tensorwise (one scale a tensor, e5m2 gradients) or rowwise (one scale a row along each
     GEMM's contracted dimension, e4m3 gradients)."""
+    fp8_weight_cache: str = field(default="auto", metadata=flag(choices=FP8_WEIGHT_CACHE_MODES))
+    """GPT, Llama: with --fp8, each block weight quantized once a step and its fp8 forms kept through the step's
+    micro-batches (2 bytes a weight parameter, counted by the planner) instead of quantized every micro-batch: on,
+    off, or auto (on, except under ZeRO-3, whose released weights the cache would keep)."""
 
     def sizes(self) -> tuple[tuple[str, int], ...]:
         """(flag, value) of every size the model has, checked against MAX_SIZE."""
         return (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads),
                 ("--seq-len", self.seq_len))
 
-    def kernels(self, device_type: str, card: str | None = None, mp: int = 1) -> KernelOptions:
+    def kernels(self, device_type: str, card: str | None = None, mp: int = 1, zero: int = 0) -> KernelOptions:
         """The fused kernels and fp8 GEMMs this run gets on `device_type` (or on the Hopper `card` planned for)
-        with its layers split over `mp` ranks; ConfigError (one line) for fp8 on a card without it."""
-        return resolve(self.fused_kernels, self.fp8, self.fp8_recipe, device_type, card, mp)
+        with its layers split over `mp` ranks, at ZeRO level `zero`; ConfigError (one line) for fp8 on a card
+        without it."""
+        return resolve(self.fused_kernels, self.fp8, self.fp8_recipe, device_type, card, mp, self.fp8_weight_cache,
+                       zero)
 
     def check(self) -> None:
         """Each size in range, before anything is built."""

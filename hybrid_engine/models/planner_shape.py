@@ -36,6 +36,9 @@ class LayerShape:
     """Bytes per token of one micro-batch the loss keeps (loss_memory), split over MP."""
     loss_fixed: float = 0.0
     """Bytes one micro-batch's loss keeps whatever its tokens (loss_memory), split over MP."""
+    fp8_cache: float = 0.0
+    """Bytes fp8's weight cache keeps for the layer from its first forward of a step to the step's end (both fp8
+    layouts of each GEMM weight: 2 bytes a parameter; fp8/weight_cache.py), split over MP."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,14 @@ def planned_kernels(cfg):
     KernelOptions (kernels/options.py)."""
     from hybrid_engine.train.cli import device_type
 
-    return cfg.model.options.kernels(device_type(cfg.parallel.device), cfg.plan.card, cfg.parallel.mp)
+    return cfg.model.options.kernels(device_type(cfg.parallel.device), cfg.plan.card, cfg.parallel.mp,
+                                     cfg.data_parallel.zero)
+
+
+def fp8_cached(kernels, block_weights: int) -> int:
+    """The GEMM weight parameters of a block (`block_weights`) fp8's weight cache keeps under these KernelOptions:
+    all of them or none."""
+    return block_weights if kernels.fp8 is not None and kernels.fp8_weight_cache else 0
 
 
 def attention_core_flops(seq_len: int, width: int) -> float:
@@ -98,12 +108,14 @@ def loss_memory(vocab: int, hidden: int, fused: bool) -> tuple[float, float]:
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
-                  kv_width: int | None = None, fused_loss: bool = False) -> ModelShape:
+                  kv_width: int | None = None, fused_loss: bool = False, fp8_cached: int = 0) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
     kv_width: K and V elements per token (default 2 h: as many kv heads as query heads).
-    fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory)."""
+    fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory).
+    fp8_cached: a block's GEMM weight parameters quantized once a step into fp8's weight cache (LayerShape.fp8_cache;
+    0: no cache)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
@@ -112,7 +124,8 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     kv_width = 2 * h if kv_width is None else kv_width
     block = LayerShape(params=block_params, matmul_params=block_params,
                        attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
-                       act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2)
+                       act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2,
+                       fp8_cache=2.0 * fp8_cached)
     per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)

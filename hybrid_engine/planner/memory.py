@@ -147,6 +147,7 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         layers = [shape.layers[i] for st in stages for i in cut[st]]
         params = sum(layer.params for layer in layers) / mp
         weights, working = weight_bytes(params, [layer.params / mp for layer in layers], s)
+        weights += sum(layer.fp8_cache for layer in layers) / mp  # fp8's weight cache, through the step
         activations = live_peaks(programs[r], held, plan.merge_wgrad)
         if s.full_recompute:
             activations += max(kept[st] for st in stages)

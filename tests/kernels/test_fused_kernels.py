@@ -111,8 +111,15 @@ def test_the_choice_follows_the_device_and_is_said():
     assert on == KernelOptions(fused=True, compiled=False, fp8="rowwise", fp8_native=False)
     assert on.describe() == ("fused kernels on (eager (no CUDA with Triton here)): RMSNorm, RoPE, SwiGLU, chunked "
                              "linear + cross-entropy; fp8 rowwise on the blocks' linear layers (e4m3 forward, e4m3 "
-                             "gradients, dynamic scales; emulated: quantized, dequantized, fp32 GEMMs; the LM head "
-                             "stays in the weights' dtype)")
+                             "gradients, dynamic scales; emulated: quantized, dequantized, fp32 GEMMs; weights "
+                             "quantized once a step (cached: 2 bytes a block weight parameter); the LM head stays in "
+                             "the weights' dtype)")
+    assert resolve("on", True, "rowwise", "cpu", zero=3).describe().endswith(
+        "weights quantized every micro-batch (auto: ZeRO-3 releases the gathered weights the cache would keep); the LM "
+        "head stays in the weights' dtype)")
+    assert not resolve("on", True, "rowwise", "cpu", fp8_weight_cache="off", zero=1).fp8_weight_cache
+    with pytest.raises(ConfigError, match=r"^--fp8-weight-cache must be one of auto, on, off, got 'yes'$"):
+        resolve("on", True, "rowwise", "cpu", fp8_weight_cache="yes")
     assert resolve("off", False, "tensorwise", "cpu").describe() == "fused kernels off; fp8 off"
     with pytest.raises(ConfigError, match=r"^--fused-kernels must be one of auto, on, off, got 'yes'$"):
         resolve("yes", False, "tensorwise", "cpu")

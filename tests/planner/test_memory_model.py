@@ -242,3 +242,21 @@ def test_the_8b_step_at_dp4_is_predicted_within_15_percent_at_each_zero_level(ze
     step_s = 16 * 4096 / measured["tokens_s"]  # the batch's tokens over the rate
     p = predicted(LLAMA_8B + ["--fused-kernels", "on"], (4, 1, 1), Plan("1f1b", 4), zero=zero)
     assert abs(p.step_s / step_s - 1) <= 0.15, (p.step_s, step_s)
+
+
+def test_fp8_counts_its_weight_cache_and_keeps_the_projections_inputs_in_fp8():
+    """The 8B shape cut to 4 layers on one GPU, 8 micro-batches of 2 sequences: --fp8 keeps 2 bytes a block GEMM
+    weight parameter through the step (the weight cache; none with --fp8-weight-cache off, or by auto under ZeRO-3)
+    and, per block and token, (q + ffn) / 2 elements fewer (the out and down projections' inputs kept for dw in
+    fp8), on the micro-batch in flight and on one block's backward beside it."""
+    flags = list(LLAMA_8B_FUSED)
+    flags[flags.index("--layers") + 1] = "4"
+    plan, tokens, layers = Plan("1f1b", 8), 2 * 4096, 4
+    bf16, cached, uncached = (predicted(flags + extra, (1, 1, 1), plan).ranks[0]
+                              for extra in ([], ["--fp8"], ["--fp8", "--fp8-weight-cache", "off"]))
+    block_weights = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336
+    assert cached.static - bf16.static == pytest.approx(2 * layers * block_weights, rel=1e-9)
+    assert uncached.static == bf16.static and uncached.dynamic == cached.dynamic
+    assert bf16.dynamic - cached.dynamic == pytest.approx((layers + 1) * (4096 + 14336) / 2 * 2 * tokens, rel=1e-9)
+    zero3 = [predicted(flags + ["--zero", "3"] + extra, (2, 1, 1), plan).ranks[0].static for extra in ([], ["--fp8"])]
+    assert zero3[0] == zero3[1]

@@ -17,7 +17,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, planned_kernels
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_cached, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -130,8 +130,9 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the GPT); the vocabulary is the data's."""
     m = cfg.model.options
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
+    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
-                        fp32_residual=m.fp32_residual, kernels=m.kernels(torch.device(device).type, mp=cfg.parallel.mp))
+                        fp32_residual=m.fp32_residual, kernels=kernels)
 
 
 def check(cfg, grid, device_type: str) -> None:
@@ -151,6 +152,10 @@ def shape(cfg) -> ModelShape:
     header, as the workload's will be)."""
     m = cfg.model.options
     g = GPTConfig(data_vocab(cfg.data.path, m.seq_len), m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings)
-    return decoder_shape("gpt", g.layers, g.hidden, g.seq_len, g.vocab_size, 12 * g.hidden**2 + 13 * g.hidden,
-                         4 * g.hidden, g.tie_embeddings, layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len,
-                         fused_loss=planned_kernels(cfg).fused)
+    kernels, h = planned_kernels(cfg), g.hidden
+    # fp8: the projections keep their inputs for dw in fp8, half the bytes; each input has no other keeper (the
+    # LayerNorms keep their inputs): the qkv and fc1 inputs whole, the proj input and fc2's 4 h split over MP
+    acts = (12.0 * h - 2.5 * h, 5.0 * h - h) if kernels.fp8 is not None else None
+    return decoder_shape("gpt", g.layers, h, g.seq_len, g.vocab_size, 12 * h**2 + 13 * h, 4 * h, g.tie_embeddings,
+                         layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len, block_acts=acts,
+                         fused_loss=kernels.fused, fp8_cached=fp8_cached(kernels, 12 * h**2))

@@ -16,7 +16,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, planned_kernels
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_cached, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -102,7 +102,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     """The workload of a run (cfg: RunConfig whose [model] is the Llama)."""
     m = cfg.model.options
     shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
-    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp)
+    kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
                           recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels)
 
@@ -151,22 +151,34 @@ def shape(cfg) -> ModelShape:
     c = config_of_options(m, cfg.model.seed, m.vocab_size or data_vocab(cfg.data.path, m.seq_len))
     block = (llama_matmul_params(c) - c.hidden - c.vocab_size * c.hidden) // c.layers
     kernels = planned_kernels(cfg)
-    acts = block_activations(c, kernels.fused and kernels.elementwise, m.sequence_parallel)
+    acts = block_activations(c, kernels.fused and kernels.elementwise, m.sequence_parallel, kernels.fp8 is not None)
     return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
                          c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=acts,
-                         kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused)
+                         kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
+                         fp8_cached=fp8_cached(kernels, block_gemm_weights(c)))
 
 
-def block_activations(c: LlamaConfig, fused_swiglu: bool = False,
-                      sequence_parallel: bool = False) -> tuple[float, float]:
+def block_gemm_weights(c: LlamaConfig) -> int:
+    """A block's GEMM weight parameters: the q, kv and out projections and the SwiGLU's three."""
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    return c.hidden * (2 * q + 2 * kv) + 3 * c.hidden * c.ffn_hidden
+
+
+def block_activations(c: LlamaConfig, fused_swiglu: bool = False, sequence_parallel: bool = False,
+                      fp8: bool = False) -> tuple[float, float]:
     """(split over MP, whole) elements a block keeps per token for its backward, as Block runs it eagerly: the
     rotated q and k, the kv projection (v is a view of it), SDPA's output and its reshaped copy (the out
     projection's input); the SwiGLU's gate, silu(gate), up and their product (fused: the region keeps gate and up,
     the down projection the product); whole: each RMSNorm's input and output. Under sequence parallelism each
     norm's input is a sequence chunk (split over MP) and its output is kept gathered by the projection after it.
-    The Llama-1B shape measured 1.5 MB a token at 16 layers against 1.6 MB from these counts."""
+    The Llama-1B shape measured 1.5 MB a token at 16 layers against 1.6 MB from these counts. fp8: each projection
+    keeps its input for dw in fp8 (half an element a value) instead of the input itself, which the out and down
+    projections' inputs (SDPA's reshaped output, the SwiGLU product) have no other keeper of; the norms' outputs,
+    each read by two projections, are kept twice in fp8 instead of once: the same bytes."""
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     split = 3.0 * q + 3.0 * kv + (3.0 if fused_swiglu else 4.0) * c.ffn_hidden
+    if fp8:
+        split -= 0.5 * (q + c.ffn_hidden)
     if sequence_parallel:
         return split + 2.0 * c.hidden, 2.0 * c.hidden
     return split, 4.0 * c.hidden
