@@ -17,7 +17,7 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
 
 from .candidates import Plan
 from hybrid_engine.config.engine import ScheduleConfig
-from hybrid_engine.parallel.pipeline.graphs import splits_backward
+from hybrid_engine.parallel.pipeline.graphs import auto_keeps_eager, splits_backward
 
 from .card import ATTENTION_BACKWARD, CARDS, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
@@ -81,6 +81,8 @@ def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an autograd
     stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives start after
     the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
+    if s.cuda_graphs == "auto" and auto_keeps_eager([shape.native], s.world):
+        return False
     return (s.cuda_graphs != "off" and card.name != CARDS["cpu"].name and not s.full_recompute and s.cp == 1
             and not (s.selective_recompute and not shape.native) and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
                                                                    plan.virtual_stages, plan.lookahead), s.pp))

@@ -202,11 +202,11 @@ def test_auto_leaves_a_transformer_eager_where_its_graphs_do_not_fit_and_says_bo
     from hybrid_engine.parallel.pipeline.graphs import check_run
     from hybrid_engine.planner.memory import peak_bytes
 
-    flags = LLAMA_1B + ["--batch-size", "16", "--pp", "2", "--schedule", "gpipe", "--micro-batches", "8",
+    flags = LLAMA_1B + ["--batch-size", "16", "--schedule", "gpipe", "--micro-batches", "8",
                         "--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"]
     cfg = parse_config(flags)
-    grid = resolve_grid(None, 2, 1, cfg.parallel.order, 2)
-    shape, s = llama_1b(["--batch-size", "16"], pp=2)
+    grid = resolve_grid(None, 1, 1, cfg.parallel.order, 1)
+    shape, s = llama_1b(["--batch-size", "16"])
     plan = Plan("gpipe", 8)
     eager = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes))
     replayed = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes, replayed=True))
@@ -218,6 +218,28 @@ def test_auto_leaves_a_transformer_eager_where_its_graphs_do_not_fit_and_says_bo
                       card=H100.with_memory((eager + replayed) / 2 / 0.97))
     assert not tight.on and tight.why.startswith("auto: the replayed stages' graphs need ")
     assert "ms a step replayed" in tight.why and tight.why.endswith(" eager on H100")
+
+
+def test_auto_keeps_a_transformer_eager_across_gpus_and_on_graphs_it():
+    """auto graphs autograd stages on one GPU only; across GPUs it says so, and the planner times them eager too."""
+    from hybrid_engine.config.checks import resolve_grid
+    from hybrid_engine.models import registry
+    from hybrid_engine.parallel.pipeline.graphs import check_run
+    from hybrid_engine.planner.step_time import graphed
+
+    flags = LLAMA_1B + ["--batch-size", "16", "--pp", "2", "--schedule", "1f1b", "--micro-batches", "8",
+                        "--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"]
+    grid = resolve_grid(None, 2, 1, "mp-dp-pp", 2)
+    auto = check_run(parse_config(flags), registry.build_workload(parse_config(flags)), grid, "cuda", card=H100)
+    assert not auto.on and auto.why == ("auto: autograd stages across GPUs are graphed with --cuda-graphs on only "
+                                        "(auto graphs them on one GPU)")
+    on = parse_config(flags + ["--cuda-graphs", "on"])
+    assert check_run(on, registry.build_workload(on), grid, "cuda", card=H100).on
+    shape, s = llama_1b(["--batch-size", "16"], pp=2)
+    assert not graphed(shape, H100, s, Plan("1f1b", 8))
+    assert graphed(shape, H100, dataclasses.replace(s, cuda_graphs="on"), Plan("1f1b", 8))
+    one_shape, one = llama_1b(["--batch-size", "16"])
+    assert graphed(one_shape, H100, one, Plan("1f1b", 8))
 
 
 @pytest.mark.parametrize("flags,why", [
