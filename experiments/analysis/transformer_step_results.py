@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The transformer-step pass's logs (experiments/passes/transformer_step_pass.sh) -> one results file and a table.
+
+    python experiments/analysis/transformer_step_results.py LOG_DIR OUT.json --card NAME --torch VERSION
+
+The GPU tests: their exit status and pytest's last summary line (a test run cut by its time limit says so). The
+head's bench: its JSON record. The runs (l4_*): as grids_results.py reads them, each run's --metrics file, the median
+after the warm-up. Ratios, each against the eager bf16 run of the same job: graphed (l4_bf16_graphs) and fp8 (l4_fp8,
+issue 38's target: fp8 >= 1.3x bf16 tokens/s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from grids_results import collect
+
+RATIOS = {"l4_bf16_graphs": ("l4_bf16", None), "l4_fp8": ("l4_bf16", 1.3)}
+
+
+def tests_of(res: Path) -> dict | None:
+    """The GPU tests' outcome: passed (exit 0), timed out (exit 124, pytest's progress dots so far) or failed."""
+    rc_file, log = res / "gpu_tests.rc", res / "gpu_tests.log"
+    if not rc_file.exists():
+        return None
+    rc = int(rc_file.read_text())
+    lines = [line for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    summary = next((line for line in reversed(lines) if " passed" in line or " failed" in line), None)
+    outcome = "passed" if rc == 0 else "timed out" if rc == 124 else "failed"
+    dots = lines[0].count(".") if lines and set(lines[0].split()[0]) <= set(".sFx") else 0
+    return {"command": (res / "gpu_tests.cmd").read_text().strip(), "rc": rc, "outcome": outcome,
+            "summary": summary, "tests_passed_before_the_limit": dots if rc == 124 else None}
+
+
+def bench_of(res: Path) -> dict | None:
+    log = res / "head_bench.log"
+    records = [line for line in log.read_text().splitlines() if line.startswith("{")] if log.exists() else []
+    return json.loads(records[-1]) if records else None
+
+
+def ratios(runs: dict) -> dict:
+    out = {}
+    for name, (base, target) in RATIOS.items():
+        r, b = runs.get(name, {}), runs.get(base, {})
+        if "per_s" in r and "per_s" in b:
+            value = round(r["per_s"] / b["per_s"], 3)
+            out[name] = {"vs": base, "tokens_per_s_ratio": value, "target": target,
+                         "met": None if target is None else value >= target}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("log_dir", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--card", required=True)
+    p.add_argument("--torch", required=True)
+    a = p.parse_args()
+    runs = {name: run for name, run in collect(a.log_dir).items() if name.startswith("l4_")}
+    for run in runs.values():
+        run.pop("gpus", None)  # one GPU each: the command's CUDA_VISIBLE_DEVICES
+    result = {"card": a.card, "torch": a.torch, "gpu_tests": tests_of(a.log_dir), "head_bench": bench_of(a.log_dir),
+              "runs": runs, "ratios": ratios(runs)}
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"GPU tests: {result['gpu_tests']}")
+    print(f"head bench: {result['head_bench']}")
+    for name, r in runs.items():
+        print(f"{name:<16} " + (f"{r['step_ms']:9.2f} ms {r['per_s']:10.1f} tokens/s MFU {r['mfu']:.3f}"
+                                if "per_s" in r else r.get("error", "")[:100]))
+    for name, r in result["ratios"].items():
+        print(f"{name} / {r['vs']}: {r['tokens_per_s_ratio']}x tokens/s" +
+              ("" if r["target"] is None else f" (target {r['target']}x: {'met' if r['met'] else 'missed'})"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
