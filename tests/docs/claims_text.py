@@ -59,6 +59,8 @@ ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding-logs.tgz"
 
 GRAPHS = "2026-11-27-4xH100-graphs.json"
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
+KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
+STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
 
 
 def _pp4(run: str) -> dict:
@@ -239,6 +241,21 @@ CLAIMS = [
        lambda g=grid, c=config: ratio(_graphs(g, c)["off_ms"], _graphs(g, c)["on_ms"]),
        lambda g=grid, c=config: _graphs_one_gpu(g, c))
       for grid in GRID_NAMES for config in ("C", "L")],
+    ("docs/kernels.md", "a micro-batch's accumulation took {} ms the second way and {} ms the first, {}×",
+     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_ms"]),
+     lambda: str(results(STEP_PASS)["head_bench"]["fused_ms"]),
+     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_over_fused"])),
+    ("docs/kernels.md", "bf16 {} tokens/s ({}% MFU), fp8 tensor-wise {} ({}×), row-wise {} ({}×)",
+     lambda: comma(results(KERNELS_8B)["runs"]["llama8b_bf16"]["per_s"]),
+     lambda: pct()(results(KERNELS_8B)["runs"]["llama8b_bf16"]["mfu"]),
+     *[f for r in ("tensorwise", "rowwise") for f in (
+         lambda r=r: comma(results(KERNELS_8B)["runs"][f"llama8b_fp8_{r}"]["per_s"]),
+         lambda r=r: fixed(2)(results(KERNELS_8B)["ratios"][f"llama8b_fp8_{r}"]["tokens_per_s_ratio"]))]),
+    ("docs/kernels.md", "the 8B layer shape cut to 4 layers ran fp8 tensor-wise at {}× bf16",
+     lambda: fixed(2)(results(STEP_PASS)["ratios"]["l4_fp8"]["tokens_per_s_ratio"])),
+    (PERF, "the 8B layer shape cut to 4 layers ran {} ms a step graphed against {} eager on one H200",
+     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16_graphs"]["step_ms"]),
+     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16"]["step_ms"])),
     ("docs/schedules.md", "1f1b ran {} tokens/s ({} ms a step), zbv {} ({} ms, {}× 1f1b) and dualpipev {} ({} ms, {}×)",
      lambda: comma(_pp4("1f1b")["tokens_s"]), lambda: fixed(2)(_pp4("1f1b")["step_ms"]),
      *[f for v in ("zbv", "dualpipev") for f in (lambda v=v: comma(_pp4(v)["tokens_s"]),
