@@ -37,6 +37,8 @@ NOT_MEASUREMENTS = [
      SETTING + " (--seq-len 32768: 8192 a rank)"),
     ("docs/long_sequences.md", "At 16k (4k tokens a rank) cp4 runs fewer tokens a second than at 32k",
      SETTING + " (--seq-len 16384 and 32768)"),
+    ("docs/long_sequences.md", "A profile over whole runs at 16k and 32k", SETTING + " (--seq-len 16384 and 32768)"),
+    ("docs/long_sequences.md", "waiting longer at 16k", SETTING + " (--seq-len 16384)"),
     ("docs/performance.md", "each GPU capped at 8 GiB", SETTING + " (--memory-cap-gib 8)"),
     ("docs/failures.md", "Timed out waiting 8000ms", "the message quotes the --comm-timeout the example set"),
     ("docs/failures.md", "SIGKILL, 3 ranks, under 60 s]", BOUND),
