@@ -13,6 +13,8 @@ from doc_sources import (CLEAN_CI, COMPILE_AB, FIRST, GRIDS_MLP, GRIDS_MLP_FIRST
                          mlp_ratios, pct, pptp, profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded,
                          summary_ms, summary_rate, timed_step_ms, LONG_SEQ4_ALL, long_seq4, zero_dp4, zero_plans)
 
+from claims_step_text import LONG_SEQ_DOC, STEP_CLAIMS
+
 LLAMA_DOC = "docs/llama.md"
 COMMAND_TIMES = "cpu/2026-11-27-readme-command-times.json"
 DOCS_COMMAND_TIMES = "cpu/2026-11-27-docs-command-times.json"
@@ -46,49 +48,7 @@ def _two_gpu_row(label: str, run: str, engine: str | None) -> tuple:
     return (PERF, f"| {label} | {{}} ({{}}%) | {{}}× |", *cells, lambda: ratio(pptp(engine), pptp(run)))
 
 
-KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
-FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
-
-
-def _fused_ab(which: str, run: str, tree: str) -> float:
-    return results(FUSED_AB.format(which))["median_step_ms"][run][f"{tree}_ms"]
-
-
 ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding-logs.tgz"
-
-
-GRAPHS = "2026-11-27-4xH100-graphs.json"
-PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
-LONG_SEQ_16K = "2026-11-27-4xH100-long-seq-16k.json"
-
-
-def _long16(run: str) -> dict:
-    return next(r for r in results(LONG_SEQ_16K)["runs"] if r["name"] == run)
-KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
-STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
-
-
-def _pp4(run: str) -> dict:
-    return results(PP4_SCHEDULES)["runs"][f"engine_pp4_{run}"]
-GRID_NAMES = {"mp4": "dp1 pp1 mp4", "pp4": "dp1 pp4 mp1", "pp2 × mp2": "dp1 pp2 mp2", "dp2 × pp2": "dp2 pp2 mp1",
-              "dp4": "dp4 pp1 mp1"}
-
-
-def _graphs(grid: str, config: str) -> dict:
-    """A grid's comparison of the graphs pass (off and on), by the grid's name on the page."""
-    return next(c for c in results(GRAPHS)["comparisons"]
-                if c["grid"] == GRID_NAMES.get(grid, grid) and c["config"] == config)
-
-
-def _graphs_one_gpu(grid: str, config: str, graphs: str = "on") -> str:
-    """One GPU's eager step at the grid's micro-batches over the grid's step (graphed, or eager)."""
-    row = _graphs(grid, config)
-    one = next(c for c in results(GRAPHS)["comparisons"] if c["grid"] == "dp1 pp1 mp1"
-               and c["config"] == config and c["micro_batches"] == row["micro_batches"])
-    return ratio(one["off_ms"], row[f"{graphs}_ms"])
-
-
-LONG_SEQ_DOC = "docs/long_sequences.md"
 
 
 def _long_all(name: str) -> dict:
@@ -168,14 +128,6 @@ CLAIMS = [
     ("README.md", "~{} min on 2 cores # shared with other work (a median step of {} ms)",
      lambda: rounded(800 * first_median_step_ms() / 60e3, 0),
      lambda: rounded(first_median_step_ms(), 0)),
-    # docs/kernels.md: why auto leaves the elementwise modules unfused
-    ("docs/kernels.md", "ran {} ms a step with every fusion and {} without",
-     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_on"]),
-     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_off"])),
-    ("docs/kernels.md", "the tree ran {} and {} ms beside the unfused older tree's {} and {} in the same job, and with "
-     "`--fused-kernels off` {} and {} beside {} and {} in another",
-     *[lambda w=w, r=r, t=t: fixed(2)(_fused_ab(w, r, t)) for w in ("on", "off") for t in ("new", "old")
-       for r in ("pp2tp2", "pp2tp2_2")]),
     # docs/performance.md: sentences
     (PERF, "took zb1 at config L from {}k to {}k samples/s; lookahead 2 gave {}k "
      "(experiments/results/raw/2026-11-26-2xH200-job3.json)",
@@ -237,45 +189,8 @@ CLAIMS = [
     (LONG_SEQ_DOC, "At 32k the ring is {}× torch's context parallelism (the goal is 1.2×) and cp4's MFU is {} of one",
      lambda: ratio(_long_all("cp4_32k")["tokens_s"], _long_all("torch_cp4_32k")["tokens_s"]),
      lambda: ratio(_long_all("cp4_32k")["mfu"], _long_all("gpu1_8k")["mfu"])),
-    (LONG_SEQ_DOC, "the all-gather variant did not help there: {} tokens/s against the ring's {}",
-     lambda: comma(_long16("cp4_16k_gather")["tokens_s"]), lambda: comma(_long16("cp4_16k")["tokens_s"])),
     (LONG_SEQ_DOC, "The all-gather variant is {}× the ring at 32k",
      lambda: ratio(_long_all("cp4_32k_gather")["tokens_s"], _long_all("cp4_32k")["tokens_s"])),
-    *[(PERF, f"| {grid} | {config} | {{}} | {{}} | {{}} | {{}}× | {{}}× |",
-       lambda g=grid, c=config: str(_graphs(g, c)["micro_batches"]),
-       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["off_ms"]),
-       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["on_ms"]),
-       lambda g=grid, c=config: ratio(_graphs(g, c)["off_ms"], _graphs(g, c)["on_ms"]),
-       lambda g=grid, c=config: _graphs_one_gpu(g, c))
-      for grid in GRID_NAMES for config in ("C", "L")],
-    ("docs/kernels.md", "a micro-batch's accumulation took {} ms the second way and {} ms the first, {}×",
-     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_ms"]),
-     lambda: str(results(STEP_PASS)["head_bench"]["fused_ms"]),
-     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_over_fused"])),
-    ("docs/kernels.md", "bf16 {} tokens/s ({}% MFU), fp8 tensor-wise {} ({}×), row-wise {} ({}×)",
-     lambda: comma(results(KERNELS_8B)["runs"]["llama8b_bf16"]["per_s"]),
-     lambda: pct()(results(KERNELS_8B)["runs"]["llama8b_bf16"]["mfu"]),
-     *[f for r in ("tensorwise", "rowwise") for f in (
-         lambda r=r: comma(results(KERNELS_8B)["runs"][f"llama8b_fp8_{r}"]["per_s"]),
-         lambda r=r: fixed(2)(results(KERNELS_8B)["ratios"][f"llama8b_fp8_{r}"]["tokens_per_s_ratio"]))]),
-    ("docs/kernels.md", "the 8B layer shape cut to 4 layers ran fp8 tensor-wise at {}× bf16",
-     lambda: fixed(2)(results(STEP_PASS)["ratios"]["l4_fp8"]["tokens_per_s_ratio"])),
-    (PERF, "the 8B layer shape cut to 4 layers ran {} ms a step graphed against {} eager on one H200",
-     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16_graphs"]["step_ms"]),
-     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16"]["step_ms"])),
-    ("docs/schedules.md", "1f1b ran {} tokens/s ({} ms a step), zbv {} ({} ms, {}× 1f1b) and dualpipev {} ({} ms, {}×)",
-     lambda: comma(_pp4("1f1b")["tokens_s"]), lambda: fixed(2)(_pp4("1f1b")["step_ms"]),
-     *[f for v in ("zbv", "dualpipev") for f in (lambda v=v: comma(_pp4(v)["tokens_s"]),
-                                                  lambda v=v: fixed(2)(_pp4(v)["step_ms"]),
-                                                  lambda v=v: ratio(_pp4(v)["tokens_s"], _pp4("1f1b")["tokens_s"]))]),
-    (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
-     lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
-    (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",
-     lambda: ratio(_graphs("dp4", "L")["off_ms"], _graphs("dp4", "L")["on_ms"])),
-    (PERF, "Config L reaches {}× one GPU at pp4 and {}× at mp4",
-     lambda: _graphs_one_gpu("pp4", "L"), lambda: _graphs_one_gpu("mp4", "L")),
-    (PERF, "and {}× and {}× eagerly", lambda: _graphs_one_gpu("pp4", "L", "off"),
-     lambda: _graphs_one_gpu("mp4", "L", "off")),
     (PERF, "Zero 3's peak is {}% of zero 1's",
      lambda: pct(0)(zero_dp4("zero3")["peak_gib"] / zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",
@@ -408,4 +323,4 @@ CLAIMS = [
     (LLAMA_DOC, "decoded with the model directory's tokenizer: ~{} s", lambda: _docs_command_s("hf_sample")),
     (LLAMA_DOC, "copies its tokenizer files: ~{} s", lambda: _docs_command_s("hf_export")),
     (LLAMA_DOC, "generates with it (greedy): ~{} s", lambda: _docs_command_s("hf_transformers_generate")),
-]
+] + STEP_CLAIMS

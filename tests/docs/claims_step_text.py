@@ -1,0 +1,93 @@
+"""The numbers docs/ states of the step's speed on GPUs: the fused kernels and fp8 (docs/kernels.md), the
+CUDA-graphed stages (docs/performance.md), the V schedules (docs/schedules.md) and cp4 at 16k
+(docs/long_sequences.md), in claims_text.py's form (the page, the text as shown with {} for each number, a callable
+giving each number as shown), read from the results file the sentence names."""
+from __future__ import annotations
+
+from doc_sources import PERF, comma, fixed, pct, ratio, results
+
+KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
+FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
+GRAPHS = "2026-11-27-4xH100-graphs.json"
+PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
+LONG_SEQ_16K = "2026-11-27-4xH100-long-seq-16k.json"
+KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
+STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
+LONG_SEQ_DOC = "docs/long_sequences.md"
+GRID_NAMES = {"mp4": "dp1 pp1 mp4", "pp4": "dp1 pp4 mp1", "pp2 × mp2": "dp1 pp2 mp2", "dp2 × pp2": "dp2 pp2 mp1",
+              "dp4": "dp4 pp1 mp1"}
+
+
+def _fused_ab(which: str, run: str, tree: str) -> float:
+    return results(FUSED_AB.format(which))["median_step_ms"][run][f"{tree}_ms"]
+
+
+def _long16(run: str) -> dict:
+    return next(r for r in results(LONG_SEQ_16K)["runs"] if r["name"] == run)
+
+
+def _pp4(run: str) -> dict:
+    return results(PP4_SCHEDULES)["runs"][f"engine_pp4_{run}"]
+
+
+def _graphs(grid: str, config: str) -> dict:
+    """A grid's comparison of the graphs pass (off and on), by the grid's name on the page."""
+    return next(c for c in results(GRAPHS)["comparisons"]
+                if c["grid"] == GRID_NAMES.get(grid, grid) and c["config"] == config)
+
+
+def _graphs_one_gpu(grid: str, config: str, graphs: str = "on") -> str:
+    """One GPU's eager step at the grid's micro-batches over the grid's step (graphed, or eager)."""
+    row = _graphs(grid, config)
+    one = next(c for c in results(GRAPHS)["comparisons"] if c["grid"] == "dp1 pp1 mp1"
+               and c["config"] == config and c["micro_batches"] == row["micro_batches"])
+    return ratio(one["off_ms"], row[f"{graphs}_ms"])
+
+
+STEP_CLAIMS = [
+    # docs/kernels.md: why auto leaves the elementwise modules unfused
+    ("docs/kernels.md", "ran {} ms a step with every fusion and {} without",
+     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_on"]),
+     lambda: fixed(2)(results(KERNELS_1B)["median_step_ms"]["fused_kernels_off"])),
+    ("docs/kernels.md", "the tree ran {} and {} ms beside the unfused older tree's {} and {} in the same job, and with "
+     "`--fused-kernels off` {} and {} beside {} and {} in another",
+     *[lambda w=w, r=r, t=t: fixed(2)(_fused_ab(w, r, t)) for w in ("on", "off") for t in ("new", "old")
+       for r in ("pp2tp2", "pp2tp2_2")]),
+    (LONG_SEQ_DOC, "the all-gather variant did not help there: {} tokens/s against the ring's {}",
+     lambda: comma(_long16("cp4_16k_gather")["tokens_s"]), lambda: comma(_long16("cp4_16k")["tokens_s"])),
+    *[(PERF, f"| {grid} | {config} | {{}} | {{}} | {{}} | {{}}× | {{}}× |",
+       lambda g=grid, c=config: str(_graphs(g, c)["micro_batches"]),
+       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["off_ms"]),
+       lambda g=grid, c=config: fixed(2)(_graphs(g, c)["on_ms"]),
+       lambda g=grid, c=config: ratio(_graphs(g, c)["off_ms"], _graphs(g, c)["on_ms"]),
+       lambda g=grid, c=config: _graphs_one_gpu(g, c))
+      for grid in GRID_NAMES for config in ("C", "L")],
+    ("docs/kernels.md", "a micro-batch's accumulation took {} ms the second way and {} ms the first, {}×",
+     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_ms"]),
+     lambda: str(results(STEP_PASS)["head_bench"]["fused_ms"]),
+     lambda: fixed(2)(results(STEP_PASS)["head_bench"]["half_over_fused"])),
+    ("docs/kernels.md", "bf16 {} tokens/s ({}% MFU), fp8 tensor-wise {} ({}×), row-wise {} ({}×)",
+     lambda: comma(results(KERNELS_8B)["runs"]["llama8b_bf16"]["per_s"]),
+     lambda: pct()(results(KERNELS_8B)["runs"]["llama8b_bf16"]["mfu"]),
+     *[f for r in ("tensorwise", "rowwise") for f in (
+         lambda r=r: comma(results(KERNELS_8B)["runs"][f"llama8b_fp8_{r}"]["per_s"]),
+         lambda r=r: fixed(2)(results(KERNELS_8B)["ratios"][f"llama8b_fp8_{r}"]["tokens_per_s_ratio"]))]),
+    ("docs/kernels.md", "the 8B layer shape cut to 4 layers ran fp8 tensor-wise at {}× bf16",
+     lambda: fixed(2)(results(STEP_PASS)["ratios"]["l4_fp8"]["tokens_per_s_ratio"])),
+    (PERF, "the 8B layer shape cut to 4 layers ran {} ms a step graphed against {} eager on one H200",
+     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16_graphs"]["step_ms"]),
+     lambda: fixed(2)(results(STEP_PASS)["runs"]["l4_bf16"]["step_ms"])),
+    ("docs/schedules.md", "1f1b ran {} tokens/s ({} ms a step), zbv {} ({} ms, {}× 1f1b) and dualpipev {} ({} ms, {}×)",
+     lambda: comma(_pp4("1f1b")["tokens_s"]), lambda: fixed(2)(_pp4("1f1b")["step_ms"]),
+     *[f for v in ("zbv", "dualpipev") for f in (lambda v=v: comma(_pp4(v)["tokens_s"]),
+                                                  lambda v=v: fixed(2)(_pp4(v)["step_ms"]),
+                                                  lambda v=v: ratio(_pp4(v)["tokens_s"], _pp4("1f1b")["tokens_s"]))]),
+    (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
+     lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
+    (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",
+     lambda: ratio(_graphs("dp4", "L")["off_ms"], _graphs("dp4", "L")["on_ms"])),
+    (PERF, "Config L reaches {}× one GPU at pp4 and {}× at mp4",
+     lambda: _graphs_one_gpu("pp4", "L"), lambda: _graphs_one_gpu("mp4", "L")),
+    (PERF, "and {}× and {}× eagerly", lambda: _graphs_one_gpu("pp4", "L", "off"),
+     lambda: _graphs_one_gpu("mp4", "L", "off")),
+]
