@@ -8,9 +8,7 @@ A run is a dict: model ("gpt" | "llama"), dp, pp, mp, schedule, v (virtual stage
 "host": on with the host's replay)."""
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import sys
 
 import torch
@@ -126,10 +124,6 @@ def compute_actions(result: dict) -> list[Action]:
 
 
 if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSON
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
-    results = train(rank, world, json.loads(sys.argv[2]), device=f"cuda:{os.environ['LOCAL_RANK']}")
-    with open(f"{sys.argv[1]}.rank{rank}", "wb") as f:
-        pickle.dump(results, f)
-    dist.destroy_process_group()
+    from graph_jobs import torchrun_rank
+
+    torchrun_rank(train)

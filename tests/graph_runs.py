@@ -7,12 +7,9 @@ A run is a dict: dp, pp, mp, schedule, v (virtual stages), m (micro-batches), am
 "host": on with the host's replay)."""
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import sys
 
-import torch
 import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,13 +56,9 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
 
 
 if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSON
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
-    results = train(rank, world, json.loads(sys.argv[2]), device=f"cuda:{os.environ['LOCAL_RANK']}")
-    with open(f"{sys.argv[1]}.rank{rank}", "wb") as f:
-        pickle.dump(results, f)
-    dist.destroy_process_group()
+    from graph_jobs import torchrun_rank
+
+    torchrun_rank(train)
 
 
 def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:

@@ -5,8 +5,8 @@
 
 The GPU tests: their exit status and pytest's last summary line (a test run cut by its time limit says so). The
 head's bench: its JSON record. The runs (l4_*): as grids_results.py reads them, each run's --metrics file, the median
-after the warm-up. Ratios, each against the eager bf16 run of the same job: graphed (l4_bf16_graphs) and fp8 (l4_fp8,
-issue 38's target: fp8 >= 1.3x bf16 tokens/s).
+after the warm-up. Ratios as kernels_results.py takes them (tokens/s, peak memory, last loss), each against the eager
+bf16 run of the same job: graphed (l4_bf16_graphs) and fp8 (l4_fp8, issue 38's target: fp8 >= 1.3x bf16 tokens/s).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from grids_results import collect
+from kernels_results import ratios
 
 RATIOS = {"l4_bf16_graphs": ("l4_bf16", None), "l4_fp8": ("l4_bf16", 1.3)}
 
@@ -39,17 +40,6 @@ def bench_of(res: Path) -> dict | None:
     return json.loads(records[-1]) if records else None
 
 
-def ratios(runs: dict) -> dict:
-    out = {}
-    for name, (base, target) in RATIOS.items():
-        r, b = runs.get(name, {}), runs.get(base, {})
-        if "per_s" in r and "per_s" in b:
-            value = round(r["per_s"] / b["per_s"], 3)
-            out[name] = {"vs": base, "tokens_per_s_ratio": value, "target": target,
-                         "met": None if target is None else value >= target}
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("log_dir", type=Path)
@@ -61,7 +51,7 @@ def main() -> int:
     for run in runs.values():
         run.pop("gpus", None)  # one GPU each: the command's CUDA_VISIBLE_DEVICES
     result = {"card": a.card, "torch": a.torch, "gpu_tests": tests_of(a.log_dir), "head_bench": bench_of(a.log_dir),
-              "runs": runs, "ratios": ratios(runs)}
+              "runs": runs, "ratios": ratios(runs, RATIOS)}
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"GPU tests: {result['gpu_tests']}")
     print(f"head bench: {result['head_bench']}")

@@ -5,17 +5,12 @@ agree to fp32 rounding, and in fp16 the loss scale moves through the same values
 halved on overflows) with the same steps skipped."""
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 
-from launch_utils import REPO, free_port
+from graph_jobs import run_graph_job
+from launch_utils import free_port
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
@@ -34,19 +29,7 @@ GRIDS = {
 
 def run_on_gpus(gpus: int, tmp_path) -> dict[str, list[tuple[dict, dict]]]:
     """{grid: [(graphed, eager) per rank]} of GRIDS[gpus], every run of them in one torchrun job."""
-    grids = GRIDS[gpus]
-    runs = [dict(grid, graphs=graphs) for grid in grids.values() for graphs in ("on", "off")]
-    out = tmp_path / f"gpus{gpus}"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
-                           f"--master_port={free_port()}", str(REPO / "tests" / "graph_runs.py"), str(out),
-                           json.dumps(runs)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ranks = []
-    for rank in range(gpus):
-        with open(f"{out}.rank{rank}", "rb") as f:
-            ranks.append(pickle.load(f))
-    return {name: [(r[2 * i], r[2 * i + 1]) for r in ranks] for i, name in enumerate(grids)}
+    return run_graph_job("graph_runs.py", GRIDS[gpus], gpus, tmp_path / f"gpus{gpus}", free_port(), timeout=400)
 
 
 @pytest.mark.parametrize("gpus", sorted(GRIDS))

@@ -1,0 +1,46 @@
+"""What the CUDA-graph GPU tests share: one torchrun job that trains every grid of a table graphed and eager (a
+runs script's `train`: tests/graph_runs.py for the MLP, tests/decoder_graph_runs.py for the transformers), and
+that script's entry point for one rank under torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_graph_job(script: str, grids: dict[str, dict], gpus: int, out: Path, port: int,
+                  timeout: int) -> dict[str, list[tuple[dict, dict]]]:
+    """{grid: [(graphed, eager) per rank]}: every grid of `grids` with graphs on, then off, in one torchrun job of
+    `gpus` processes running tests/<script>, each rank's results pickled to <out>.rank<r>."""
+    runs = [dict(grid, graphs=graphs) for grid in grids.values() for graphs in ("on", "off")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
+                           f"--master_port={port}", str(REPO / "tests" / script), str(out), json.dumps(runs)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = []
+    for rank in range(gpus):
+        with open(f"{out}.rank{rank}", "rb") as f:
+            ranks.append(pickle.load(f))
+    return {name: [(r[2 * i], r[2 * i + 1]) for r in ranks] for i, name in enumerate(grids)}
+
+
+def torchrun_rank(train: Callable[..., list]) -> None:
+    """One rank of a GPU job under torchrun (argv: OUT RUNS_JSON): NCCL on this rank's GPU, `train(rank, world,
+    runs, device=...)`'s results pickled to OUT.rank<r>."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    results = train(rank, world, json.loads(sys.argv[2]), device=f"cuda:{os.environ['LOCAL_RANK']}")
+    with open(f"{sys.argv[1]}.rank{rank}", "wb") as f:
+        pickle.dump(results, f)
+    dist.destroy_process_group()
