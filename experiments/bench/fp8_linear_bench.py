@@ -87,7 +87,8 @@ def measure(m: int, k: int, n: int, recipe: str, micro: int, device: torch.devic
         "quantize x (both layouts)": lambda: quantizer.both(x.detach(), E4M3, rowwise),
         "quantize dy (both layouts)": lambda: quantizer.both(dy, grad_dtype, rowwise),
         "quantize w (both layouts)": lambda: weight_forms(weight.detach(), rowwise, groups, quantizer),
-        "quantize, each GEMM's operands from scratch (6)": lambda: [quantizer(t, d, rowwise, c) for t, d, c in per_gemm],
+        "quantize, each GEMM's operands from scratch (6)":
+            lambda: [quantizer(t, d, rowwise, c) for t, d, c in per_gemm],
         "fp8 GEMM y = x w.T": lambda: scaled_product(*qx[:2], *qw[:2], rowwise, native, torch.bfloat16,
                                                      fast_accum=True),
         "fp8 GEMM dx = dy w": lambda: scaled_product(*qdy[:2], *qw[2:], rowwise, native, torch.bfloat16),

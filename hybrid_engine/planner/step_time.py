@@ -83,9 +83,10 @@ def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
     if s.cuda_graphs == "auto" and auto_keeps_eager([shape.native], s.world):
         return False
+    schedule = ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages, plan.lookahead)
     return (s.cuda_graphs != "off" and card.name != CARDS["cpu"].name and not s.full_recompute and s.cp == 1
-            and not (s.selective_recompute and not shape.native) and s.zero <= 1 and not splits_backward(ScheduleConfig(plan.schedule, plan.micro_batches,
-                                                                   plan.virtual_stages, plan.lookahead), s.pp))
+            and not (s.selective_recompute and not shape.native) and s.zero <= 1
+            and not splits_backward(schedule, s.pp))
 
 
 def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool | None = None
