@@ -176,7 +176,7 @@ void GraphedAutogradStage::capture(Slot& slot) {
   slot.captured = shapes;
   const at::TensorOptions on_device = at::TensorOptions().device(device_);
   slot.input = at::empty(shapes.input, on_device.dtype(shapes.input_dtype));
-  if (!shapes.first && at::isFloatingType(shapes.input_dtype)) slot.input.requires_grad_(true);
+  if (input_collects_grad(shapes.first, shapes.input_dtype)) slot.input.requires_grad_(true);
   slot.target = shapes.last ? at::empty(shapes.target, on_device.dtype(shapes.target_dtype)) : at::Tensor();
   slot.output_grad =
       shapes.last ? at::Tensor() : at::empty(shapes.output_grad, on_device.dtype(shapes.output_grad_dtype));

@@ -103,8 +103,7 @@ at::Tensor NativeChainStage::backward(MicroState& s, int micro, const at::Tensor
 
 void AutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) {
   // A received activation becomes a fresh leaf: the backward leaves the gradient for upstream in its .grad.
-  // (The first stage's input, e.g. integer tokens, needs no gradient.)
-  s.input = first_stage || !at::isFloatingType(input.scalar_type()) ? input : input.requires_grad_(true);
+  s.input = input_collects_grad(first_stage, input.scalar_type()) ? input.requires_grad_(true) : input;
   at::Tensor output = fn_(s.input);
   if (loss == nullptr) {
     s.output = output;
@@ -115,7 +114,7 @@ void AutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, b
 
 void AutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss& loss,
                             const at::Tensor& target) {
-  s.input = first_stage || !at::isFloatingType(input.scalar_type()) ? input : input.requires_grad_(true);
+  s.input = input_collects_grad(first_stage, input.scalar_type()) ? input.requires_grad_(true) : input;
   s.loss = loss.scaled_loss(micro, fn_(s.input), target);
 }
 

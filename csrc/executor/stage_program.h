@@ -92,6 +92,12 @@ class NativeChainStage : public StageProgram {
   std::shared_ptr<DpParamGather> param_gather_;
 };
 
+// Whether an autograd stage's input collects its gradient for upstream (made a leaf that requires it): a received
+// floating activation does; the first stage's input (e.g. integer tokens) needs none.
+inline bool input_collects_grad(bool first_stage, at::ScalarType dtype) {
+  return !first_stage && at::isFloatingType(dtype);
+}
+
 class AutogradStage : public StageProgram {
  public:
   using Fn = std::function<at::Tensor(const at::Tensor& input)>;
