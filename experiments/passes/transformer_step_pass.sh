@@ -6,17 +6,18 @@
 #                on and off alike on 1, 2 and 4 GPUs) and the fused kernels' (tests/kernels/test_fused_kernels.py)
 #   head_bench   experiments/bench/head_grad_bench.py: the fused head's weight gradient at the 8B's head, half
 #                products copied to fp32 against one GEMM with an fp32 output
-#   l4_bf16, l4_bf16_graphs, l4_fp8
+#   l4_bf16, l4_bf16_graphs, l4_fp8, l4_fp8_rowwise
 #                the 8B layer shape cut to 4 layers (hidden 4096, ffn 14336, 32/8 heads, seq 4096, vocabulary
 #                128256; 8 sequences in 8 micro-batches, 1f1b, bf16, AdamW, fused kernels on): eager, with
-#                --cuda-graphs on, and with --fp8, side by side on GPUs 0, 1 and 2 (one job, the same machine)
+#                --cuda-graphs on, with --fp8 (tensor-wise) and with --fp8 --fp8-recipe rowwise, side by side on
+#                GPUs 0-3 (one job, the same machine)
 #
 # Out: $OUT/<date>-<card>-transformer-step.json (experiments/analysis/transformer_step_results.py: the tests'
 # summary line, the bench's record, each run's step, tokens/s, MFU and peak, graphs / eager and fp8 / bf16) and
 # transformer_step.tgz (logs).
 #
 #   bash experiments/passes/transformer_step_pass.sh               # device kind nvidia-h100-x4
-#   TESTS=0 bash experiments/passes/transformer_step_pass.sh       # without the GPU tests
+#   TESTS=0 HEAD=0 bash experiments/passes/transformer_step_pass.sh   # without the GPU tests and the head's bench
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
@@ -27,7 +28,9 @@ if [[ ${TESTS:-1} == 1 ]]; then
       tests/parallel/test_cuda_graphs_decoders_gpu.py tests/kernels/test_fused_kernels.py
   tail -3 "$RES/gpu_tests.log"
 fi
-budget_run head_bench 40 python3 experiments/bench/head_grad_bench.py && tail -1 "$RES/head_bench.log"
+if [[ ${HEAD:-1} == 1 ]]; then
+  budget_run head_bench 40 python3 experiments/bench/head_grad_bench.py && tail -1 "$RES/head_bench.log"
+fi
 
 L4="--model llama --hidden 4096 --layers 4 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 \
 --vocab-size 128256 --rope-theta 500000 --batch-size 8 --micro-batches 8 --steps 6 --warmup 2 --seed 0 --lr 3e-4 \
@@ -42,11 +45,12 @@ if (( DEADLINE - SECONDS - RESERVE > 90 )); then
   side l4_bf16 0 29601 --cuda-graphs off
   side l4_bf16_graphs 1 29602 --cuda-graphs on
   side l4_fp8 2 29603 --cuda-graphs off --fp8
+  side l4_fp8_rowwise 3 29604 --cuda-graphs off --fp8 --fp8-recipe rowwise
   wait
-  for n in l4_bf16 l4_bf16_graphs l4_fp8; do echo "$n: $(grep -o 'median step.*' "$RES/$n.log" | cut -c1-120)"; done
+  for n in l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise; do echo "$n: $(grep -o 'median step.*' "$RES/$n.log" | cut -c1-120)"; done
 else
   echo "l4 runs SKIPPED ($((DEADLINE - SECONDS - RESERVE)) s of the budget left)"
-  printf '%s\n' l4_bf16 l4_bf16_graphs l4_fp8 >> "$RES/skipped.txt"
+  printf '%s\n' l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise >> "$RES/skipped.txt"
 fi
 
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
