@@ -55,6 +55,9 @@ class ModelShape:
     flops_per_sample: float
     native: bool = False
     """Stages run as the C++ native chain (the MLP); else through autograd, stage by stage in Python."""
+    builtin_loss: bool = False
+    """The run's loss is the engine's built-in MSE (models/losses.py), which a native last stage computes in C++
+    (and a CUDA graph captures with its forward)."""
     cut: Callable[[int], list[list[int]]] = field(repr=False, compare=False, default=None)
 
     @property

@@ -67,6 +67,8 @@ class Card:
     host_action_s: float | None = None
     """The run's measured fixed cost of one layer's action (launches, the executor's and autograd's bookkeeping),
     replacing the table's estimate; None: the table's."""
+    gpu: bool = True
+    """A CUDA device (CUDA graphs, fp8 tensor cores where fp8_over_half says so); False: the host's CPU."""
 
     def with_memory(self, nbytes: float) -> "Card":
         return dataclasses.replace(self, memory_bytes=nbytes)
@@ -115,7 +117,7 @@ CARDS: dict[str, Card] = {
     # other load), so the CPU keeps the reference plan and its predictions are rough.
     "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,
                 allreduce_bytes_s=1e9, latency_s=50e-6, action_overhead_s=30e-6, memory_bytes=16 * GIB,
-                search=False),
+                search=False, gpu=False),
 }
 CARD_CHOICES = ("auto", *CARDS)
 

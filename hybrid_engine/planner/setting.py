@@ -34,6 +34,9 @@ class Setting:
     selective_recompute: bool = False
     """The decoders' selective recompute (the attention core rerun in the backward): what the model does, not the
     engine, so its cost is the model's; it keeps the stages from replaying as CUDA graphs."""
+    trace: bool = False
+    """--trace: the run times every tensor-parallel collective as it launches, so its stages never replay as CUDA
+    graphs."""
 
     @property
     def replicas(self) -> int:
@@ -66,4 +69,4 @@ class Setting:
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
                        cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20,
-                       cfg.stages.cuda_graphs, cfg.stages.recompute == "selective")
+                       cfg.stages.cuda_graphs, cfg.stages.recompute == "selective", cfg.reporting.trace is not None)

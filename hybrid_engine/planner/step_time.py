@@ -17,9 +17,9 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
 
 from .candidates import Plan
 from hybrid_engine.config.engine import ScheduleConfig
-from hybrid_engine.parallel.pipeline.graphs import auto_keeps_eager, splits_backward
+from hybrid_engine.parallel.pipeline.graphs import GraphFacts, auto_keeps_eager, why_not
 
-from .card import ATTENTION_BACKWARD, CARDS, Card
+from .card import ATTENTION_BACKWARD, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
 from .model_shape import ModelShape
 from .setting import Setting
@@ -76,17 +76,18 @@ class StepTime:
 
 
 def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
-    """Whether the plan's stages may replay as CUDA graphs (parallel/pipeline/graphs.py's rules for a run: a GPU,
-    no recompute, ZeRO 0 or 1, no context parallelism, a schedule without W actions; --cuda-graphs not off): each F
-    and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an autograd
-    stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives start after
-    the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
-    if s.cuda_graphs == "auto" and auto_keeps_eager([shape.native], s.world):
+    """Whether the plan's stages may replay as CUDA graphs: what the run asks of the same facts
+    (parallel/pipeline/graphs.py's why_not, and auto_keeps_eager under --cuda-graphs auto; --cuda-graphs not off).
+    Each F and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an
+    autograd stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives
+    start after the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
+    if s.cuda_graphs == "off":
         return False
+    native = (shape.native,) * (s.pp * plan.virtual_stages)
     schedule = ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages, plan.lookahead)
-    return (s.cuda_graphs != "off" and card.name != CARDS["cpu"].name and not s.full_recompute and s.cp == 1
-            and not (s.selective_recompute and not shape.native) and s.zero <= 1
-            and not splits_backward(schedule, s.pp))
+    facts = GraphFacts(card.gpu, native, schedule, s.pp, s.full_recompute, s.selective_recompute, s.zero, s.cp,
+                       shape.builtin_loss, s.trace)
+    return not why_not(facts) and not (s.cuda_graphs == "auto" and auto_keeps_eager(native, s.world))
 
 
 def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool | None = None

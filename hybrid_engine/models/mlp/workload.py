@@ -14,6 +14,7 @@ from .data import SyntheticRegression
 from .model import large_linear_model
 
 
+LOSS = losses.MSE()  # the MLP's loss, built in: the workload's, and the planner's shape says so
 CHECKPOINT_NAME = "large_linear_model"  # the MLP's name in a checkpoint's manifest, which every checkpoint keeps
 
 
@@ -24,7 +25,7 @@ def mlp_workload(dim: int, depth: int, seed: int, device: torch.device | str = "
     names = [f"{kind} {block}" for block in range(depth) for kind in ("linear", "relu")]  # blocks from 0, as the GPT's
     costs = [1.0 if any(True for _ in m.parameters()) else 0.0 for m in model]
     return Workload(
-        name="mlp", model=model, loss=losses.MSE(), parallelize=parallelize_mlp, layout_fn=None,
+        name="mlp", model=model, loss=LOSS, parallelize=parallelize_mlp, layout_fn=None,
         data=SyntheticRegression(dim, seed, device), flops_per_sample=6.0 * dim * dim * depth, tokens_per_sample=1,
         checkpoint_model={"name": CHECKPOINT_NAME, "dim": dim, "depth": depth, "seed": seed},
         summary=f"model: MLP, {depth} x Linear({dim}, {dim}) + ReLU, synthetic regression (seed {seed})",
@@ -70,7 +71,7 @@ def mlp_shape(dim: int, depth: int) -> ModelShape:
     layer = LayerShape(params=dim * dim + dim, matmul_params=dim * dim, act_split=dim, stash=2 * dim,
                        mp_allreduces=0.5, loss_bytes=0.0)
     return ModelShape("mlp", (layer,) * depth, dim, 1, data_bytes=2 * dim, flops_per_sample=6.0 * dim * dim * depth,
-                      native=True, cut=cut)
+                      native=True, builtin_loss=losses.is_builtin(LOSS), cut=cut)
 
 
 def shape(cfg) -> ModelShape:

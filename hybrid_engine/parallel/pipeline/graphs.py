@@ -52,25 +52,44 @@ def splits_backward(schedule: ScheduleConfig, pp: int) -> bool:
     return any(a.type in (_C.schedule.ActionType.I, _C.schedule.ActionType.W) for rank in actions for a in rank)
 
 
-def why_not(device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
-            stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool, trace: bool,
-            cp: int = 1) -> str:
-    """Why this run's stages cannot be graphed ('' when they can). native_stages: per stage, native."""
-    if device_type != "cuda":
+@dataclass(frozen=True)
+class GraphFacts:
+    """What decides whether a run's stages can be graphed: facts the engine (`resolve`) and the planner
+    (planner/step_time.graphed) both hold, so that both ask `why_not` of them."""
+
+    gpu: bool
+    """The stages run on a CUDA device."""
+    native_stages: tuple[bool, ...]
+    """Per stage: a native chain stage (else an autograd one)."""
+    schedule: ScheduleConfig
+    pp: int
+    full_recompute: bool = False
+    selective_recompute: bool = False
+    """The decoders' attention core rerun in the backward."""
+    zero: int = 0
+    cp: int = 1
+    builtin_loss: bool = True
+    """The run's loss is the engine's built-in MSE (models/losses.py)."""
+    trace: bool = False
+
+
+def why_not(facts: GraphFacts) -> str:
+    """Why a run of these facts cannot have its stages graphed ('' when it can)."""
+    if not facts.gpu:
         return "the CPU has no CUDA graphs"
-    if stages.full_recompute:
+    if facts.full_recompute:
         return "recomputed stages rerun their forward inside the backward"
-    if stages.recompute == "selective" and not all(native_stages):
+    if facts.selective_recompute and not all(facts.native_stages):
         return "selective recompute reruns the attention core inside the backward"
-    if splits_backward(schedule, pp):
-        return f"schedule {schedule.name} defers weight gradients to W actions, which are not graphed"
-    if data_parallel.zero >= 2:
-        return f"ZeRO-{data_parallel.zero} moves the gradient buckets between writes"
-    if cp > 1:
+    if splits_backward(facts.schedule, facts.pp):
+        return f"schedule {facts.schedule.name} defers weight gradients to W actions, which are not graphed"
+    if facts.zero >= 2:
+        return f"ZeRO-{facts.zero} moves the gradient buckets between writes"
+    if facts.cp > 1:
         return "context parallelism runs its attention's K/V transfers from a host loop"
-    if native_stages[-1] and not builtin_loss:
+    if facts.native_stages[-1] and not facts.builtin_loss:
         return "the last stage's loss is not the built-in MSE"
-    if trace:
+    if facts.trace:
         return "--trace times every tensor-parallel collective as it launches"
     return ""
 
@@ -104,7 +123,8 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
         raise ConfigError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
         return GraphChoice(False, "--cuda-graphs off")
-    why = why_not(device_type, native_stages, schedule, pp, stages, data_parallel, builtin_loss, trace, cp)
+    why = why_not(GraphFacts(device_type == "cuda", tuple(native_stages), schedule, pp, stages.full_recompute,
+                             stages.recompute == "selective", data_parallel.zero, cp, builtin_loss, trace))
     if mode == "on":
         if why:
             raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
