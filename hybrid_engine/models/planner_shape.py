@@ -14,6 +14,35 @@ from typing import Callable
 
 
 @dataclass(frozen=True)
+class Fp8Gemms:
+    """A layer's linear layers whose three GEMMs run in float8 (fp8/matmul.py; kernels/apply.py converts a block's),
+    each as (in features K, out features N) of the whole layer: column-parallel ones split N over MP, row-parallel
+    ones K. What the planner times of them: planner/fp8_time.py."""
+
+    recipe: str
+    """tensorwise or rowwise (kernels/options.py FP8_RECIPES)."""
+    weight_cache: bool
+    """The weights quantized once a step into fp8's weight cache (fp8/weight_cache.py), else every micro-batch."""
+    column: tuple[tuple[int, int], ...]
+    row: tuple[tuple[int, int], ...]
+
+    @property
+    def params(self) -> int:
+        """Their weight parameters, whole."""
+        return sum(k * n for k, n in self.column + self.row)
+
+    def inputs(self, mp: int) -> float:
+        """Elements of one token's inputs x that the layers quantize on an MP rank: a column-parallel layer's whole
+        (its region entered before it), a row-parallel layer's split."""
+        return sum(k for k, _ in self.column) + sum(k for k, _ in self.row) / mp
+
+    def output_grads(self, mp: int) -> float:
+        """Elements of one token's output gradients dy the layers quantize on an MP rank: a column-parallel layer's
+        split, a row-parallel layer's whole (the gradient of the sum after it)."""
+        return sum(n for _, n in self.column) / mp + sum(n for _, n in self.row)
+
+
+@dataclass(frozen=True)
 class LayerShape:
     """One layer: parameters (all, and those that are GEMM weights) and what one token costs and keeps."""
 
@@ -36,9 +65,14 @@ class LayerShape:
     """Bytes per token of one micro-batch the loss keeps (loss_memory), split over MP."""
     loss_fixed: float = 0.0
     """Bytes one micro-batch's loss keeps whatever its tokens (loss_memory), split over MP."""
-    fp8_cache: float = 0.0
-    """Bytes fp8's weight cache keeps for the layer from its first forward of a step to the step's end (both fp8
-    layouts of each GEMM weight: 2 bytes a parameter; fp8/weight_cache.py), split over MP."""
+    fp8: Fp8Gemms | None = None
+    """The layer's GEMMs that run in float8 (None: none do)."""
+
+    @property
+    def fp8_cache(self) -> float:
+        """Bytes fp8's weight cache keeps for the layer from its first forward of a step to the step's end (both fp8
+        layouts of each GEMM weight: 2 bytes a parameter; fp8/weight_cache.py), split over MP."""
+        return 2.0 * self.fp8.params if self.fp8 is not None and self.fp8.weight_cache else 0.0
 
 
 @dataclass(frozen=True)
@@ -75,10 +109,12 @@ def planned_kernels(cfg):
                                      cfg.data_parallel.zero)
 
 
-def fp8_cached(kernels, block_weights: int) -> int:
-    """The GEMM weight parameters of a block (`block_weights`) fp8's weight cache keeps under these KernelOptions:
-    all of them or none."""
-    return block_weights if kernels.fp8 is not None and kernels.fp8_weight_cache else 0
+def fp8_gemms(kernels, column: list[tuple[int, int]], row: list[tuple[int, int]]) -> Fp8Gemms | None:
+    """A block's linear layers (column- and row-parallel, each (K, N)) as they run under these KernelOptions: in
+    float8 with its recipe and weight cache, or None without fp8."""
+    if kernels.fp8 is None:
+        return None
+    return Fp8Gemms(kernels.fp8, kernels.fp8_weight_cache, tuple(column), tuple(row))
 
 
 def attention_core_flops(seq_len: int, width: int) -> float:
@@ -111,14 +147,13 @@ def loss_memory(vocab: int, hidden: int, fused: bool) -> tuple[float, float]:
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
-                  kv_width: int | None = None, fused_loss: bool = False, fp8_cached: int = 0) -> ModelShape:
+                  kv_width: int | None = None, fused_loss: bool = False, fp8: Fp8Gemms | None = None) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
     kv_width: K and V elements per token (default 2 h: as many kv heads as query heads).
     fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory).
-    fp8_cached: a block's GEMM weight parameters quantized once a step into fp8's weight cache (LayerShape.fp8_cache;
-    0: no cache)."""
+    fp8: a block's linear layers in float8 (fp8_gemms; None: none)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
@@ -128,7 +163,7 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     block = LayerShape(params=block_params, matmul_params=block_params,
                        attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
                        act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2,
-                       fp8_cache=2.0 * fp8_cached)
+                       fp8=fp8)
     per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)

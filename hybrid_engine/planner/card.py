@@ -68,15 +68,23 @@ class Card:
     """The run's measured fixed cost of one layer's action (launches, the executor's and autograd's bookkeeping),
     replacing the table's estimate; None: the table's."""
     gpu: bool = True
-    """A CUDA device (CUDA graphs, fp8 tensor cores where fp8_over_half says so); False: the host's CPU."""
+    """A CUDA device (CUDA graphs); False: the host's CPU."""
+    fp8_over_half: float = 0.0
+    """The card's dense fp8 tensor-core peak over its half-precision one (its datasheet's): fp8 GEMMs run at
+    gemm_flops times this, the share of the peak the half GEMMs reach; 0: no fp8 tensor cores (fp8_flops)."""
 
     def with_memory(self, nbytes: float) -> "Card":
         return dataclasses.replace(self, memory_bytes=nbytes)
 
-    def gemm_s(self, flops: float, rows: float, weight_bytes: float, half: bool) -> float:
+    @property
+    def fp8_flops(self) -> float:
+        """fp8 GEMM FLOP/s at many rows (fp8/matmul.py); without fp8 tensor cores the emulation's fp32 GEMMs."""
+        return self.gemm_flops * self.fp8_over_half if self.fp8_over_half else self.fp32_flops
+
+    def gemm_s(self, flops: float, rows: float, weight_bytes: float, half: bool, fp8: bool = False) -> float:
         """One GEMM of `rows` rows against weights of `weight_bytes`: bounded by its FLOPs at the rate its rows
-        allow, or by reading its weights."""
-        peak = self.gemm_flops if half else self.fp32_flops
+        allow (fp8: both operands in float8, the rows' effect as a half GEMM's), or by reading its weights."""
+        peak = self.fp8_flops if fp8 else self.gemm_flops if half else self.fp32_flops
         rate = peak * rows / (rows + self.gemm_rows_half)
         return max(flops / rate, weight_bytes / self.hbm_bytes_s)
 
@@ -103,16 +111,21 @@ class Card:
 # tp2 (2026-11-27-2xH200-engine-ab-gpt-tp2.json: 284 ms) and config C at mp2 (grids-mlp: 2.8 ms). The same host
 # drives an H100.
 HOST_TERMS = {"mp_sync_s": 40e-6, "step_host_s": 0.7e-3}
+# H100 and H200 SXM datasheets: tensor-core peaks of 3958 TFLOP/s in fp8 and 1979 in bf16 and fp16, each with
+# sparsity (dense: half of each): fp8 GEMMs at twice the half rate.
+HOPPER_FP8_OVER_HALF = 3958 / 1979
 CARDS: dict[str, Card] = {
     # The H200's GH100 chip with less and slower HBM: the same GEMM peak, its GEMMs measured ~3.5% slower on the
     # GPT-1B shape (one GPU, 8 micro-batches: 410 ms on an H100, experiments/results/2026-11-26-2xH100-gpt-pp-tp.json,
     # against 396 on an H200, 2026-11-26-2xH200-gpt-dp.json).
     "h100": Card("H100", gemm_flops=770e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
                  p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20, **HOST_TERMS),
+                 memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20, fp8_over_half=HOPPER_FP8_OVER_HALF,
+                 **HOST_TERMS),
     "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,
                  p2p_bytes_s=394e9, allreduce_bytes_s=360e9, latency_s=15e-6, action_overhead_s=6e-6,
-                 memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20, **HOST_TERMS),
+                 memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20, fp8_over_half=HOPPER_FP8_OVER_HALF,
+                 **HOST_TERMS),
     # A few cores through gloo: no GEMM rate worth ranking plans by (it depends on the threads and the machine's
     # other load), so the CPU keeps the reference plan and its predictions are rough.
     "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,

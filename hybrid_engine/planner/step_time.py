@@ -6,7 +6,8 @@ Calibrated against experiments/results/2026-11-27-4xH200-grids-mlp.json (config 
 micro-batch 14.2 ms, zb1 + merged W with 4 and 8 micro-batches 15.3 and 19.4 ms): a weight gradient accumulated per
 micro-batch costs 12 bytes a parameter of memory traffic (ACCUMULATE_BYTES; 4 for the first micro-batch), which is
 why merging the weight gradients into one GEMM pays for the MLP's large layers. Checked against every measured step
-whose plan is known, tests/planner/test_step_predictions.py.
+whose plan is known, tests/planner/test_step_predictions.py. A --fp8 run's block GEMMs run at the card's fp8 rate,
+beside their quantization and their weight gradients' addition into the main grads (fp8_time.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hybrid_engine.parallel.pipeline.graphs import GraphFacts, auto_keeps_eager,
 
 from .card import ATTENTION_BACKWARD, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
+from .fp8_time import fp8_work, gemm_pass_s, reduction_s
 from .model_shape import ModelShape
 from .setting import Setting
 
@@ -107,7 +109,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
         for index in layers:
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
-            gemm = card.gemm_s(flops, tokens, e * layer.matmul_params / mp, s.half) if flops else 0.0
+            gemm = sum(gemm_pass_s(card, layer, s, tokens, reads_weights=True))
             attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, s.cp > 1)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
             overhead = 0.0 if replayed else card.host_action_s if card.host_action_s is not None else \
@@ -115,13 +117,19 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
             scale = slow * card.compute_scale
             f += scale * (gemm + attention + elementwise) + overhead
             i += scale * (gemm + ATTENTION_BACKWARD * attention + elementwise) + overhead
+            if layer.fp8 is not None:  # quantization, the weight gradients' addition, the maxima's all-reduces
+                work = fp8_work(layer.fp8, card, s, tokens, m)
+                f += scale * work.forward_s + work.forward_reductions * reduction_s(card, mp)
+                i += scale * work.backward_s + work.backward_reductions * reduction_s(card, mp)
             kv = kv_choice(card, s, layer, tokens, scale)
             if kv is not None:  # the K/V transfers the blocks' attention does not hide, and the blocks' merges
                 blocks = (s.cp if kv.name == "ring" else 2) * tokens * shape.hidden / mp / card.hbm_bytes_s
                 f += kv.cost.forward_s + scale * BLOCK_FORWARD_BYTES * blocks
                 i += kv.cost.backward_s + scale * BLOCK_BACKWARD_BYTES * blocks
-            if layer.matmul_params:
-                w_gemm = card.gemm_s(flops, tokens, 0.0, s.half) * card.compute_scale
+            w_half, w_fp8 = gemm_pass_s(card, layer, s, tokens, reads_weights=False)
+            i += scale * w_fp8  # an fp8 layer computes its weight gradient in its backward, never deferred
+            if w_half:
+                w_gemm = w_half * card.compute_scale
                 if shape.native:
                     accumulate = layer.matmul_params / mp * (ACCUMULATE_BYTES * (m - 1) + 4.0) / m / card.hbm_bytes_s
                     w += w_gemm + card.compute_scale * accumulate + overhead

@@ -17,7 +17,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_cached, planned_kernels
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -139,7 +139,7 @@ def check(cfg, grid, device_type: str) -> None:
     """The GPT's rules on this grid and its data, before any collective (check_gpt), and its precision's."""
     m = cfg.model.options
     check_gpt(m, grid, m.sequence_parallel, cfg.schedule.chunks, cfg.data.path, device_type)
-    m.kernels(device_type)  # fp8 on a card without it: refused here
+    m.kernels(device_type, cfg.plan.card)  # fp8 on a card without it: refused here (a Hopper planned for: has it)
     if m.fp32_residual and not cfg.precision.half_weights:
         why = ("--amp off keeps everything in fp32" if cfg.precision.amp == "off" else
                "--amp-impl autocast keeps fp32 weights, so the residual stream is fp32 already")
@@ -158,4 +158,5 @@ def shape(cfg) -> ModelShape:
     acts = (12.0 * h - 2.5 * h, 5.0 * h - h) if kernels.fp8 is not None else None
     return decoder_shape("gpt", g.layers, h, g.seq_len, g.vocab_size, 12 * h**2 + 13 * h, 4 * h, g.tie_embeddings,
                          layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len, block_acts=acts,
-                         fused_loss=kernels.fused, fp8_cached=fp8_cached(kernels, 12 * h**2))
+                         fused_loss=kernels.fused,
+                         fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]))

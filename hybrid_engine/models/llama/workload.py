@@ -16,7 +16,7 @@ from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_cached, planned_kernels
+from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
@@ -130,7 +130,7 @@ def check(cfg, grid, device_type: str) -> None:
         check_split(shape, mp)
     except ValueError as exc:
         raise ConfigError(as_flags(str(exc))) from None
-    m.kernels(device_type)  # fp8 on a card without it: refused here
+    m.kernels(device_type, cfg.plan.card)  # fp8 on a card without it: refused here (a Hopper planned for: has it)
     if m.sequence_parallel and m.seq_len % mp:
         raise ConfigError(f"--sequence-parallel: --seq-len {m.seq_len} is not divisible by --mp {mp}")
     if m.seq_len > shape.max_positions:
@@ -155,13 +155,15 @@ def shape(cfg) -> ModelShape:
     return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
                          c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=acts,
                          kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
-                         fp8_cached=fp8_cached(kernels, block_gemm_weights(c)))
+                         fp8=fp8_gemms(kernels, *block_linears(c)))
 
 
-def block_gemm_weights(c: LlamaConfig) -> int:
-    """A block's GEMM weight parameters: the q, kv and out projections and the SwiGLU's three."""
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    return c.hidden * (2 * q + 2 * kv) + 3 * c.hidden * c.ffn_hidden
+def block_linears(c: LlamaConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """A block's linear layers as (in, out) features, (column-parallel, row-parallel): the q and kv projections,
+    the SwiGLU's gate and up; the out projection and the SwiGLU's down (models/llama/parallelize.py). A kv
+    projection replicated over MP (fewer kv heads than MP ranks) is counted as split."""
+    q, kv, h, f = c.heads * c.head_dim, c.kv_heads * c.head_dim, c.hidden, c.ffn_hidden
+    return [(h, q), (h, 2 * kv), (h, f), (h, f)], [(q, h), (f, h)]
 
 
 def block_activations(c: LlamaConfig, fused_swiglu: bool = False, sequence_parallel: bool = False,
