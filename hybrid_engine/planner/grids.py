@@ -78,14 +78,17 @@ def rank_grids(cfg, world: int, card: Card, device_type: str, model_rules: Calla
     if world % sizes[0]:  # a cp the run fixes
         raise ConfigError(f"world size {world} is not divisible by --cp {sizes[0]}")
     for cp in sizes:
-        shape = None  # once some grid passes the run's checks: a shape the checks refuse is said in their words
+        # each once some grid passes the run's checks (a shape the checks refuse is said in their words), per mp and
+        # ZeRO level: the kernels a run gets there (models/planner_shape.planned_kernels: the elementwise fusions
+        # under tensor parallelism, fp8's weight cache under ZeRO-3)
+        shapes = {}
         for dp, pp, mp in grids_of(world // cp):
             for zero in zero_levels(cfg, dp * cp, user_flags):
                 c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp, cp=cp),
                                         data_parallel=dataclasses.replace(cfg.data_parallel, zero=zero))
                 try:
                     grid = c.validate(world, device_type, model_rules)
-                    shape = shape or shape_of(c)
+                    shape = shapes[mp, zero] = shapes.get((mp, zero)) or shape_of(c)
                     choice = plan_for(c, grid, card, device_type, model_rules, shape)
                 except (ConfigError, NoPlanFits) as exc:
                     rows.append(((dp, pp, mp), cp, zero, None, str(exc), getattr(exc, "least", None)))

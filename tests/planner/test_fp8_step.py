@@ -135,3 +135,21 @@ def test_the_plan_command_and_the_drivers_plan_line_time_a_fp8_run(capsys):
         assert f"predicted {predicted * 1e3:.3g} ms/step" in choice.line()
         lines[name] = predicted
     assert lines["fp8"] < 0.85 * lines["bf16"], lines
+
+
+def test_each_row_of_the_plan_command_is_timed_with_the_kernels_its_run_gets():
+    """The fused kernels and fp8's weight cache depend on the grid's mp and ZeRO level (auto: no cache under ZeRO-3,
+    the elementwise modules unfused under tensor parallelism): each row is its own run's prediction."""
+    from hybrid_engine.planner.grids import rank_grids
+
+    cfg = parse_config(llama(4096, "--fp8", batch=8))
+    seen = set()
+    for (dp, pp, mp), cp, zero, p, *_ in rank_grids(cfg, 4, H100, "cpu", registry.check_model):
+        if p is None:
+            continue
+        c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=dp, pp=pp, mp=mp, cp=cp),
+                                data_parallel=dataclasses.replace(cfg.data_parallel, zero=zero))
+        shape = shape_of(c)
+        assert p.step_s == predict(shape, H100, Setting.of(c, dp, pp, mp), p.plan).step_s, (dp, pp, mp, cp, zero)
+        seen.add((zero == 3, shape.layers[1].fp8.weight_cache))
+    assert seen == {(False, True), (True, False)}
