@@ -20,9 +20,9 @@ fp8 weight-gradient GEMM runs too: an fp8 layer computes it in its own backward,
 Under tensor parallelism each operand is the rank's (Fp8Gemms.inputs, output_grads), and each maximum over a
 dimension MP splits is all-reduced over the MP group before its cast (matmul.operand_groups): x of a row-parallel
 layer, dy of a column-parallel one, and a weight's per quantization (tensor-wise: every weight's; row-wise: a
-row-parallel weight's forward form and a column-parallel weight's input-gradient form). Each moves a few bytes to a
-few kB: its cost is the collective's latency and the group's synchronisation (Card.mp_sync_s a rank).
-"""
+row-parallel weight's forward form and a column-parallel weight's input-gradient form). Each moves 4 bytes a scale
+(a tensor's, or a row's): its cost is the collective's latency and the group's synchronisation (Card.mp_sync_s a
+rank)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
