@@ -3,7 +3,7 @@ timed on one GPU with CUDA events (median of the iterations), and the fp8 time s
 operand's quantization (x and dy once a micro-batch in both layouts; w in both layouts once a step with the weight
 cache, or its two forms every micro-batch without), the three fp8 GEMMs on operands quantized beforehand, and the
 fp32 main-grad add the engine's gradient hook does with fp8's bf16 weight gradient (the bf16 layers accumulate in
-their GEMM). The same quantization the engine runs: its compiled regions where Triton is, torch._scaled_mm on a
+their GEMM). The same quantization the engine runs: its Triton kernels where Triton is, torch._scaled_mm on a
 card with fp8.
 
     python experiments/bench/fp8_linear_bench.py --m 4096 --k 4096 --n 14336                   # an 8B gate/up
@@ -57,8 +57,8 @@ def measure(m: int, k: int, n: int, recipe: str, micro: int, device: torch.devic
     linear = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
     weight = linear.weight
     native = device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
-    compiled = device.type == "cuda" and has_triton()
-    quantizer = Quantizer(compiled)
+    gpu_kernels = device.type == "cuda" and has_triton()
+    quantizer = Quantizer(gpu_kernels)
     rowwise, grad_dtype = recipe == "rowwise", E4M3 if recipe == "rowwise" else E5M2
     groups = operand_groups(None, None, rowwise)
     cache = Fp8WeightCache()
@@ -105,7 +105,7 @@ def measure(m: int, k: int, n: int, recipe: str, micro: int, device: torch.devic
     gemms = sum(ms[name] for name in ms if name.startswith("fp8 GEMM"))
     flops = 3 * 2.0 * m * k * n
     return {"m": m, "k": k, "n": n, "recipe": recipe, "micro_batches": micro, "native": native,
-            "compiled": compiled,
+            "gpu_kernels": gpu_kernels,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "ms": {name: round(v, 4) for name, v in ms.items()},
             "quantize_ms_per_micro_batch": round(quantize, 4), "fp8_gemms_ms": round(gemms, 4),

@@ -27,7 +27,7 @@ class Fp8Linear(nn.Module):
     partial products summed after, the bias added after the sum). `cache_weights`: its weight quantized once a
     step into the engine's cache (`weight_cache`, handed in by attach_weight_cache; None until then)."""
 
-    def __init__(self, layer: nn.Module, recipe: str, native: bool, compiled: bool = False,
+    def __init__(self, layer: nn.Module, recipe: str, native: bool, gpu_kernels: bool = False,
                  cache_weights: bool = False):
         super().__init__()
         self.kind = ("row" if isinstance(layer, RowParallelLinear) else
@@ -40,7 +40,7 @@ class Fp8Linear(nn.Module):
         self.sequence_parallel = bool(getattr(layer, "sequence_parallel", False))
         self.input_in_region = bool(getattr(layer, "input_in_region", False))
         self.recipe, self.native = recipe, native
-        self.quantize = Quantizer(compiled)
+        self.quantize = Quantizer(gpu_kernels)
         self.cache_weights, self.weight_cache = cache_weights, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,17 +68,18 @@ class Fp8Linear(nn.Module):
                 f"{'torch._scaled_mm' if self.native else 'emulated'}")
 
 
-def to_fp8(module: nn.Module, recipe: str, native: bool, compiled: bool = False, cache_weights: bool = False) -> int:
+def to_fp8(module: nn.Module, recipe: str, native: bool, gpu_kernels: bool = False, cache_weights: bool = False
+           ) -> int:
     """Swap every Linear, ColumnParallelLinear and RowParallelLinear under `module` (not `module` itself) for an
-    Fp8Linear, in place (`compiled`: its quantization in compiled regions; `cache_weights`: its weight's fp8 forms
+    Fp8Linear, in place (`gpu_kernels`: its quantization by gpu_cast.py's kernels; `cache_weights`: its weight's fp8 forms
     from the engine's cache); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, (Linear, ColumnParallelLinear, RowParallelLinear)):
-            setattr(module, name, Fp8Linear(child, recipe, native, compiled, cache_weights))
+            setattr(module, name, Fp8Linear(child, recipe, native, gpu_kernels, cache_weights))
             count += 1
         else:
-            count += to_fp8(child, recipe, native, compiled, cache_weights)
+            count += to_fp8(child, recipe, native, gpu_kernels, cache_weights)
     return count
 
 

@@ -6,9 +6,10 @@ Under tensor parallelism a scale must be the full logical tensor's, so every gri
 dimension an absolute maximum runs over is split over MP, the maxima are all-reduced (MAX) over the MP group.
 
 A tensor that two GEMMs read with different contracted dimensions (x in the forward and in dw, dy in dx and in dw,
-w in the forward and in dx) is quantized in both layouts at once (`Quantizer.both`): it is read once, and a
-tensor-wise scale, the same for both, is reduced once. Where no all-reduce sits between the maximum and the casts
-the two run as one compiled region; under tensor parallelism the all-reduce splits them.
+w in the forward and in dx) is quantized in both layouts at once (`Quantizer.both`): it is read once for the casts,
+and a tensor-wise scale, the same for both, is reduced once. On a GPU the casts are one Triton kernel a tensor and
+the maxima ATen's reductions (gpu_cast.py); elsewhere, and inside a region torch.compile traces, the eager
+functions below, which the kernel matches bit for bit.
 """
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
-
-from hybrid_engine.kernels.options import region
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 AMAX_FLOOR = 1e-12  # an all-zero operand: scale 1/floor, its quantization exactly zero
@@ -53,16 +52,6 @@ def cast_both_rowwise(t: torch.Tensor, amax_last: torch.Tensor, amax_first: torc
     return (*cast(t, amax_last, dtype), *cast_transposed(t, amax_first, dtype))
 
 
-def both_tensorwise(t: torch.Tensor, dtype: torch.dtype):
-    """The maximum and both layouts' casts of an operand no all-reduce splits: one compiled region."""
-    return cast_both_tensorwise(t, local_amax(t, None), dtype)
-
-
-def both_rowwise(t: torch.Tensor, dtype: torch.dtype):
-    """Both maxima (along dimension 1 and 0) and both layouts' casts: one compiled region."""
-    return cast_both_rowwise(t, local_amax(t, 1), local_amax(t, 0), dtype)
-
-
 class Forms(NamedTuple):
     """A 2-D operand in fp8 in both layouts: `last` contracted along its dimension 1 (t's own layout), `first`
     along its dimension 0 (t transposed), each with its dequantizing scale."""
@@ -84,18 +73,25 @@ class Quantizer:
     contracted dimension, [rows, 1]. The absolute maxima are all-reduced (MAX) over `group` when given (the
     dimension they run over is split there), then the saturating cast writes q, transposing it in the same pass
     where the contracted dimension comes first. `both` gives the two layouts at once (Forms), each exactly what
-    quantize gives for it. `compiled`: the maxima and the casts are torch.compile'd regions (kernels/options.py),
-    one region where no all-reduce sits between them."""
+    quantize gives for it. `gpu_kernels`: the maxima and casts run as gpu_cast.py's kernels (a CUDA device with
+    Triton, kernels/options.py), else as the eager functions above."""
 
-    def __init__(self, compiled: bool = False):
-        self._amax = region(local_amax, compiled)
-        self._cast, self._cast_transposed = region(cast, compiled), region(cast_transposed, compiled)
-        self._cast_both_tensorwise = region(cast_both_tensorwise, compiled)
-        self._cast_both_rowwise = region(cast_both_rowwise, compiled)
-        self._both_tensorwise, self._both_rowwise = region(both_tensorwise, compiled), region(both_rowwise, compiled)
+    def __init__(self, gpu_kernels: bool = False):
+        self.gpu_kernels = gpu_kernels
+        self._kernels = None
+
+    def _on_gpu(self, t: torch.Tensor) -> bool:
+        """Whether t's quantization runs gpu_cast.py's kernels (imported at the first: Triton is a GPU's). A region
+        torch.compile traces gets the eager functions, which it fuses itself."""
+        if not (self.gpu_kernels and t.is_cuda) or torch.compiler.is_compiling():
+            return False
+        if self._kernels is None:
+            from . import gpu_cast
+            self._kernels = gpu_cast
+        return True
 
     def _reduced_amax(self, t: torch.Tensor, dim: Optional[int], group: Optional[dist.ProcessGroup]):
-        a = self._amax(t, dim)
+        a = self._kernels.amax(t, dim) if self._on_gpu(t) else local_amax(t, dim)
         if _splits(group):
             dist.all_reduce(a, op=dist.ReduceOp.MAX, group=group)
         return a
@@ -104,21 +100,25 @@ class Quantizer:
                  group: Optional[dist.ProcessGroup] = None):
         t = t.detach()
         a = self._reduced_amax(t, contracted if rowwise else None, group)
-        return self._cast(t, a, dtype) if contracted == 1 else self._cast_transposed(t, a, dtype)
+        if self._on_gpu(t):
+            return self._kernels.casts(t, a if contracted == 1 else None, a if contracted == 0 else None, dtype,
+                                       rowwise)
+        return cast(t, a, dtype) if contracted == 1 else cast_transposed(t, a, dtype)
 
     def both(self, t: torch.Tensor, dtype: torch.dtype, rowwise: bool, group_last: Optional[dist.ProcessGroup] = None,
              group_first: Optional[dist.ProcessGroup] = None) -> Forms:
         """Forms(*quantize(t, ..., 1, group_last), *quantize(t, ..., 0, group_first)). Tensor-wise the two
         layouts share one maximum (the groups are then the same: the tensor's split)."""
         t = t.detach()
-        if not rowwise:
-            if not _splits(group_last):
-                return Forms(*self._both_tensorwise(t, dtype))
-            return Forms(*self._cast_both_tensorwise(t, self._reduced_amax(t, None, group_last), dtype))
-        if not _splits(group_last) and not _splits(group_first):
-            return Forms(*self._both_rowwise(t, dtype))
-        return Forms(*self._cast_both_rowwise(t, self._reduced_amax(t, 1, group_last),
-                                              self._reduced_amax(t, 0, group_first), dtype))
+        if rowwise:
+            a_last, a_first = self._reduced_amax(t, 1, group_last), self._reduced_amax(t, 0, group_first)
+        else:
+            a_last = a_first = self._reduced_amax(t, None, group_last)
+        if self._on_gpu(t):
+            return Forms(*self._kernels.casts(t, a_last, a_first, dtype, rowwise))
+        if rowwise:
+            return Forms(*cast_both_rowwise(t, a_last, a_first, dtype))
+        return Forms(*cast_both_tensorwise(t, a_last, dtype))
 
 
 quantize = Quantizer()  # eager, stateless: what the emulation and the tests call

@@ -36,11 +36,11 @@ def has_triton() -> bool:
 @dataclass(frozen=True)
 class KernelOptions:
     """The resolved choice: `fused` swaps in the chunked linear + cross-entropy and, with `elementwise`, the fused
-    RMSNorm, RoPE and SwiGLU; `compiled` makes each (and fp8's quantization) a torch.compile'd region (CUDA with
-    Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8), `fp8_native` runs them through
-    torch._scaled_mm (a card with fp8) instead of the emulation (quantize, dequantize, fp32 GEMM),
-    `fp8_weight_cache` quantizes each weight once a step into the engine's Fp8WeightCache (fp8/weight_cache.py)
-    instead of once a micro-batch, `fp8_cache_why` says why it is off when it is."""
+    RMSNorm, RoPE and SwiGLU; `compiled` makes each a torch.compile'd region and runs fp8's quantization as
+    Triton kernels (CUDA with Triton), `fp8` names the recipe of the blocks' fp8 GEMMs (None: no fp8),
+    `fp8_native` runs them through torch._scaled_mm (a card with fp8) instead of the emulation (quantize,
+    dequantize, fp32 GEMM), `fp8_weight_cache` quantizes each weight once a step into the engine's Fp8WeightCache
+    (fp8/weight_cache.py) instead of once a micro-batch, `fp8_cache_why` says why it is off when it is."""
 
     fused: bool = False
     elementwise: bool = True
@@ -70,6 +70,7 @@ class KernelOptions:
             return f"{fused}; fp8 off"
         grads = "e5m2" if self.fp8 == "tensorwise" else "e4m3"
         how = "torch._scaled_mm" if self.fp8_native else "emulated: quantized, dequantized, fp32 GEMMs"
+        how += ", quantized by Triton kernels" if self.compiled else ""
         cache = ("weights quantized once a step (cached: 2 bytes a block weight parameter)" if self.fp8_weight_cache
                  else f"weights quantized every micro-batch ({self.fp8_cache_why or '--fp8-weight-cache off'})")
         return (f"{fused}; fp8 {self.fp8} on the blocks' linear layers (e4m3 forward, {grads} gradients, dynamic "

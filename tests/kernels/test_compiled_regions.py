@@ -1,7 +1,8 @@
-"""The fused kernels' and fp8's compiled regions (the path CUDA with Triton takes), compiled here by Inductor for
-the CPU: each region compiles as one graph (fullgraph: no break) within dynamo's recompile limit across every
-shape and dtype a Llama's layers give it (a run would fall back to eager, not fail: here either fails the test),
-and the compiled Llama trains what the eager one trains."""
+"""The fused kernels' compiled regions (the path CUDA with Triton takes), compiled here by Inductor for the CPU, with
+fp8's GEMMs beside them (their quantization eager here: its Triton kernels are a GPU's): each region compiles as
+one graph (fullgraph: no break) within dynamo's recompile limit across every shape and dtype a Llama's layers give
+it (a run would fall back to eager, not fail: here either fails the test), and the compiled Llama trains what the
+eager one trains."""
 from __future__ import annotations
 
 import functools
