@@ -71,8 +71,8 @@ class Fp8Linear(nn.Module):
 def to_fp8(module: nn.Module, recipe: str, native: bool, gpu_kernels: bool = False, cache_weights: bool = False
            ) -> int:
     """Swap every Linear, ColumnParallelLinear and RowParallelLinear under `module` (not `module` itself) for an
-    Fp8Linear, in place (`gpu_kernels`: its quantization by gpu_cast.py's kernels; `cache_weights`: its weight's fp8 forms
-    from the engine's cache); returns how many."""
+    Fp8Linear, in place (`gpu_kernels`: its quantization by gpu_cast.py's kernels; `cache_weights`: its weight's
+    fp8 forms from the engine's cache); returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, (Linear, ColumnParallelLinear, RowParallelLinear)):

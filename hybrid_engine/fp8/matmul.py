@@ -117,8 +117,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, recipe: str, split: Option
                group: Optional[dist.ProcessGroup] = None, native: bool = False,
                quantize: Quantizer = eager_quantize, weights: Optional[Fp8WeightCache] = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T with the three GEMMs in float8 (the module docstring). Every rank of `group`
-    calls it when `split` is set (scales over a split dimension are all-reduced). quantize: its Quantizer (a
-    one with the GPU's kernels on CUDA); weights: the engine's Fp8WeightCache (None: the weight quantized every call)."""
+    calls it when `split` is set (scales over a split dimension are all-reduced). quantize: its Quantizer (one
+    with the GPU's kernels on CUDA); weights: the engine's Fp8WeightCache (None: the weight quantized every
+    call)."""
     if recipe not in FP8_RECIPES:
         raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
     if split not in (None, "in", "out"):
