@@ -373,9 +373,9 @@ class Engine(EngineState, UpdateStep, Reschedule):
     @property
     def comm_trace(self) -> list:
         """The last step's collectives (_C.CommSpan: axis, kind, bucket, start_us, end_us on the `trace` clock): DP's
-        gradient buckets' reduce-scatters or all-reduces, and under ZeRO-1 the parameter all-gathers its forward
-        waited for (launched by the previous step's update, so they start before 0); MP's all-reduces and
-        all-gathers of tensor-parallel chains (`bucket`: the chain layer)."""
+        gradient buckets' reduce-scatters or all-reduces, and the parameter all-gathers the step waited for (ZeRO-1/2:
+        launched by the previous step's update, so they start before 0; ZeRO-3: ahead of the layers reading each
+        bucket); MP's all-reduces and all-gathers of tensor-parallel chains (`bucket`: the chain layer)."""
         return list(self._comm_spans)
 
     def wait_for_parameters(self) -> None:

@@ -5,11 +5,14 @@ The executor times actions with CUDA events on the compute stream (host clock on
 ranks' spans and writes a Chrome/Perfetto trace (PATH.json: chrome://tracing or ui.perfetto.dev) and a Gantt
 chart (PATH.png) next to the simulated timeline of the same schedule (PATH.simulated.png).
 
-DP collectives (csrc/comm/comm_trace.h): each gradient bucket's all-reduce (reduce-scatter under ZeRO-1 on
-NCCL; gloo has none and all-reduces) from launch to completion, and under ZeRO-1 each parameter all-gather the
-step's forward waited for -- launched by the previous step's update, so before the step's start. In the JSON they
-are process 1 ("DP collectives"), one thread per pipeline rank, beside process 0's compute actions; in the PNG
-they are the rows under the pipeline's. MP collectives (the all-reduces and all-gathers of native tensor-parallel
+DP collectives (csrc/comm/comm_trace.h): each gradient bucket's all-reduce (reduce-scatter under ZeRO on NCCL;
+gloo has none and all-reduces) from launch to completion, once a step or (ZeRO-2/3 without a pipeline) after every
+micro-batch's backward, and each parameter all-gather the step waited for: under ZeRO-1/2 launched by the previous
+step's update, so before the step's start; under ZeRO-3 ahead of the layers that read the bucket, for each forward
+and again for each backward where an autograd stage without a pipeline releases its parameters in between, else
+once a step (hybrid_engine/parallel/data_parallel/param_shards.py). In the JSON they are process 1 ("DP
+collectives"), one thread per pipeline rank, beside process 0's compute actions; in the PNG they are the rows under
+the pipeline's. MP collectives (the all-reduces and all-gathers of native tensor-parallel
 chains, one per layer and row chunk, csrc/tp/linear_chain.h) are process 2 ("MP collectives") and the rows under
 those, from MP rank 0's view. Context parallelism's transfers (each hop of the ring, send_recv with its hop
 number; the K/V all-gathers and the dK/dV reduce-scatters, hybrid_engine/parallel/context) are process 3 ("CP
