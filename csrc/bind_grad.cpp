@@ -5,6 +5,7 @@
 #include <tuple>
 #include <vector>
 
+#include "grad/accumulate.h"
 #include "grad/grad_buffer.h"
 #include "grad/grad_hooks.h"
 #include "grad/released_storage.h"
@@ -19,6 +20,11 @@ void bind_grad(py::module_& m) {
   m.def("restore_storage", &restore_storage, py::arg("flat"),
         "Reallocate a released flat buffer's bytes (uninitialised); a no-op for one that holds them.");
   m.def("storage_released", &storage_released, py::arg("flat"));
+  m.def(
+      "add_into", [](at::Tensor target, const at::Tensor& grad) { add_into(target, grad); }, py::arg("target"),
+      py::arg("grad"),
+      "target += grad in target's dtype, as the gradient hooks fold a half gradient into its fp32 main grad "
+      "(grad/accumulate.h).");
   py::class_<GradBuffer, GradBufferPtr>(m, "GradBuffer",
                                         "One engine's gradients: flat DP buckets, fp32 main-grad routes of half "
                                         "weights, deferred weight gradients (zero-bubble W), final-gradient "

@@ -4,6 +4,23 @@
 
 namespace hybrid {
 
+#ifdef HYBRID_WITH_CUDA
+// csrc/cuda/add_half.cu: target (fp32, contiguous) += src (fp16 or bf16, contiguous, as many elements).
+void add_half_into_float_cuda(const at::Tensor& target, const at::Tensor& src);
+#endif
+
+void add_into(at::Tensor& target, const at::Tensor& grad) {
+#ifdef HYBRID_WITH_CUDA
+  const bool half = grad.scalar_type() == at::kHalf || grad.scalar_type() == at::kBFloat16;
+  if (target.is_cuda() && grad.device() == target.device() && target.scalar_type() == at::kFloat && half &&
+      target.sizes() == grad.sizes() && target.is_contiguous() && grad.is_contiguous()) {
+    add_half_into_float_cuda(target, grad);
+    return;
+  }
+#endif
+  target.add_(grad);
+}
+
 void addmm_into(at::Tensor& target, const at::Tensor& grad_output_2d, const at::Tensor& input_2d) {
   if (target.scalar_type() == grad_output_2d.scalar_type()) {
     target.addmm_(grad_output_2d.t(), input_2d);

@@ -20,6 +20,10 @@ at::Tensor linear_weight_grad(const at::Tensor& grad_output_2d, const at::Tensor
 // db = grad_output summed over rows, reduced as autograd reduces a broadcast bias.
 at::Tensor linear_bias_grad(const at::Tensor& grad_output_2d, const at::Tensor& bias);
 
+// target += grad, summed in target's dtype: an fp32 main grad plus a half gradient (both contiguous, on CUDA) in
+// one vectorized pass (csrc/cuda/add_half.cu), else add_; equal to add_ bit for bit either way.
+void add_into(at::Tensor& target, const at::Tensor& grad);
+
 // A parameter's first gradient: laid out like the parameter, as autograd's AccumulateGrad makes it.
 void assign_grad(at::Tensor& target, const at::Tensor& param, at::Tensor grad);
 

@@ -1,5 +1,7 @@
 #include "grad/grad_hooks.h"
 
+#include "grad/accumulate.h"
+
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -24,7 +26,7 @@ class GradBufferHook final : public PostAccumulateGradHook {
     GradBufferPtr grads = grads_.lock();
     if (!grads) return;
     if (grads->has_main_grad(param)) {
-      grads->grad_target(param).add_(grad);
+      add_into(grads->grad_target(param), grad);
       grad.reset();
     }
     grads->grad_final(param);
