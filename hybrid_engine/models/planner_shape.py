@@ -133,15 +133,17 @@ def causal_attention_flops(seq_len: int, width: int) -> float:
 def loss_memory(vocab: int, hidden: int, fused: bool) -> tuple[float, float]:
     """(bytes a token, bytes whatever the tokens) one micro-batch's loss keeps at its peak, half weights. Unfused:
     the half logits and their fp32 softmax, 6 bytes a vocabulary entry. The chunked linear + cross-entropy
-    (kernels/linear_cross_entropy.py): the input's gradient (2 bytes a hidden element) and the head's fp32 weight
-    gradient, computed in the forward and kept for the backward, beside the larger of one chunk's half logits and
-    their gradient (CHUNK_BYTES, in the forward) and that weight gradient's cast to half (in the backward)."""
+    (kernels/linear_cross_entropy.py): the input's gradient and the input itself (2 bytes a hidden element each),
+    and either the chunks' half logit gradients or the head's fp32 weight gradient, computed in the forward and
+    kept for the backward (the loss keeps the gradients only where they are no larger than the weight gradient's
+    4 bytes a weight, which bounds both), beside the larger of one chunk's half logits and their gradient
+    (CHUNK_BYTES, in the forward) and the weight gradient in half (in the backward)."""
     if not fused:
         return 6.0 * vocab, 0.0
     from hybrid_engine.kernels.linear_cross_entropy import CHUNK_BYTES
 
     weight = vocab * hidden
-    return 2.0 * hidden, 4.0 * weight + max(CHUNK_BYTES, 2.0 * weight)
+    return 4.0 * hidden, 4.0 * weight + max(CHUNK_BYTES, 2.0 * weight)
 
 
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,

@@ -50,10 +50,13 @@ def test_rope_rotates_q_and_k_at_any_positions():
     assert torch.equal(fq[1], apply_rope(q[1:], cos_table[positions.flip(0)], sin_table[positions.flip(0)])[0])
 
 
+@pytest.mark.parametrize("hidden", [16, 4])  # 10 tokens: the logit gradients kept (16), the fp32 accumulator (4)
 @pytest.mark.parametrize("rows_per_chunk", [1, 3, 10, 64])
-def test_linear_cross_entropy_equals_the_head_and_the_vocab_parallel_loss(rows_per_chunk):
-    x = _randn(2, 5, 16).requires_grad_()
-    weight = _randn(50, 16).requires_grad_()  # 45 tokens padded to 50: the padding columns never count
+def test_linear_cross_entropy_equals_the_head_and_the_vocab_parallel_loss(rows_per_chunk, hidden):
+    from hybrid_engine.kernels.linear_cross_entropy import keeps_logit_grads
+    assert keeps_logit_grads(10, hidden) == (hidden == 16)
+    x = _randn(2, 5, hidden).requires_grad_()
+    weight = _randn(50, hidden).requires_grad_()  # 45 tokens padded to 50: the padding columns never count
     targets = torch.randint(0, 45, (2, 5), generator=GEN)
     fused = linear_cross_entropy(x, weight, targets, None, 45, chunk_bytes=4 * 50 * rows_per_chunk)
     fused_grads = torch.autograd.grad(fused * 3.0, (x, weight))
