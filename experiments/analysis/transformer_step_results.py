@@ -6,7 +6,8 @@
 The GPU tests: their exit status and pytest's last summary line (a test run cut by its time limit says so). The
 head's bench: its JSON record. The runs (l4_*): as grids_results.py reads them, each run's --metrics file, the median
 after the warm-up. Ratios as kernels_results.py takes them (tokens/s, peak memory, last loss), each against the eager
-bf16 run of the same job: graphed (l4_bf16_graphs) and fp8 (l4_fp8, l4_fp8_rowwise; issue 38's target: fp8 >= 1.3x bf16 tokens/s).
+bf16 run of the same job: graphed (l4_bf16_graphs) and fp8 (l4_fp8, l4_fp8_rowwise; issue 38's target: fp8 >= 1.3x
+bf16 tokens/s); with an earlier tree's runs (l4_*_old), this tree's over them (new_over_old).
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from pathlib import Path
 from grids_results import collect
 from kernels_results import ratios
 
-RATIOS = {"l4_bf16_graphs": ("l4_bf16", None), "l4_fp8": ("l4_bf16", 1.3), "l4_fp8_rowwise": ("l4_bf16", 1.3)}
+RATIOS = {"l4_bf16_graphs": ("l4_bf16", None), "l4_fp8": ("l4_bf16", 1.3), "l4_fp8_rowwise": ("l4_bf16", 1.3),
+          "l4_fp8_old": ("l4_bf16_old", 1.3)}
+AB = {"l4_bf16": ("l4_bf16_old", None), "l4_fp8": ("l4_fp8_old", None)}  # with OLD: this tree over the earlier one
 
 
 def tests_of(res: Path) -> dict | None:
@@ -52,12 +55,16 @@ def main() -> int:
         run.pop("gpus", None)  # one GPU each: the command's CUDA_VISIBLE_DEVICES
     result = {"card": a.card, "torch": a.torch, "gpu_tests": tests_of(a.log_dir), "head_bench": bench_of(a.log_dir),
               "runs": runs, "ratios": ratios(runs, RATIOS)}
+    if ab := ratios(runs, AB):
+        result["new_over_old"] = ab
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"GPU tests: {result['gpu_tests']}")
     print(f"head bench: {result['head_bench']}")
     for name, r in runs.items():
         print(f"{name:<16} " + (f"{r['step_ms']:9.2f} ms {r['per_s']:10.1f} tokens/s MFU {r['mfu']:.3f}"
                                 if "per_s" in r else r.get("error", "")[:100]))
+    for name, r in result.get("new_over_old", {}).items():
+        print(f"{name} / {r['vs']} (this tree over the earlier one): {r['tokens_per_s_ratio']}x tokens/s")
     for name, r in result["ratios"].items():
         print(f"{name} / {r['vs']}: {r['tokens_per_s_ratio']}x tokens/s" +
               ("" if r["target"] is None else f" (target {r['target']}x: {'met' if r['met'] else 'missed'})"))

@@ -10,7 +10,8 @@
 #                the 8B layer shape cut to 4 layers (hidden 4096, ffn 14336, 32/8 heads, seq 4096, vocabulary
 #                128256; 8 sequences in 8 micro-batches, 1f1b, bf16, AdamW, fused kernels on): eager, with
 #                --cuda-graphs on, with --fp8 (tensor-wise) and with --fp8 --fp8-recipe rowwise, side by side on
-#                GPUs 0-3 (one job, the same machine)
+#                GPUs 0-3 (one job, the same machine); with OLD=<folder of an earlier tree, its _C built>, GPUs 2
+#                and 3 run that tree's bf16 and fp8 instead (l4_bf16_old, l4_fp8_old): a change's A/B in one job
 #
 # Out: $OUT/<date>-<card>-transformer-step.json (experiments/analysis/transformer_step_results.py: the tests'
 # summary line, the bench's record, each run's step, tokens/s, MFU and peak, graphs / eager and fp8 / bf16) and
@@ -35,19 +36,30 @@ fi
 L4="--model llama --hidden 4096 --layers 4 --heads 32 --kv-heads 8 --ffn-hidden 14336 --seq-len 4096 \
 --vocab-size 128256 --rope-theta 500000 --batch-size 8 --micro-batches 8 --steps 6 --warmup 2 --seed 0 --lr 3e-4 \
 --optimizer adamw --amp bf16 --fused-kernels on --schedule 1f1b"
-side() {  # name gpu port driver-args...: one single-GPU run in the background, logged as budget_run logs
-  local name=$1 gpu=$2 port=$3; shift 3
+side() {  # name gpu port driver-args...: one single-GPU run in the background, logged as budget_run logs (a name
+  # ending in _old runs the tree in $OLD, from its folder)
+  local name=$1 gpu=$2 port=$3 dir=$PWD; shift 3
+  [[ $name == *_old ]] && dir=$OLD
   local cmd="torchrun --nproc_per_node=1 --master_port=$port hybrid_engine.py --quiet --metrics $RES/$name.jsonl $L4 $*"
   echo "$cmd" > "$RES/$name.cmd"
-  (CUDA_VISIBLE_DEVICES=$gpu timeout -k 5 90 $cmd > "$RES/$name.log" 2>&1; echo $? > "$RES/$name.rc") &
+  (cd "$dir" && CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" timeout -k 5 90 $cmd \
+     > "$RES/$name.log" 2>&1; echo $? > "$RES/$name.rc") &
 }
 if (( DEADLINE - SECONDS - RESERVE > 90 )); then
   side l4_bf16 0 29601 --cuda-graphs off
-  side l4_bf16_graphs 1 29602 --cuda-graphs on
-  side l4_fp8 2 29603 --cuda-graphs off --fp8
-  side l4_fp8_rowwise 3 29604 --cuda-graphs off --fp8 --fp8-recipe rowwise
+  if [[ -n ${OLD:-} ]]; then
+    RUNS="l4_bf16 l4_fp8 l4_bf16_old l4_fp8_old"
+    side l4_fp8 1 29602 --cuda-graphs off --fp8
+    side l4_bf16_old 2 29603 --cuda-graphs off
+    side l4_fp8_old 3 29604 --cuda-graphs off --fp8
+  else
+    RUNS="l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise"
+    side l4_bf16_graphs 1 29602 --cuda-graphs on
+    side l4_fp8 2 29603 --cuda-graphs off --fp8
+    side l4_fp8_rowwise 3 29604 --cuda-graphs off --fp8 --fp8-recipe rowwise
+  fi
   wait
-  for n in l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise; do echo "$n: $(grep -o 'median step.*' "$RES/$n.log" | cut -c1-120)"; done
+  for n in $RUNS; do echo "$n: $(grep -o 'median step.*' "$RES/$n.log" | cut -c1-120)"; done
 else
   echo "l4 runs SKIPPED ($((DEADLINE - SECONDS - RESERVE)) s of the budget left)"
   printf '%s\n' l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise >> "$RES/skipped.txt"
