@@ -12,6 +12,7 @@
 #                --cuda-graphs on, with --fp8 (tensor-wise) and with --fp8 --fp8-recipe rowwise, side by side on
 #                GPUs 0-3 (one job, the same machine); with OLD=<folder of an earlier tree, its _C built>, GPUs 2
 #                and 3 run that tree's bf16 and fp8 instead (l4_bf16_old, l4_fp8_old): a change's A/B in one job
+#                (on two GPUs: the two bf16 runs side by side, then the two fp8 runs)
 #
 # Out: $OUT/<date>-<card>-transformer-step.json (experiments/analysis/transformer_step_results.py: the tests'
 # summary line, the bench's record, each run's step, tokens/s, MFU and peak, graphs / eager and fp8 / bf16) and
@@ -46,14 +47,22 @@ side() {  # name gpu port driver-args...: one single-GPU run in the background, 
      > "$RES/$name.log" 2>&1; echo $? > "$RES/$name.rc") &
 }
 if (( DEADLINE - SECONDS - RESERVE > 90 )); then
-  side l4_bf16 0 29601 --cuda-graphs off
-  if [[ -n ${OLD:-} ]]; then
+  if [[ -n ${OLD:-} ]] && (( $(nvidia-smi -L | wc -l) < 4 )); then  # two GPUs: bf16, then fp8, each pair side by side
+    RUNS="l4_bf16 l4_bf16_old l4_fp8 l4_fp8_old"
+    side l4_bf16 0 29601 --cuda-graphs off
+    side l4_bf16_old 1 29602 --cuda-graphs off
+    wait
+    side l4_fp8 0 29603 --cuda-graphs off --fp8
+    side l4_fp8_old 1 29604 --cuda-graphs off --fp8
+  elif [[ -n ${OLD:-} ]]; then
     RUNS="l4_bf16 l4_fp8 l4_bf16_old l4_fp8_old"
+    side l4_bf16 0 29601 --cuda-graphs off
     side l4_fp8 1 29602 --cuda-graphs off --fp8
     side l4_bf16_old 2 29603 --cuda-graphs off
     side l4_fp8_old 3 29604 --cuda-graphs off --fp8
   else
     RUNS="l4_bf16 l4_bf16_graphs l4_fp8 l4_fp8_rowwise"
+    side l4_bf16 0 29601 --cuda-graphs off
     side l4_bf16_graphs 1 29602 --cuda-graphs on
     side l4_fp8 2 29603 --cuda-graphs off --fp8
     side l4_fp8_rowwise 3 29604 --cuda-graphs off --fp8 --fp8-recipe rowwise
