@@ -158,6 +158,15 @@ def zero_plan_runs():
                 yield "4xH200-zero-sharding-plans", f"{key}_job{job}", flags, 4, _step_ms_8b(run)
 
 
+def zero_plan_head_runs():
+    """The plan command's first row for the 8B under --memory-cap-gib 78 again on 4 x H200 (dp2 x pp2, zero 1, beside
+    FSDP2 and torchtitan compiled, after the fused loss's one-GEMM weight gradient), with the plan its log printed."""
+    for key, run in load("4xH200-zero-sharding-plan-head")["runs"].items():
+        if key == "plan_auto":
+            flags = f"{LLAMA_8B} --memory-cap-gib 78 --dp 2 --pp 2 --zero 1 {run['plan']}".split()
+            yield "4xH200-zero-sharding-plan-head", key, flags, 4, _step_ms_8b(run)
+
+
 def graph_runs():
     """The graphs pass on 4 x H100: configs L and C, 1F1B, on one GPU and every 4-GPU grid, eager and graphed (each
     run's --cuda-graphs as it ran)."""
@@ -198,5 +207,11 @@ def _measured_steps():
     yield from zero_plan_runs()
     yield from pp4_schedule_runs()
     # the 8B at pp4 on 4 x H100, bf16 and fp8 (kernels pass), each with the plan its log printed
-    yield from grid_runs("4xH100-kernels-8b-pp4", (), "--schedule zbv --virtual-stages 2 --lookahead 0 "
-                         "--no-merge-wgrad".split())
+    zbv = "--schedule zbv --virtual-stages 2 --lookahead 0 --no-merge-wgrad".split()
+    yield from grid_runs("4xH100-kernels-8b-pp4", (), zbv)
+    # the same on 4 x H200, fp8's quantization as compiled regions, then as Triton kernels (two jobs)
+    yield from grid_runs("4xH200-kernels-8b-pp4-fp8-reuse", (), zbv)
+    yield from grid_runs("4xH200-kernels-8b-pp4-fp8-kernels", (), zbv)
+    # the 8B layer cut on one H200 each, this tree's runs of the head's A/B (1f1b named)
+    yield from grid_runs("2xH200-transformer-step-head-ab", ("l4_bf16_old", "l4_fp8_old"), [])
+    yield from zero_plan_head_runs()
