@@ -11,7 +11,8 @@ from doc_sources import (CLEAN_CI, COMPILE_AB, FIRST, GRIDS_MLP, GRIDS_MLP_FIRST
                          ZERO_PASS, archive_member, comma, first_median_step_ms, fixed, forward_mp_all_reduces_us,
                          gpu_idle_fraction, job7_efficiency, job_run, last_backward_ms, llama, mlp_l_bytes,
                          mlp_ratios, pct, pptp, profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded,
-                         summary_ms, summary_rate, timed_step_ms, LONG_SEQ4_ALL, long_seq4, zero_dp4, zero_plans)
+                         summary_ms, summary_rate, timed_step_ms, LONG_SEQ4_ALL, long_seq4, zero_dp4, zero_plans,
+                         zero_head)
 
 from claims_step_text import LONG_SEQ_DOC, STEP_CLAIMS
 
@@ -173,6 +174,18 @@ CLAIMS = [
      lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("fsdp2_compile")["tokens_s"], 3),
      lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("torchtitan_eager")["tokens_s"]),
      lambda: ratio(zero_plans("plan_auto")["tokens_s"], zero_plans("torchtitan_compile")["tokens_s"])),
+    *[(PERF, f"| {label} | {{}} | {{}}% | {{}} |", lambda run=run: comma(zero_head(run)["tokens_s"]),
+       lambda run=run: pct()(zero_head(run)["mfu"]), lambda run=run: fixed(1)(zero_head(run)["peak_gib"]))
+      for label, run in (("the planner's plan: dp2 × pp2, `--zero 1`", "plan_auto"),
+                         ("FSDP2 on Hugging Face's Llama, compiled", "fsdp2_compile"),
+                         ("torchtitan, compiled (without CUDA graphs)", "torchtitan_compile"))],
+    (PERF, "The plan is {}× FSDP2 compiled and {}× torchtitan compiled, its step {} s against the planner's {}.",
+     lambda: ratio(zero_head("plan_auto")["tokens_s"], zero_head("fsdp2_compile")["tokens_s"]),
+     lambda: ratio(zero_head("plan_auto")["tokens_s"], zero_head("torchtitan_compile")["tokens_s"]),
+     lambda: fixed(2)(16 * 4096 / zero_head("plan_auto")["tokens_s"]),
+     lambda: fixed(2)(zero_head("plan_auto")["predicted_step_s"])),
+    (PERF, "torchtitan shards everything yet keeps within {}% of a plan",
+     lambda: fixed(0)(100 * (zero_head("plan_auto")["tokens_s"] / zero_head("torchtitan_compile")["tokens_s"] - 1))),
     (PERF, "In the first job zero 2 at dp4 ran {} tokens/s beside the same plan's {}.",
      lambda: comma(zero_plans("zero2", 0)["tokens_s"]), lambda: comma(zero_plans("plan_auto", 0)["tokens_s"])),
     *[(LONG_SEQ_DOC, f"| {label} | {{}} | {{}}% | {{}}% | {{}} |", lambda run=run: comma(_long_all(run)["tokens_s"]),

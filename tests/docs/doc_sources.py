@@ -178,6 +178,7 @@ LLAMA_TEXT = "cpu/2026-11-27-llama-vs-gpt-text.json"
 MAIN_JOB, CLEAN_CI = "cpu/2026-11-27-main-job.json", "cpu/2026-11-27-clean-clone-ci.json"
 LONG_SEQ4, LONG_SEQ4_ALL = "2026-11-27-4xH200-long-seq.json", "2026-11-27-4xH200-long-seq-cp4-all.json"
 ZERO_DP4, ZERO_PLANS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-plans.json"
+ZERO_HEAD = "2026-11-27-4xH200-zero-sharding-plan-head.json"
 
 
 def long_seq4(name: str, file: str = LONG_SEQ4) -> dict:
@@ -193,6 +194,11 @@ def zero_dp4(run: str) -> dict:
 def zero_plans(run: str, job: int = 1) -> dict:
     """A run of the 8B plans' jobs under the 78 GiB cap (the second: the planner's plan beside the peers)."""
     return results(ZERO_PLANS)["jobs"][job]["runs"][run]
+
+
+def zero_head(run: str) -> dict:
+    """A run of the third 8B plan job under the 78 GiB cap (after the fused loss's one-GEMM weight gradient)."""
+    return results(ZERO_HEAD)["runs"][run]
 
 
 def job_run(job: str, config: str, mode: str, variant: str = "") -> dict:
