@@ -18,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the tests' helpers, and the repository's package under torchrun
 
 from engine_builders import make_engine  # noqa: E402
+from graph_jobs import said  # noqa: E402
 from hybrid_engine import ProcessGrid  # noqa: E402
 from hybrid_engine.models.gpt.model import GPTConfig  # noqa: E402
 from hybrid_engine.models.gpt.workload import gpt_workload  # noqa: E402
@@ -44,44 +45,51 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
     torch.set_num_threads(1)
     out = []
     for run in runs:
-        dp, pp, mp = run.get("dp", 1), run.get("pp", 1), run.get("mp", 1)
-        workload = workload_of(run)
-        groups = build_groups(ProcessGrid(dp, pp, mp), rank)
-        mode = {"host": "off"}.get(run["graphs"], run["graphs"])
-        opt = optim.AdamW(LR * 0.1) if run.get("optimizer") == "adamw" else optim.SGD(LR, 0.9)
-        engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
-                             micro_batches=run.get("m", 4), virtual_stages=run.get("v", 1), optimizer=opt,
-                             amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device,
-                             cuda_graphs=mode,
-                             **workload.engine_kwargs(pp * run.get("v", 1)))
-        if run["graphs"] == "host":
-            engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
-        per_dp, at = BATCH // dp, groups.coords.dp
-        losses, scales, launches = [], [], []
-        for step in range(STEPS):
-            x, y = workload.draw(step, at * per_dp, (at + 1) * per_dp, inputs=engine.holds_first_stage,
-                                 targets=engine.holds_last_stage)
-            if x is not None:
-                x = x.to(device)
-            if y is not None:
-                y = y.to(device)
-            result = engine.train_step(x, y)
-            losses.append(result.loss)
-            scales.append(result.loss_scale)
-            # each DP bucket's reduction, and whether a final-gradient announcement started it during the backward
-            launches.append(engine._dp_sync.last_step_launches() if dp > 1 else [])
-        programs = engine.stage_programs.values()
-        out.append({"losses": losses, "scales": scales, "launches": launches, "graphs": engine.cuda_graphs.on,
-                    "kinds": sorted({type(p).__name__ for p in programs}),
-                    "counts": [(p.captures, p.replays, p.slots) for p in programs if hasattr(p, "slots")],
-                    "slot_of_micro": {s: list(p.slot_of_micro) for s, p in engine.stage_programs.items()
-                                      if hasattr(p, "slots")},
-                    "actions": [(a.type.name, a.stage, a.micro) for a in engine.actions],
-                    "state": {k: t.float().cpu().numpy() for k, t in engine.full_state_dict().items()}})
-        engine.close()
-        groups.destroy()
-        dist.barrier()
+        with said(rank, run):
+            out.append(_train_one(rank, run, device))
     return out
+
+
+def _train_one(rank: int, run: dict, device: str) -> dict:
+    """One run of the table on this rank: its losses, scales, DP launches, graph counts, actions and state."""
+    dp, pp, mp = run.get("dp", 1), run.get("pp", 1), run.get("mp", 1)
+    workload = workload_of(run)
+    groups = build_groups(ProcessGrid(dp, pp, mp), rank)
+    mode = {"host": "off"}.get(run["graphs"], run["graphs"])
+    opt = optim.AdamW(LR * 0.1) if run.get("optimizer") == "adamw" else optim.SGD(LR, 0.9)
+    engine = make_engine(workload.model, groups, loss=workload.loss, schedule=run.get("schedule", "1f1b"),
+                         micro_batches=run.get("m", 4), virtual_stages=run.get("v", 1), optimizer=opt,
+                         amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device,
+                         cuda_graphs=mode,
+                         **workload.engine_kwargs(pp * run.get("v", 1)))
+    if run["graphs"] == "host":
+        engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
+    per_dp, at = BATCH // dp, groups.coords.dp
+    losses, scales, launches = [], [], []
+    for step in range(STEPS):
+        x, y = workload.draw(step, at * per_dp, (at + 1) * per_dp, inputs=engine.holds_first_stage,
+                             targets=engine.holds_last_stage)
+        if x is not None:
+            x = x.to(device)
+        if y is not None:
+            y = y.to(device)
+        result = engine.train_step(x, y)
+        losses.append(result.loss)
+        scales.append(result.loss_scale)
+        # each DP bucket's reduction, and whether a final-gradient announcement started it during the backward
+        launches.append(engine._dp_sync.last_step_launches() if dp > 1 else [])
+    programs = engine.stage_programs.values()
+    record = {"losses": losses, "scales": scales, "launches": launches, "graphs": engine.cuda_graphs.on,
+              "kinds": sorted({type(p).__name__ for p in programs}),
+              "counts": [(p.captures, p.replays, p.slots) for p in programs if hasattr(p, "slots")],
+              "slot_of_micro": {s: list(p.slot_of_micro) for s, p in engine.stage_programs.items()
+                                if hasattr(p, "slots")},
+              "actions": [(a.type.name, a.stage, a.micro) for a in engine.actions],
+              "state": {k: t.float().cpu().numpy() for k, t in engine.full_state_dict().items()}}
+    engine.close()
+    groups.destroy()
+    dist.barrier()
+    return record
 
 
 def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:

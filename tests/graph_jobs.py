@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -20,15 +23,32 @@ def run_graph_job(script: str, grids: dict[str, dict], gpus: int, out: Path, por
     `gpus` processes running tests/<script>, each rank's results pickled to <out>.rank<r>."""
     runs = [dict(grid, graphs=graphs) for grid in grids.values() for graphs in ("on", "off")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
-                           f"--master_port={port}", str(REPO / "tests" / script), str(out), json.dumps(runs)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
+                            f"--master_port={port}", str(REPO / "tests" / script), str(out), json.dumps(runs)],
+                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        _, stderr = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # the whole job (torchrun and its ranks), then the ranks' last lines
+        os.killpg(job.pid, signal.SIGKILL)
+        _, stderr = job.communicate()
+        raise AssertionError(f"the graph job ran past {timeout} s; its last lines:\n{stderr[-4000:]}") from None
+    assert job.returncode == 0, stderr[-4000:]
     ranks = []
     for rank in range(gpus):
         with open(f"{out}.rank{rank}", "rb") as f:
             ranks.append(pickle.load(f))
     return {name: [(r[2 * i], r[2 * i + 1]) for r in ranks] for i, name in enumerate(grids)}
+
+
+@contextmanager
+def said(rank: int, run: dict):
+    """A run of a rank, said on stderr as it starts and ends, so a job cut by its time limit shows where it stopped
+    (run_graph_job prints the ranks' last lines)."""
+    print(f"rank {rank}: {json.dumps(run)} starts", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"rank {rank}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 def torchrun_rank(train: Callable[..., list]) -> None:

@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the tests' helpers, and the repository's package under torchrun
 
 from engine_builders import make_engine  # noqa: E402
+from graph_jobs import said  # noqa: E402
 from hybrid_engine import ProcessGrid  # noqa: E402
 from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
 from hybrid_engine.parallel.grid import build_groups  # noqa: E402
@@ -27,32 +28,39 @@ DIM, DEPTH, BATCH, STEPS, LR = 32, 8, 32, 6, 0.05
 def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[dict]:
     out = []
     for run in runs:
-        groups = build_groups(ProcessGrid(run.get("dp", 1), run.get("pp", 1), run.get("mp", 1)), rank)
-        mode = {"host": "off"}.get(run["graphs"], run["graphs"])
-        # fp16: a scale that doubles after every clean step, so the loss multiplier changes between replays and
-        # overflows now and then (skipped steps, the scale halved)
-        engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, schedule=run.get("schedule", "1f1b"),
-                             micro_batches=run.get("m", 4), virtual_stages=run.get("v", 1), lr=LR,
-                             amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device,
-                             cuda_graphs=mode)
-        if run["graphs"] == "host":
-            engine._programs = graphed(engine._programs, GraphChoice(True, "test"), device, host_rerun=True)
-        data = SyntheticRegression(DIM, 0, device)
-        losses, scales, skipped = [], [], []
-        for step in range(STEPS):
-            x, y = data.batch(step, BATCH)
-            result = engine.train_step(x, y)
-            losses.append(result.loss)
-            scales.append(result.loss_scale)
-            skipped.append(result.skipped)
-        counts = [(p.captures, p.replays) for p in engine.stage_programs.values() if hasattr(p, "captures")]
-        out.append({"losses": losses, "scales": scales, "skipped": skipped, "counts": counts,
-                    "graphs": engine.cuda_graphs.on,
-                    "state": {k: t.float().numpy() for k, t in engine.full_state_dict().items()}})
-        engine.close()
-        groups.destroy()
-        dist.barrier()
+        with said(rank, run):
+            out.append(_train_one(rank, run, device))
     return out
+
+
+def _train_one(rank: int, run: dict, device: str) -> dict:
+    """One run of the table on this rank: its losses, scales, skipped steps, graph counts and state."""
+    groups = build_groups(ProcessGrid(run.get("dp", 1), run.get("pp", 1), run.get("mp", 1)), rank)
+    mode = {"host": "off"}.get(run["graphs"], run["graphs"])
+    # fp16: a scale that doubles after every clean step, so the loss multiplier changes between replays and
+    # overflows now and then (skipped steps, the scale halved)
+    engine = make_engine(large_linear_model(DIM, DEPTH, 0), groups, schedule=run.get("schedule", "1f1b"),
+                         micro_batches=run.get("m", 4), virtual_stages=run.get("v", 1), lr=LR,
+                         amp=run.get("amp", "off"), scale_window=1, zero=run.get("zero", 0), device=device,
+                         cuda_graphs=mode)
+    if run["graphs"] == "host":
+        engine._programs = graphed(engine._programs, GraphChoice(True, "test"), device, host_rerun=True)
+    data = SyntheticRegression(DIM, 0, device)
+    losses, scales, skipped = [], [], []
+    for step in range(STEPS):
+        x, y = data.batch(step, BATCH)
+        result = engine.train_step(x, y)
+        losses.append(result.loss)
+        scales.append(result.loss_scale)
+        skipped.append(result.skipped)
+    counts = [(p.captures, p.replays) for p in engine.stage_programs.values() if hasattr(p, "captures")]
+    record = {"losses": losses, "scales": scales, "skipped": skipped, "counts": counts,
+              "graphs": engine.cuda_graphs.on,
+              "state": {k: t.float().numpy() for k, t in engine.full_state_dict().items()}}
+    engine.close()
+    groups.destroy()
+    dist.barrier()
+    return record
 
 
 if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSON
