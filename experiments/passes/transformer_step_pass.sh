@@ -20,6 +20,8 @@
 #
 #   bash experiments/passes/transformer_step_pass.sh               # device kind nvidia-h100-x4
 #   TESTS=0 HEAD=0 bash experiments/passes/transformer_step_pass.sh   # without the GPU tests and the head's bench
+#   EXTRA="--compile" ...                                         # flags added to every l4 run (whole stages
+#                                                                 # compiled: fp8's quantization fused by Inductor)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source experiments/passes/pass_lib.sh
@@ -41,7 +43,8 @@ side() {  # name gpu port driver-args...: one single-GPU run in the background, 
   # ending in _old runs the tree in $OLD, from its folder)
   local name=$1 gpu=$2 port=$3 dir=$PWD; shift 3
   [[ $name == *_old ]] && dir=$OLD
-  local cmd="torchrun --nproc_per_node=1 --master_port=$port hybrid_engine.py --quiet --metrics $RES/$name.jsonl $L4 $*"
+  local cmd="torchrun --nproc_per_node=1 --master_port=$port hybrid_engine.py --quiet --metrics $RES/$name.jsonl $L4 $* \
+${EXTRA:-}"
   echo "$cmd" > "$RES/$name.cmd"
   (cd "$dir" && CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" timeout -k 5 90 $cmd \
      > "$RES/$name.log" 2>&1; echo $? > "$RES/$name.rc") &

@@ -72,7 +72,7 @@ def casts(t: torch.Tensor, a_last: Optional[torch.Tensor], a_first: Optional[tor
         s_last = _scale(a_last, dtype)
         q_last = torch.empty((rows, cols), dtype=dtype, device=t.device)
     if a_first is not None:
-        s_first = _scale(a_first, dtype)
+        s_first = s_last if a_first is a_last else _scale(a_first, dtype)  # tensor-wise: one maximum, one scale
         q_first = torch.empty((cols, rows), dtype=dtype, device=t.device)
     any_q, any_s = q_last if q_last is not None else q_first, s_last if s_last is not None else s_first
     if t.numel():
