@@ -25,6 +25,7 @@ from hybrid_engine.models.gpt.workload import gpt_workload  # noqa: E402
 from hybrid_engine.models.llama.workload import llama_workload  # noqa: E402
 from hybrid_engine.optim import optimizers as optim  # noqa: E402
 from hybrid_engine.parallel.grid import build_groups  # noqa: E402
+from hybrid_engine.kernels.options import KernelOptions, resolve  # noqa: E402
 from hybrid_engine.parallel.pipeline.graphs import GraphChoice  # noqa: E402
 
 from kernel_models import VOCAB, config, dataset  # noqa: E402
@@ -33,12 +34,15 @@ BATCH, STEPS, LR = 8, 4, 0.05
 # fp16: a scale that doubles after every clean step, so the loss multiplier changes between replays
 
 
-def workload_of(run: dict):
+def workload_of(run: dict, device: str = "cpu"):
+    """The run's model; "fp8": its blocks' GEMMs in fp8 (tensor-wise, the weight cache on) with the fused loss, as
+    the driver resolves `--fp8 --fused-kernels on` on this device (emulated on the CPU)."""
+    kernels = resolve("on", True, "tensorwise", torch.device(device).type) if run.get("fp8") else KernelOptions()
     if run.get("model", "llama") == "gpt":
         return gpt_workload(GPTConfig(VOCAB, 4, 32, 4, 16, run.get("tied", False), seed=3), dataset(),
-                            sequence_parallel=run.get("sp", False))
+                            sequence_parallel=run.get("sp", False), kernels=kernels)
     return llama_workload(config(run.get("tied", False)), dataset(), sequence_parallel=run.get("sp", False),
-                          vocab_from_data=False)
+                          vocab_from_data=False, kernels=kernels)
 
 
 def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[dict]:
@@ -53,7 +57,7 @@ def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[
 def _train_one(rank: int, run: dict, device: str) -> dict:
     """One run of the table on this rank: its losses, scales, DP launches, graph counts, actions and state."""
     dp, pp, mp = run.get("dp", 1), run.get("pp", 1), run.get("mp", 1)
-    workload = workload_of(run)
+    workload = workload_of(run, device)
     groups = build_groups(ProcessGrid(dp, pp, mp), rank)
     mode = {"host": "off"}.get(run["graphs"], run["graphs"])
     opt = optim.AdamW(LR * 0.1) if run.get("optimizer") == "adamw" else optim.SGD(LR, 0.9)

@@ -18,9 +18,11 @@ GRIDS = {
     "gpt 1 rank tied": {"model": "gpt", "tied": True},
     "llama 1 rank bf16 AdamW": {"amp": "bf16", "optimizer": "adamw"},
     "llama 1 rank fp16 (the scale moves)": {"amp": "fp16"},
+    "llama 1 rank fp8, its weights' forms cached": {"amp": "bf16", "optimizer": "adamw", "fp8": True},
 }
 TWO_RANK_GRIDS = {
     "llama pp2 1f1b": {"pp": 2},
+    "llama pp2 1f1b fp8 (two slots share the cached forms)": {"pp": 2, "amp": "bf16", "fp8": True},
     "gpt pp2 interleaved tied": {"model": "gpt", "pp": 2, "schedule": "interleaved", "v": 2, "tied": True},
     "llama tp2": {"mp": 2},
     "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
