@@ -15,7 +15,9 @@ Bytes an element, `elem` the bytes of a half value:
   into the main grad itself.
 Per micro-batch: every x in the forward, every dy in the backward, the weights in both (or once a step with the
 cache, counted a micro-batch's share in each forward), the weight gradients' addition in the backward, where the
-fp8 weight-gradient GEMM runs too: an fp8 layer computes it in its own backward, never in a deferred W action.
+fp8 weight-gradient GEMM runs too: an fp8 layer computes it in its own backward, never in a deferred W action. The
+quantization's passes run at the share of the bandwidth they were measured at (QUANTIZE_EFFICIENCY), the addition
+(one vectorized kernel) at the card's.
 
 Under tensor parallelism each operand is the rank's (Fp8Gemms.inputs, output_grads), and each maximum over a
 dimension MP splits is all-reduced over the MP group before its cast (matmul.operand_groups): x of a row-parallel
@@ -33,6 +35,10 @@ from .card import Card
 from .setting import Setting
 
 MAIN_GRAD_BYTES = 4.0  # the fp32 main grad the fp8 weight gradient is added into
+# The quantization's passes (ATen's maxima, fp8/gpu_cast.py's casts) over the card's bandwidth: an H200 profile of
+# the 8B layer shape cut to 4 layers, tensor-wise, moved the ~266 GB these byte counts give in 159.8 ms of maxima
+# and casts, 1.66 TB/s of the table's 4.2 (results/2026-11-27-4xH200-fp8-kernels-profile-categories.json).
+QUANTIZE_EFFICIENCY = 0.4
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,10 @@ def fp8_work(fp8: Fp8Gemms, card: Card, s: Setting, tokens: float, micro_batches
         weights_forward, weights_backward = both * params / micro_batches, 0.0
     else:  # the forward's form, and the input gradient's, every micro-batch
         weights_forward = weights_backward = one_layout_bytes(elem) * params
-    forward = tokens * fp8.inputs(mp) * both + weights_forward
-    backward = tokens * fp8.output_grads(mp) * both + weights_backward + (elem + 2 * MAIN_GRAD_BYTES) * params
+    quantize = card.hbm_bytes_s * QUANTIZE_EFFICIENCY
+    forward = (tokens * fp8.inputs(mp) * both + weights_forward) / quantize
+    backward = ((tokens * fp8.output_grads(mp) * both + weights_backward) / quantize +
+                (elem + 2 * MAIN_GRAD_BYTES) * params / card.hbm_bytes_s)
     reduce_forward = reduce_backward = 0.0
     if mp > 1:
         layers, column, row = len(fp8.column) + len(fp8.row), len(fp8.column), len(fp8.row)
@@ -80,7 +88,7 @@ def fp8_work(fp8: Fp8Gemms, card: Card, s: Setting, tokens: float, micro_batches
         else:
             reduce_forward += layers if tensorwise else row
             reduce_backward += layers if tensorwise else column
-    return Fp8Work(forward / card.hbm_bytes_s, backward / card.hbm_bytes_s, reduce_forward, reduce_backward)
+    return Fp8Work(forward, backward, reduce_forward, reduce_backward)
 
 
 def reduction_s(card: Card, mp: int) -> float:

@@ -15,7 +15,7 @@ from hybrid_engine.models.planner_shape import Fp8Gemms
 from hybrid_engine.planner import CARDS
 from hybrid_engine.planner.candidates import Plan
 from hybrid_engine.planner.choose import predict
-from hybrid_engine.planner.fp8_time import both_layouts_bytes, fp8_work, one_layout_bytes
+from hybrid_engine.planner.fp8_time import QUANTIZE_EFFICIENCY, both_layouts_bytes, fp8_work, one_layout_bytes
 from hybrid_engine.planner.model_shape import shape_of
 from hybrid_engine.planner.run_plan import plan_run
 from hybrid_engine.planner.setting import Setting
@@ -23,6 +23,7 @@ from hybrid_engine.planner.step_time import stage_costs, step_time
 from hybrid_engine.train.cli import parse_config
 
 H100 = CARDS["h100"]
+QUANTIZE = H100.hbm_bytes_s * QUANTIZE_EFFICIENCY  # the quantization passes' rate
 H, Q, KV, F = 4096, 4096, 1024, 14336  # the 8B's block: q, kv heads x head dim, ffn
 BLOCK = Fp8Gemms("tensorwise", True, ((H, Q), (H, 2 * KV), (H, F), (H, F)), ((Q, H), (F, H)))
 
@@ -54,21 +55,21 @@ def test_a_fp8_run_is_predicted_faster_than_bf16_where_the_gemms_dominate():
     for hidden in (1024, 2048, 4096, 8192):
         bf16, fp8 = step_ms(llama(hidden)), step_ms(llama(hidden, "--fp8"))
         saved.append(1 - fp8 / bf16)
-    assert saved == sorted(saved) and saved[-1] > 0.15 and saved[0] < 0.05, saved
+    assert saved == sorted(saved) and saved[-1] > 0.1 and saved[0] < 0.05, saved
 
 
 def test_the_quantization_grows_with_the_tokens_and_without_the_weight_cache():
     s = Setting(1, 1, 1, 2)
     one, two = fp8_work(BLOCK, H100, s, 4096, 4), fp8_work(BLOCK, H100, s, 8192, 4)
     x_bytes, dy_bytes = 4096 * BLOCK.inputs(1) * 6, 4096 * BLOCK.output_grads(1) * 6  # per 4096 more tokens
-    assert two.forward_s - one.forward_s == pytest.approx(x_bytes / H100.hbm_bytes_s)
-    assert two.backward_s - one.backward_s == pytest.approx(dy_bytes / H100.hbm_bytes_s)
+    assert two.forward_s - one.forward_s == pytest.approx(x_bytes / QUANTIZE)
+    assert two.backward_s - one.backward_s == pytest.approx(dy_bytes / QUANTIZE)
     uncached = fp8_work(dataclasses.replace(BLOCK, weight_cache=False), H100, s, 4096, 4)
     # the weights' two forms every micro-batch (5 bytes a parameter each) against both once a step (6, a quarter)
-    assert uncached.forward_s - one.forward_s == pytest.approx(BLOCK.params * (5 - 6 / 4) / H100.hbm_bytes_s)
-    assert uncached.backward_s - one.backward_s == pytest.approx(BLOCK.params * 5 / H100.hbm_bytes_s)
-    # the weight gradient added into the main grad: 2 + 4 + 4 bytes a parameter, in the backward
-    assert one.backward_s == pytest.approx((dy_bytes + 10 * BLOCK.params) / H100.hbm_bytes_s)
+    assert uncached.forward_s - one.forward_s == pytest.approx(BLOCK.params * (5 - 6 / 4) / QUANTIZE)
+    assert uncached.backward_s - one.backward_s == pytest.approx(BLOCK.params * 5 / QUANTIZE)
+    # the weight gradient added into the main grad: 2 + 4 + 4 bytes a parameter, in the backward, at the card's rate
+    assert one.backward_s == pytest.approx(dy_bytes / QUANTIZE + 10 * BLOCK.params / H100.hbm_bytes_s)
     # a whole step of 8 micro-batches: longer without the cache
     flags = llama(4096, "--fp8", batch=8)
     assert step_ms(flags, Plan("1f1b", 8)) < step_ms(flags + ["--fp8-weight-cache", "off"], Plan("1f1b", 8))
@@ -80,13 +81,13 @@ def test_rowwise_counts_a_second_maximum_for_each_operand_read_by_two_gemms():
     rowwise = dataclasses.replace(BLOCK, recipe="rowwise")
     tensor, row = fp8_work(BLOCK, H100, s, tokens, m), fp8_work(rowwise, H100, s, tokens, m)
     assert row.forward_s - tensor.forward_s == pytest.approx(
-        (tokens * BLOCK.inputs(1) * 2 + BLOCK.params * 2 / m) / H100.hbm_bytes_s)
-    assert row.backward_s - tensor.backward_s == pytest.approx(tokens * BLOCK.output_grads(1) * 2 / H100.hbm_bytes_s)
+        (tokens * BLOCK.inputs(1) * 2 + BLOCK.params * 2 / m) / QUANTIZE)
+    assert row.backward_s - tensor.backward_s == pytest.approx(tokens * BLOCK.output_grads(1) * 2 / QUANTIZE)
     # without the cache each weight form is one GEMM's, one maximum either way
     off = dict(weight_cache=False)
     assert fp8_work(dataclasses.replace(rowwise, **off), H100, s, tokens, m).forward_s - \
         fp8_work(dataclasses.replace(BLOCK, **off), H100, s, tokens, m).forward_s == \
-        pytest.approx(tokens * BLOCK.inputs(1) * 2 / H100.hbm_bytes_s)
+        pytest.approx(tokens * BLOCK.inputs(1) * 2 / QUANTIZE)
     assert step_ms(llama(4096, "--fp8", "--fp8-recipe", "rowwise")) > step_ms(llama(4096, "--fp8"))
 
 
@@ -98,7 +99,7 @@ def test_a_tensor_parallel_rank_quantizes_its_own_shapes_and_all_reduces_the_spl
     one, two = fp8_work(BLOCK, H100, s1, 4096, m), fp8_work(BLOCK, H100, s2, 4096, m)
     assert (one.forward_reductions, one.backward_reductions) == (0, 0)
     assert (two.forward_reductions, two.backward_reductions) == (2 + 6 / m, 4)  # x of out, down; dy of the four
-    assert two.forward_s == pytest.approx((4096 * BLOCK.inputs(2) * 6 + BLOCK.params / 2 * 6 / m) / H100.hbm_bytes_s)
+    assert two.forward_s == pytest.approx((4096 * BLOCK.inputs(2) * 6 + BLOCK.params / 2 * 6 / m) / QUANTIZE)
     off = fp8_work(dataclasses.replace(BLOCK, weight_cache=False), H100, s2, 4096, m)
     assert (off.forward_reductions, off.backward_reductions) == (2 + 6, 4 + 6)  # tensor-wise: every weight's maximum
     row_off = fp8_work(dataclasses.replace(BLOCK, weight_cache=False, recipe="rowwise"), H100, s2, 4096, m)
@@ -126,7 +127,7 @@ def test_the_plan_command_and_the_drivers_plan_line_time_a_fp8_run(capsys):
         return float(re.search(r"\s([\d.e+]+)\s+[\d.e+]+\s+[\d.]+(\s|$)", rows[0]).group(1))
 
     bf16, fp8 = first_row_ms(llama(4096, batch=8)), first_row_ms(llama(4096, "--fp8", batch=8))
-    assert fp8 < 0.85 * bf16, (bf16, fp8)
+    assert fp8 < 0.9 * bf16, (bf16, fp8)
     lines = {}
     for name, flags in (("bf16", llama(4096, batch=8)), ("fp8", llama(4096, "--fp8", batch=8))):
         cfg = parse_config(flags + ["--pp", "2"])
@@ -134,7 +135,7 @@ def test_the_plan_command_and_the_drivers_plan_line_time_a_fp8_run(capsys):
         predicted = predict(shape_of(cfg), H100, Setting.of(cfg, 1, 2, 1), choice.chosen.plan).step_s
         assert f"predicted {predicted * 1e3:.3g} ms/step" in choice.line()
         lines[name] = predicted
-    assert lines["fp8"] < 0.85 * lines["bf16"], lines
+    assert lines["fp8"] < 0.9 * lines["bf16"], lines
 
 
 def test_each_row_of_the_plan_command_is_timed_with_the_kernels_its_run_gets():

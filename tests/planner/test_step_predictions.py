@@ -32,13 +32,6 @@ _FP8 = ("--fp8, measured before the quantization's reuse and the weight cache: e
         "operands from scratch and the weights every micro-batch, which the code no longer does and the model "
         "(planner/fp8_time.py) does not time: 1277 and 1326 ms (1.28 and 1.33 x bf16's 999) against 764 and 787 "
         "predicted, -40% and -41%")
-_FP8_REGIONS = ("--fp8 with its quantization as torch.compile'd regions (the tree before fp8/gpu_cast.py's kernels): "
-                "an H200 profile ran their maxima and casts at 0.2-0.5 of the card's bandwidth, which the model "
-                "(one pass each at full bandwidth) does not time: 829 and 838 ms against 664 and 681 predicted")
-_FP8_ROWWISE = ("row-wise fp8 with the Triton casts: 846 ms against 681 predicted (-20%) where tensor-wise is within "
-                "15%; its two maxima (a row and a column reduction) and the per-column scales are each counted as one "
-                "pass at the card's bandwidth, and the linear bench measured row-wise's quantization 1.1-1.5 x "
-                "tensor-wise's")
 KNOWN_MISSES = {
     ("4xH100-graphs", "C_dp4pp1mp1_m1_off"): _H100_EAGER_DP,
     ("4xH100-graphs", "C_dp2pp2mp1_m4_off"): _H100_EAGER_DP,
@@ -53,9 +46,6 @@ KNOWN_MISSES = {
     # (results file, run): why it is left out. Predicted fast unless said.
     ("4xH100-kernels-8b-pp4", "llama8b_fp8_tensorwise"): _FP8,
     ("4xH100-kernels-8b-pp4", "llama8b_fp8_rowwise"): _FP8,
-    ("4xH200-kernels-8b-pp4-fp8-reuse", "llama8b_fp8_tensorwise"): _FP8_REGIONS,
-    ("4xH200-kernels-8b-pp4-fp8-reuse", "llama8b_fp8_rowwise"): _FP8_REGIONS,
-    ("4xH200-kernels-8b-pp4-fp8-kernels", "llama8b_fp8_rowwise"): _FP8_ROWWISE,
     ("4xH200-grids-mlp", "C_dp2mp2"): _MLP_TREE,
     ("4xH200-grids-mlp", "C_dp2pp2"): _MLP_TREE,
     ("4xH200-grids-mlp", "C_pp2mp2"): _MLP_TREE,
