@@ -29,7 +29,7 @@ _H100_EAGER_DP = ("the MLP's eager DP grids on 4 x H100 run 16-18% over the pred
 _H100_MP4 = ("L at mp4 on 4 x H100: predicted 18-21% slow, graphed or not, where its pp2 x mp2 points are within 3%: "
              "four-way all-reduces of 16 MiB measured faster than the card's link rate gives")
 _FP8 = ("--fp8, measured before the quantization's reuse and the weight cache: each GEMM then quantized both of its "
-        "operands from scratch and the weights every micro-batch, which the code no longer does and the model "
+        "operands from scratch and the weights every micro-batch, where this tree quantizes each once, and the model "
         "(planner/fp8_time.py) does not time: 1277 and 1326 ms (1.28 and 1.33 x bf16's 999) against 764 and 787 "
         "predicted, -40% and -41%")
 KNOWN_MISSES = {
