@@ -61,10 +61,11 @@ def _scale(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def casts(t: torch.Tensor, a_last: Optional[torch.Tensor], a_first: Optional[torch.Tensor], dtype: torch.dtype,
-          rowwise: bool):
+          rowwise: bool, *, block: int = BLOCK, num_warps: int = 4):
     """t [rows, cols] in `dtype`: with a_last, the layout contracted along dimension 1 (t's own) and its scale;
     with a_first, the one contracted along dimension 0 (t transposed, [cols, rows]) and its scale, as
-    quantize.cast and quantize.cast_transposed give them; one kernel reads t once for both."""
+    quantize.cast and quantize.cast_transposed give them; one kernel reads t once for both. block, num_warps: the
+    kernel's tile side and warps (experiments/bench/fp8_cast_bench.py times others)."""
     rows, cols = t.shape
     out = []
     s_last = s_first = q_last = q_first = None
@@ -76,12 +77,12 @@ def casts(t: torch.Tensor, a_last: Optional[torch.Tensor], a_first: Optional[tor
         q_first = torch.empty((cols, rows), dtype=dtype, device=t.device)
     any_q, any_s = q_last if q_last is not None else q_first, s_last if s_last is not None else s_first
     if t.numel():
-        grid = (triton.cdiv(rows, BLOCK), triton.cdiv(cols, BLOCK))
+        grid = (triton.cdiv(rows, block), triton.cdiv(cols, block))
         _cast_kernel[grid](t, rows, cols, t.stride(0), t.stride(1),
                            s_last if s_last is not None else any_s, s_first if s_first is not None else any_s,
                            q_last if q_last is not None else any_q, q_first if q_first is not None else any_q,
                            TOP=torch.finfo(dtype).max, ROWWISE=rowwise, LAST=q_last is not None,
-                           FIRST=q_first is not None, BLOCK_R=BLOCK, BLOCK_C=BLOCK, num_warps=4)
+                           FIRST=q_first is not None, BLOCK_R=block, BLOCK_C=block, num_warps=num_warps)
     if q_last is not None:
         out += [q_last, s_last]
     if q_first is not None:
