@@ -1,12 +1,14 @@
 """CUDA-graphed autograd stages on GPUs (skipped without CUDA, or without enough GPUs for a grid): the tiny Llama and
 GPT trained with --cuda-graphs on and off, the same steps, on 1, 2 and 4 GPUs (NCCL, one process per GPU under
 torchrun, tests/decoder_graph_runs.py): tp2 (with sequence parallelism), pp2 under 1F1B and interleaved, dp2 with
-ZeRO-1, pp2 x tp2 under both. The graphs replay the kernels the eager stages launch, so the losses and weights agree
+ZeRO-1, pp2 x tp2 under both, and fp8 (its Triton casts and cached weight forms inside the graphs) on one GPU and at
+pp2. The graphs replay the kernels the eager stages launch, so the losses and weights agree
 to fp32 rounding (atomics in the embedding's backward may sum in another order) and to a bf16 / fp16 rounding step
 in half precision, where the fp16 loss scale moves through the same values; every step after the first replays
 every micro-batch's F and B, in as many slots as the stage has micro-batches in flight.
 
-    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py"""
+    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py
+    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py -k "2 GPUs tp"  # a job"""
 from __future__ import annotations
 
 import numpy as np
@@ -19,40 +21,47 @@ from launch_utils import free_port
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 
-GRIDS = {
-    1: {"llama fp32": {}, "gpt fp32 tied": {"model": "gpt", "tied": True},
-        "llama bf16 AdamW": {"amp": "bf16", "optimizer": "adamw"}, "gpt fp16": {"model": "gpt", "amp": "fp16"},
-        "llama one micro-batch": {"m": 1},
-        "llama bf16 fp8 (Triton casts, weight cache)": {"amp": "bf16", "optimizer": "adamw", "fp8": True}},
-    2: {"llama tp2": {"mp": 2}, "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
-        "llama tp2 sequence parallel bf16": {"mp": 2, "sp": True, "amp": "bf16"},
-        "llama pp2 1f1b": {"pp": 2}, "gpt pp2 interleaved tied": {"model": "gpt", "pp": 2, "schedule": "interleaved",
-                                                                   "v": 2, "tied": True},
-        "llama pp2 1f1b bf16 AdamW": {"pp": 2, "amp": "bf16", "optimizer": "adamw"},
-        "llama dp2 ZeRO-1": {"dp": 2, "zero": 1},
-        "llama pp2 1f1b fp8": {"pp": 2, "amp": "bf16", "fp8": True}},
-    4: {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
-        "llama pp2 x tp2 interleaved bf16": {"pp": 2, "mp": 2, "schedule": "interleaved", "v": 2, "amp": "bf16"},
-        "gpt pp2 x tp2 interleaved sequence parallel": {"model": "gpt", "pp": 2, "mp": 2, "schedule": "interleaved",
-                                                        "v": 2, "sp": True},
-        "llama pp4 1f1b": {"pp": 4, "m": 8}},
+# Each job: (GPUs, its grids), one torchrun job apiece, so a job cut by its limit leaves the others' verdicts (and
+# names the grid it stopped in); the two-GPU grids are two jobs, tensor-parallel and the rest.
+JOBS = {
+    "1 GPU": (1, {"llama fp32": {}, "gpt fp32 tied": {"model": "gpt", "tied": True},
+                  "llama bf16 AdamW": {"amp": "bf16", "optimizer": "adamw"},
+                  "gpt fp16": {"model": "gpt", "amp": "fp16"}, "llama one micro-batch": {"m": 1},
+                  "llama bf16 fp8 (Triton casts, weight cache)": {"amp": "bf16", "optimizer": "adamw", "fp8": True}}),
+    "2 GPUs tp": (2, {"llama tp2": {"mp": 2}, "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
+                      "llama tp2 sequence parallel bf16": {"mp": 2, "sp": True, "amp": "bf16"}}),
+    "2 GPUs pp dp": (2, {"llama pp2 1f1b": {"pp": 2},
+                         "gpt pp2 interleaved tied": {"model": "gpt", "pp": 2, "schedule": "interleaved", "v": 2,
+                                                      "tied": True},
+                         "llama pp2 1f1b bf16 AdamW": {"pp": 2, "amp": "bf16", "optimizer": "adamw"},
+                         "llama dp2 ZeRO-1": {"dp": 2, "zero": 1},
+                         "llama pp2 1f1b fp8": {"pp": 2, "amp": "bf16", "fp8": True}}),
+    "4 GPUs": (4, {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
+                   "llama pp2 x tp2 interleaved bf16": {"pp": 2, "mp": 2, "schedule": "interleaved", "v": 2,
+                                                        "amp": "bf16"},
+                   "gpt pp2 x tp2 interleaved sequence parallel": {"model": "gpt", "pp": 2, "mp": 2,
+                                                                   "schedule": "interleaved", "v": 2, "sp": True},
+                   "llama pp4 1f1b": {"pp": 4, "m": 8}}),
 }
 
 
-def run_on_gpus(gpus: int, tmp_path) -> dict[str, list[tuple[dict, dict]]]:
-    """{grid: [(graphed, eager) per rank]} of GRIDS[gpus], every run of them in one torchrun job."""
-    return run_graph_job("decoder_graph_runs.py", GRIDS[gpus], gpus, tmp_path / f"gpus{gpus}", free_port(), timeout=500)
+def run_job(job: str, tmp_path) -> dict[str, list[tuple[dict, dict]]]:
+    """{grid: [(graphed, eager) per rank]} of a job's grids, every run of them in one torchrun job."""
+    gpus, grids = JOBS[job]
+    return run_graph_job("decoder_graph_runs.py", grids, gpus, tmp_path / job.replace(" ", "_"), free_port(),
+                         timeout=500)
 
 
-@pytest.mark.parametrize("gpus", sorted(GRIDS))
-def test_graphed_decoder_stages_train_like_eager_ones(gpus, tmp_path):
+@pytest.mark.parametrize("job", list(JOBS))
+def test_graphed_decoder_stages_train_like_eager_ones(job, tmp_path):
     from decoder_graph_runs import compute_actions
     from hybrid_engine.parallel.pipeline.graphs import slots
 
+    gpus, grids = JOBS[job]
     if GPUS < gpus:
         pytest.skip(f"needs {gpus} GPUs, {GPUS} visible")
-    for name, per_rank in run_on_gpus(gpus, tmp_path).items():
-        grid = GRIDS[gpus][name]
+    for name, per_rank in run_job(job, tmp_path).items():
+        grid = grids[name]
         half = grid.get("amp", "off") != "off"
         for graphed, eager in per_rank:
             assert graphed["graphs"] and not eager["graphs"], name
