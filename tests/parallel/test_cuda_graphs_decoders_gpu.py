@@ -8,7 +8,7 @@ in half precision, where the fp16 loss scale moves through the same values; ever
 every micro-batch's F and B, in as many slots as the stage has micro-batches in flight.
 
     python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py
-    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py -k "2 GPUs tp"  # a job"""
+    python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py -k 2gpu_tp  # one job"""
 from __future__ import annotations
 
 import numpy as np
@@ -24,19 +24,19 @@ pytestmark = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 # Each job: (GPUs, its grids), one torchrun job apiece, so a job cut by its limit leaves the others' verdicts (and
 # names the grid it stopped in); the two-GPU grids are two jobs, tensor-parallel and the rest.
 JOBS = {
-    "1 GPU": (1, {"llama fp32": {}, "gpt fp32 tied": {"model": "gpt", "tied": True},
+    "1gpu": (1, {"llama fp32": {}, "gpt fp32 tied": {"model": "gpt", "tied": True},
                   "llama bf16 AdamW": {"amp": "bf16", "optimizer": "adamw"},
                   "gpt fp16": {"model": "gpt", "amp": "fp16"}, "llama one micro-batch": {"m": 1},
                   "llama bf16 fp8 (Triton casts, weight cache)": {"amp": "bf16", "optimizer": "adamw", "fp8": True}}),
-    "2 GPUs tp": (2, {"llama tp2": {"mp": 2}, "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
+    "2gpu_tp": (2, {"llama tp2": {"mp": 2}, "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
                       "llama tp2 sequence parallel bf16": {"mp": 2, "sp": True, "amp": "bf16"}}),
-    "2 GPUs pp dp": (2, {"llama pp2 1f1b": {"pp": 2},
+    "2gpu_pp_dp": (2, {"llama pp2 1f1b": {"pp": 2},
                          "gpt pp2 interleaved tied": {"model": "gpt", "pp": 2, "schedule": "interleaved", "v": 2,
                                                       "tied": True},
                          "llama pp2 1f1b bf16 AdamW": {"pp": 2, "amp": "bf16", "optimizer": "adamw"},
                          "llama dp2 ZeRO-1": {"dp": 2, "zero": 1},
                          "llama pp2 1f1b fp8": {"pp": 2, "amp": "bf16", "fp8": True}}),
-    "4 GPUs": (4, {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
+    "4gpu": (4, {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
                    "llama pp2 x tp2 interleaved bf16": {"pp": 2, "mp": 2, "schedule": "interleaved", "v": 2,
                                                         "amp": "bf16"},
                    "gpt pp2 x tp2 interleaved sequence parallel": {"model": "gpt", "pp": 2, "mp": 2,
@@ -48,7 +48,7 @@ JOBS = {
 def run_job(job: str, tmp_path) -> dict[str, list[tuple[dict, dict]]]:
     """{grid: [(graphed, eager) per rank]} of a job's grids, every run of them in one torchrun job."""
     gpus, grids = JOBS[job]
-    return run_graph_job("decoder_graph_runs.py", grids, gpus, tmp_path / job.replace(" ", "_"), free_port(),
+    return run_graph_job("decoder_graph_runs.py", grids, gpus, tmp_path / job, free_port(),
                          timeout=500)
 
 
