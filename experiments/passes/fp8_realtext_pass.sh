@@ -71,20 +71,8 @@ else
 fi
 CARD_FULL="$CARD_FULL, torch $(python3 -c 'import torch; print(torch.__version__)')"
 
-# Tokens: BPE when tokenizers imports (it trains on the whole text), else bytes.
 TOK="$RES/realtext.tok"
-if [ "$TOKENIZE" = auto ]; then
-  TOKENIZE=$(python3 -c "import tokenizers" 2> /dev/null && echo bpe || echo bytes)
-fi
-if [ "$TOKENIZE" = bpe ]; then
-  python3 -m hybrid_engine.data prepare "$TEXT" "$TOK" --bpe "$BPE_VOCAB" || exit 1
-  TOKENS="byte-level BPE of $BPE_VOCAB trained on the text"
-else
-  python3 -m hybrid_engine.data prepare "$TEXT" "$TOK" || exit 1
-  TOKENS="bytes"
-fi
-DATA="$(basename "$TEXT"), $(wc -c < "$TEXT") bytes, sha256 $(sha256sum "$TEXT" | cut -c1-16)..., tokens: $TOKENS"
-DATA="$DATA; $(python3 -m hybrid_engine.data info "$TOK" | sed 's/^[^:]*: //'); validation: the held-out ~1% tail"
+real_text_tokens "$TEXT" "$TOK" || exit 1
 
 LR_WARMUP=$(( STEPS / 10 > 0 ? STEPS / 10 : 1 ))
 TIMED_WARMUP=5  # steps the driver's summary and the results' tokens/s leave out: start-up and compiling

@@ -38,6 +38,24 @@ smoke_start() {  # name budget_s reserve_s: a pass's tiny CPU form (SMOKE=1) und
   OUT=${OUT:-/tmp/he_out}; RES=/tmp/$1_smoke; rm -rf "$RES"; mkdir -p "$OUT" "$RES"
 }
 
+real_text_tokens() {  # text token-file: the real-text passes' tokens, a byte-level BPE of $BPE_VOCAB trained on the
+  # whole text when TOKENIZE is bpe (or auto and the tokenizers package imports), else bytes; TOKENIZE is left
+  # resolved and DATA says what the text and its tokens are (the results files' "data")
+  local text=$1 tok=$2 tokens
+  if [ "$TOKENIZE" = auto ]; then
+    TOKENIZE=$(python3 -c "import tokenizers" 2> /dev/null && echo bpe || echo bytes)
+  fi
+  if [ "$TOKENIZE" = bpe ]; then
+    python3 -m hybrid_engine.data prepare "$text" "$tok" --bpe "$BPE_VOCAB" || return 1
+    tokens="byte-level BPE of $BPE_VOCAB trained on the text"
+  else
+    python3 -m hybrid_engine.data prepare "$text" "$tok" || return 1
+    tokens="bytes"
+  fi
+  DATA="$(basename "$text"), $(wc -c < "$text") bytes, sha256 $(sha256sum "$text" | cut -c1-16)..., tokens: $tokens"
+  DATA="$DATA; $(python3 -m hybrid_engine.data info "$tok" | sed 's/^[^:]*: //'); validation: the held-out ~1% tail"
+}
+
 budget_run() {  # name limit_s command...: logged under $RES (.cmd, .log, .rc), killed at its limit or at the pass's
   # $DEADLINE less $RESERVE seconds (a run that no longer fits is skipped, said, and listed in skipped.txt)
   local name=$1 limit=$2; shift 2
