@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the tests' helpers, and the repository's package under torchrun
 
 from engine_builders import make_engine  # noqa: E402
-from graph_jobs import said  # noqa: E402
+from graph_jobs import train_each  # noqa: E402
 from hybrid_engine import ProcessGrid  # noqa: E402
 from hybrid_engine.models.gpt.model import GPTConfig  # noqa: E402
 from hybrid_engine.models.gpt.workload import gpt_workload  # noqa: E402
@@ -48,11 +48,7 @@ def workload_of(run: dict, device: str = "cpu"):
 
 def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[dict]:
     torch.set_num_threads(1)
-    out = []
-    for run in runs:
-        with said(rank, run):
-            out.append(_train_one(rank, run, device))
-    return out
+    return train_each(_train_one, rank, runs, device)
 
 
 def _train_one(rank: int, run: dict, device: str) -> dict:

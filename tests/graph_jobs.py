@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -41,14 +40,16 @@ def run_graph_job(script: str, grids: dict[str, dict], gpus: int, out: Path, por
     return {name: [(r[2 * i], r[2 * i + 1]) for r in ranks] for i, name in enumerate(grids)}
 
 
-@contextmanager
-def said(rank: int, run: dict):
-    """A run of a rank, said on stderr as it starts and ends, so a job cut by its time limit shows where it stopped
-    (run_graph_job prints the ranks' last lines)."""
-    print(f"rank {rank}: {json.dumps(run)} starts", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    yield
-    print(f"rank {rank}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+def train_each(train_one: Callable[[int, dict, str], dict], rank: int, runs: list[dict], device: str) -> list[dict]:
+    """train_one(rank, run, device) of every run, in order, each said on stderr as it starts and ends, so a job cut
+    by its time limit shows where it stopped (run_graph_job prints the ranks' last lines)."""
+    out = []
+    for run in runs:
+        print(f"rank {rank}: {json.dumps(run)} starts", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        out.append(train_one(rank, run, device))
+        print(f"rank {rank}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return out
 
 
 def torchrun_rank(train: Callable[..., list]) -> None:

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the tests' helpers, and the repository's package under torchrun
 
 from engine_builders import make_engine  # noqa: E402
-from graph_jobs import said  # noqa: E402
+from graph_jobs import train_each  # noqa: E402
 from hybrid_engine import ProcessGrid  # noqa: E402
 from hybrid_engine.models import SyntheticRegression, large_linear_model  # noqa: E402
 from hybrid_engine.parallel.grid import build_groups  # noqa: E402
@@ -26,11 +26,7 @@ DIM, DEPTH, BATCH, STEPS, LR = 32, 8, 32, 6, 0.05
 
 
 def train(rank: int, world: int, runs: list[dict], device: str = "cpu") -> list[dict]:
-    out = []
-    for run in runs:
-        with said(rank, run):
-            out.append(_train_one(rank, run, device))
-    return out
+    return train_each(_train_one, rank, runs, device)
 
 
 def _train_one(rank: int, run: dict, device: str) -> dict:
