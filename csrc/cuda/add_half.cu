@@ -16,14 +16,10 @@ namespace hybrid {
 namespace {
 
 using cuda_launch::aligned;
+using cuda_launch::HalfVec;
 using cuda_launch::blocks_for;
 using cuda_launch::kThreads;
 using cuda_launch::kVec;
-
-template <typename Half>
-struct alignas(sizeof(Half) * kVec) HalfVec {
-  Half v[kVec];
-};
 
 // target + float(src) rounded once in fp32: what add_ computes for these dtypes, bit for bit.
 template <typename Half>

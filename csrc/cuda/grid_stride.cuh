@@ -14,6 +14,12 @@ namespace cuda_launch {
 constexpr int kThreads = 256;
 constexpr int kVec = 4;  // float4 loads
 
+// kVec half values (fp16 or bf16) loaded or stored as one vector, beside a float4 of their fp32 counterparts.
+template <typename Half>
+struct alignas(sizeof(Half) * kVec) HalfVec {
+  Half v[kVec];
+};
+
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Enough blocks to fill every SM several times over; the grid-stride loop covers the rest.

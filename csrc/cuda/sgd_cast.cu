@@ -15,6 +15,7 @@ namespace hybrid {
 namespace {
 
 using cuda_launch::aligned;
+using cuda_launch::HalfVec;
 using cuda_launch::blocks_for;
 using cuda_launch::kThreads;
 using cuda_launch::kVec;
@@ -28,11 +29,6 @@ __device__ __forceinline__ float sgd(float master, float grad, float inv_scale, 
 
 // A set flag (nonzero, NaN included) skips the step: read once per thread, before anything is touched.
 __device__ __forceinline__ bool skipped(const float* skip_if) { return skip_if != nullptr && *skip_if != 0.0f; }
-
-template <typename Half>
-struct alignas(sizeof(Half) * kVec) HalfVec {
-  Half v[kVec];
-};
 
 template <typename Half>
 __global__ void sgd_cast_vec(float* __restrict__ master, const float* __restrict__ grad, Half* __restrict__ half,
