@@ -67,7 +67,6 @@ def casts(t: torch.Tensor, a_last: Optional[torch.Tensor], a_first: Optional[tor
     quantize.cast and quantize.cast_transposed give them; one kernel reads t once for both. block, num_warps: the
     kernel's tile side and warps (experiments/bench/fp8_cast_bench.py times others)."""
     rows, cols = t.shape
-    out = []
     s_last = s_first = q_last = q_first = None
     if a_last is not None:
         s_last = _scale(a_last, dtype)
@@ -75,14 +74,14 @@ def casts(t: torch.Tensor, a_last: Optional[torch.Tensor], a_first: Optional[tor
     if a_first is not None:
         s_first = s_last if a_first is a_last else _scale(a_first, dtype)  # tensor-wise: one maximum, one scale
         q_first = torch.empty((cols, rows), dtype=dtype, device=t.device)
-    any_q, any_s = q_last if q_last is not None else q_first, s_last if s_last is not None else s_first
-    if t.numel():
+    if t.numel():  # a layout not written is handed the other's tensors, which its branch never reads
         grid = (triton.cdiv(rows, block), triton.cdiv(cols, block))
         _cast_kernel[grid](t, rows, cols, t.stride(0), t.stride(1),
-                           s_last if s_last is not None else any_s, s_first if s_first is not None else any_s,
-                           q_last if q_last is not None else any_q, q_first if q_first is not None else any_q,
+                           s_last if s_last is not None else s_first, s_first if s_first is not None else s_last,
+                           q_last if q_last is not None else q_first, q_first if q_first is not None else q_last,
                            TOP=torch.finfo(dtype).max, ROWWISE=rowwise, LAST=q_last is not None,
                            FIRST=q_first is not None, BLOCK_R=block, BLOCK_C=block, num_warps=num_warps)
+    out = []
     if q_last is not None:
         out += [q_last, s_last]
     if q_first is not None:
