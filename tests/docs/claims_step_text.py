@@ -4,7 +4,7 @@ CUDA-graphed stages (docs/performance.md), the V schedules (docs/schedules.md) a
 giving each number as shown), read from the results file the sentence names."""
 from __future__ import annotations
 
-from doc_sources import PERF, comma, fixed, pct, ratio, results
+from doc_sources import PERF, comma, fixed, ratio, results
 
 KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
 FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"

@@ -21,7 +21,7 @@ from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, P
                          PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
                          grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
                          pptp, profile_calls, profile_cuda_percent, profile_host_us_per_call, ratio, results,
-                         summary_ms, summary_rate, zero_dp4, zero_head, zero_plans, zero_scaling, long_seq4)
+                         summary_ms, summary_rate, zero_head, zero_scaling, long_seq4)
 
 REALTEXT = "2026-11-26-1xH100-gpt-realtext{}.json"
 LONG_SEQ = "2026-11-27-2xH200-long-seq.json"
