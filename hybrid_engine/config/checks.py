@@ -11,6 +11,7 @@ from .engine import ConfigError, ScheduleConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 CP_COMMS = ("auto", "ring", "all-gather")  # hybrid_engine/planner/context_comm.py choose_comm
+CP_KERNELS = ("auto", "cudnn", "flash")  # hybrid_engine/parallel/context/block_attention.py pick_backend
 OPTIMIZERS = ("sgd", "adam", "adamw")  # hybrid_engine.optim.from_config builds each
 DEFAULT_LR = {"sgd": 1e-2, "adam": 1e-3, "adamw": 1e-3}  # without --lr, for an optimizer that is not the model's own
 LR_DECAYS = ("constant", "cosine", "linear")  # hybrid_engine/train/lr_schedule.py
@@ -49,6 +50,9 @@ def check_numbers(cfg) -> None:
         raise ConfigError(f"--cp must be >= 1, got {p.cp}")
     if p.cp_comm not in CP_COMMS:
         raise ConfigError(f"parallel.cp_comm (--cp-comm) must be one of {', '.join(CP_COMMS)}, got {p.cp_comm!r}")
+    if p.cp_kernel not in CP_KERNELS:
+        raise ConfigError(f"parallel.cp_kernel (--cp-kernel) must be one of {', '.join(CP_KERNELS)}, "
+                          f"got {p.cp_kernel!r}")
     for flag, value in (("--dp", p.dp), ("--cp", p.cp), ("--pp", p.pp), ("--mp", p.mp)):
         if value is not None and value > MAX_RANKS:
             raise ConfigError(f"{flag} {value} is too large (at most {MAX_RANKS} ranks per axis)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import CP_COMMS, DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import CP_COMMS, CP_KERNELS, DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .plan import PlanConfig
@@ -65,6 +65,9 @@ class ParallelConfig:
     """auto (whichever leaves less K/V transfer time exposed on the --plan-card's rates: the ring once a block's
     attention hides its hops, else the all-gather; said at start) | ring (K/V blocks pass around the cp ranks
     under the attention of the block before) | all-gather (the whole sequence's K/V gathered once per layer)."""
+    cp_kernel: str = field(default="auto", metadata=flag(choices=CP_KERNELS))
+    """auto (the attention kernel torch's SDPA runs for the blocks' shapes: cuDNN's on Hopper, else flash; said at
+    start) | cudnn | flash: the kernel of the context-parallel attention blocks on CUDA (the CPU has one)."""
     pp: int = field(default=1, metadata=flag(metavar="N"))
     """Pipeline-parallel stages (ranks per pipeline)."""
     mp: int = field(default=1, metadata=flag(metavar="N"))
@@ -271,6 +274,9 @@ class RunConfig:
         check_training(grid, schedule=s.name, virtual_stages=s.virtual_stages, batch_size=self.data.batch_size,
                        micro_batches=s.micro_batches, amp=self.precision.amp, device_type=device_type,
                        lookahead=s.lookahead, merge_weight_grads=s.merge_weight_grads)
+        if p.cp_kernel != "auto" and device_type != "cuda":
+            raise ConfigError(f"--cp-kernel {p.cp_kernel} chooses between CUDA kernels; on the CPU the blocks run "
+                              "aten's flash-for-CPU kernel (leave it auto)")
         self.stages.validate()
         self.precision.validate()
         self.data_parallel.validate(grid)

@@ -60,7 +60,8 @@ class StepResult:
 class Engine(EngineState, UpdateStep, Reschedule):
     """Hybrid DP x CP x PP x MP training of an nn.Sequential (cp: the grid's; its attention by `cp_comm`,
     ring | all-gather | auto, hybrid_engine/parallel/context, auto decided on `plan_card`'s rates,
-    hybrid_engine/planner/context_comm.py; the sequences given are this cp rank's chunks).
+    hybrid_engine/planner/context_comm.py, its blocks by `cp_kernel`, auto | cudnn | flash,
+    parallel/context/block_attention.py; the sequences given are this cp rank's chunks).
 
     model: the whole model (any device, or meta: see `materialize`); this rank keeps only its stages, with their
         nn.Linear layers split Megatron-style over the MP group (column then row parallel; with mp=1 they become
@@ -88,7 +89,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
                  data_parallel: DataParallelConfig = DataParallelConfig(),
                  device: torch.device | str = "cpu", trace: bool = False,
                  parallelize: Parallelize = parallelize_mlp, layout: list[list[int]] | None = None,
-                 cp_comm: str = "auto", plan_card: str = "auto", cuda_graphs: GraphChoice | None = None):
+                 cp_comm: str = "auto", plan_card: str = "auto", cuda_graphs: GraphChoice | None = None,
+                 cp_kernel: str = "auto"):
         for cfg in (stages, precision):
             cfg.validate()
         data_parallel.validate(groups.grid)
@@ -103,7 +105,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self._comm_trace = _C.CommTrace(str(self.device)) if trace else None
         # None without context parallelism; its ring or all-gather the planner's rule on the plan card's rates
         rule = comm_rule(cp_comm, this_device(plan_card, self.device.type)) if groups.cp is not None else None
-        self.context = context_of(groups, rule, self._comm_trace)
+        self.context = context_of(groups, rule, self._comm_trace, cp_kernel)
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.

@@ -83,7 +83,7 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
     return Engine(workload.model, workload.loss, groups, optimizer=factory, schedule=cfg.schedule,
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm, plan_card=cfg.plan.card,
-                  cuda_graphs=cuda_graphs,
+                  cuda_graphs=cuda_graphs, cp_kernel=cfg.parallel.cp_kernel,
                   **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
 
 

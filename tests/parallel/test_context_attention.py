@@ -4,6 +4,7 @@ q, k and v match to 1e-5; a later token changed changes no earlier token's outpu
 split refuses a sequence it cannot cut evenly. One launch per cp size runs every case."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ def cases(rank: int, world: int) -> list[dict]:
         forced = ContextParallel(ctx.comm, comm_rule(name, CARDS["cpu"]))
         before = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in (q, k, v)))
         after = forced.attention(*(local_chunks(t, rank, world, dim=2) for t in later))
-        assert forced.choice(*(local_chunks(t, rank, world, dim=2) for t in (q, k))) == name
+        assert forced.choice(*(local_chunks(t, rank, world, dim=2) for t in (q, k))) == (name, "cpu-flash")
         out.append({"causal": name, "before": before.numpy(), "after": after.numpy()})  # tensors would travel as fds
     out.append({"spans": [(s.axis, s.kind) for s in trace.take()]})
     dist.barrier()
@@ -151,7 +152,7 @@ def test_auto_takes_the_ring_for_long_shares_on_more_than_two_ranks():
     def choose(asked: str, tokens: int, cp: int):
         q = torch.empty(1, 32, tokens, 64, dtype=torch.bfloat16, device="meta")
         k = torch.empty(1, 8, tokens, 64, dtype=torch.bfloat16, device="meta")
-        chosen = comm_rule(asked, CARDS["h100"])(q, k, cp)
+        chosen = comm_rule(asked, CARDS["h100"])(q, k, cp, "cudnn")
         return chosen.name, chosen.why
 
     name, why = choose("auto", 8192, 4)
@@ -161,14 +162,32 @@ def test_auto_takes_the_ring_for_long_shares_on_more_than_two_ranks():
     assert choose("ring", 16, 2) == ("ring", "--cp-comm") and choose("all-gather", 10**6, 8)[0] == "all-gather"
 
 
-def test_the_cuda_flash_calls_take_their_arguments():
-    """The flash backend's aten calls, on the meta device (their shape functions: no GPU here): the forward's
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+def test_the_cuda_kernels_calls_take_their_arguments(backend):
+    """The CUDA backends' aten calls, on the meta device (their shape functions: no GPU here): the forward's
     log-sum-exp per row, and a backward given the merged rows of a smaller key block and grouped kv heads."""
     from hybrid_engine.parallel.context.block_attention import block_backward, block_forward
 
     q = torch.empty(2, 8, 64, 16, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 2, 32, 16, device="meta", dtype=torch.bfloat16)
-    out, lse = block_forward(q, k, k, False, 0.25, "flash")
+    out, lse = block_forward(q, k, k, False, 0.25, backend)
     assert out.shape == q.shape and lse.shape == (2, 8, 64) and lse.dtype == torch.float32
-    dq, dk, dv = block_backward(q[:, :, 32:], q[:, :, 32:], k, k, out[:, :, 32:], lse[:, :, 32:], False, 0.25, "flash")
+    dq, dk, dv = block_backward(q[:, :, 32:], q[:, :, 32:], k, k, out[:, :, 32:], lse[:, :, 32:], False, 0.25,
+                                backend)
     assert dq.shape == (2, 8, 32, 16) and dk.shape == dv.shape == k.shape
+
+
+def test_the_blocks_kernel_is_the_devices_and_a_cuda_choice_is_refused_on_the_cpu():
+    from hybrid_engine.config.engine import ConfigError
+    from hybrid_engine.models import registry
+    from hybrid_engine.parallel.context.block_attention import pick_backend
+    from hybrid_engine.train.cli import parse_config
+
+    q, k = torch.zeros(1, 4, 8, 16, dtype=torch.bfloat16), torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16)
+    assert pick_backend(q, k) == pick_backend(q, k, "cudnn") == ("cpu-flash", "the CPU's")
+    flags = ["--model", "llama", "--cp", "2", "--seq-len", "16", "--cp-kernel", "cudnn"]
+    with pytest.raises(ConfigError) as refused:
+        parse_config(flags).validate(2, "cpu", registry.check_model)
+    assert str(refused.value) == ("--cp-kernel cudnn chooses between CUDA kernels; on the CPU the blocks run aten's "
+                                  "flash-for-CPU kernel (leave it auto)")
+    parse_config(flags).validate(2, "cuda", registry.check_model)

@@ -10,13 +10,13 @@ from .attention import ContextParallel
 __all__ = ["ContextRows", "apply_context_parallel", "context_of"]
 
 
-def context_of(groups, rule, trace=None) -> ContextParallel | None:
+def context_of(groups, rule, trace=None, kernel: str = "auto") -> ContextParallel | None:
     """This rank's ContextParallel on the grid's cp group (None while cp = 1); rule: which transfers its attention
     runs (ContextParallel.rule); trace: the engine's _C.CommTrace, which then records every transfer (None:
-    untraced)."""
+    untraced); kernel: the blocks' (ContextParallel.kernel)."""
     if groups.cp is None:
         return None
-    return ContextParallel.of_group(groups.cp, groups.grid.group_of(groups.rank, "cp"), rule, trace)
+    return ContextParallel.of_group(groups.cp, groups.grid.group_of(groups.rank, "cp"), rule, trace, kernel)
 
 
 class ContextRows(nn.Module):

@@ -7,24 +7,42 @@ heads / kv_heads consecutive query heads, expanded here, after the K/V travelled
 [b, heads, sq] in fp32. `causal` masks key j from query i when j > i (square diagonal blocks only).
 
 Backends, one code path each way:
-    flash      CUDA, fp16/bf16: aten's flash-attention kernel and its backward (what SDPA runs)
+    cudnn      CUDA, fp16/bf16: aten's cuDNN attention and its backward (what SDPA runs on Hopper), the kv heads
+               taken as they are
+    flash      CUDA, fp16/bf16: aten's flash-attention kernel and its backward
     cpu-flash  CPU: aten's flash-attention-for-CPU kernel and its backward
-    math       anywhere, any dtype: the softmax written out in fp32 (CUDA fp32, which flash does not take)
+    math       anywhere, any dtype: the softmax written out in fp32 (CUDA fp32, which neither CUDA kernel takes)
+
+A block runs the kernel torch's own SDPA picks for it on this device (`pick_backend`): on an H200 SDPA's cuDNN
+kernels ran a causal 8k x 8k block 1.5x faster than aten's flash kernel forward and backward
+(experiments/bench/attention_kernels_bench.py), so blocks called through flash cost context parallelism a third of
+its attention time beside one GPU's single SDPA call.
 """
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend
 
 __all__ = ["BACKENDS", "pick_backend", "block_forward", "block_backward", "merge_start", "merge"]
 
-BACKENDS = ("flash", "cpu-flash", "math")
+BACKENDS = ("cudnn", "flash", "cpu-flash", "math")
 
 
-def pick_backend(device: torch.device, dtype: torch.dtype) -> str:
-    """The kernel for blocks of this device and dtype."""
-    if device.type == "cuda":
-        return "flash" if dtype in (torch.float16, torch.bfloat16) else "math"
-    return "cpu-flash" if device.type == "cpu" else "math"
+def pick_backend(q: torch.Tensor, k: torch.Tensor, asked: str = "auto") -> tuple[str, str]:
+    """(the kernel for blocks of q [b, heads, s, d] against k [b, kv_heads, s', d], why in words). asked: the
+    user's --cp-kernel (cudnn or flash: that kernel on CUDA; auto: the one torch's SDPA picks for these shapes,
+    cuDNN's where it picks cuDNN, else flash). Without a CUDA half-precision tensor the blocks run the one kernel
+    that takes them."""
+    if q.device.type != "cuda":
+        return ("cpu-flash", "the CPU's") if q.device.type == "cpu" else ("math", f"on {q.device.type}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return "math", f"{q.dtype} (the CUDA kernels take fp16 and bf16)"
+    if asked != "auto":
+        return asked, "--cp-kernel"
+    chosen = torch._fused_sdp_choice(q, k, k, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    if chosen == SDPBackend.CUDNN_ATTENTION.value:
+        return "cudnn", "auto: the kernel torch's SDPA runs for these shapes here"
+    return "flash", "auto: torch's SDPA does not pick cuDNN for these shapes here"
 
 
 def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -48,6 +66,10 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> tor
 def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out in q's dtype, lse fp32) of q against one block of k, v."""
+    if backend == "cudnn":
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q.contiguous(), k.contiguous(), v.contiguous(), None, True, 0.0, causal, False, scale=scale)[:2]
+        return out, lse.squeeze(-1)  # cuDNN's [b, heads, s, 1]
     heads = q.shape[1]
     k, v = _expand(k, heads), _expand(v, heads)
     if backend == "flash":
@@ -67,6 +89,15 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of one block, dk and dv on the kv heads; out and lse are the rows' merged ones."""
     heads, kv_heads = q.shape[1], k.shape[1]
+    if backend == "cudnn":
+        # Dense: no cumulative sequence lengths (given, they would mean packed sequences), no bias; without
+        # dropout the RNG state is not read. A half block's rows and columns are handed over as contiguous
+        # copies, as in the forward.
+        unused = torch.empty(0, device=q.device)
+        dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, lse.unsqueeze(-1).contiguous(), unused, unused, None, None, None, q.shape[2],
+            k.shape[2], 0.0, causal, scale=scale)
     k, v = _expand(k, heads), _expand(v, heads)
     if backend == "flash":
         # Dense batches have no cumulative sequence lengths (the forward returns None for them), and without
