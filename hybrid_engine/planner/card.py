@@ -15,13 +15,15 @@ from dataclasses import dataclass
 GIB = 2**30
 # The causal attention core's rate over the GEMM rate (its FLOPs the causal half, models/planner_shape.py; the
 # autograd stages' slowdown, step_time.AUTOGRAD_SLOWDOWN, on top): one SDPA call over the whole sequence, and
-# aten's flash kernel called block by block under context parallelism (parallel/context/block_attention.py: the
-# rank's rows against one block of keys, half of each off-diagonal block). Fitted on H200 to the Llama-1B shape
-# (head dim 64): one GPU at 8k tokens for the one call; cp 2 at 32k to 128k and cp 4 at 32k and 128k for the
-# blocks, which run at about 0.56 of the one call's rate (experiments/results/2026-11-27-{2,4}xH200-long-seq.json,
-# tests/planner/test_long_sequences.py).
+# block by block under context parallelism (parallel/context/block_attention.py: the rank's rows against one block
+# of keys, half of each off-diagonal block), by the kernel that computes the blocks. Fitted on H200 to the
+# Llama-1B shape (head dim 64): one GPU at 8k tokens for the one call (SDPA runs cuDNN's kernels there); cp 2 at
+# 32k to 128k and cp 4 at 32k to 128k for the blocks: aten's flash kernel at about 0.56 of the one call's rate
+# (experiments/results/2026-11-27-{2,4}xH200-long-seq.json), cuDNN's, the one call's own kernel, at 0.81 of it
+# (2026-11-28-4xH200-long-seq.json; tests/planner/test_long_sequences.py). The two kernels' own ratio, measured
+# alone on the blocks of cp 4 at 32k, is 1.6 (raw/2026-11-28-1xH200-attention-kernels.jsonl).
 ATTENTION_EFFICIENCY = 0.8
-BLOCK_ATTENTION_EFFICIENCY = 0.45
+BLOCK_ATTENTION_EFFICIENCY = {"cudnn": 0.65, "flash": 0.45}
 # A flash kernel's backward recomputes the scores from Q and K before the four products of the gradients: five
 # GEMM-shaped products against the forward's two, so 2.5 times the forward's FLOPs.
 ATTENTION_BACKWARD = 2.5
@@ -72,6 +74,10 @@ class Card:
     fp8_over_half: float = 0.0
     """The card's dense fp8 tensor-core peak over its half-precision one (its datasheet's): fp8 GEMMs run at
     gemm_flops times this, the share of the peak the half GEMMs reach; 0: no fp8 tensor cores (fp8_flops)."""
+    sdpa_kernel: str = "flash"
+    """The attention kernel torch's SDPA runs for a causal half-precision call on this card (cudnn on Hopper, seen on
+    an H200: experiments/bench/attention_kernels_bench.py), which context parallelism's blocks run under
+    --cp-kernel auto (parallel/context/block_attention.py pick_backend)."""
 
     def with_memory(self, nbytes: float) -> "Card":
         return dataclasses.replace(self, memory_bytes=nbytes)
@@ -97,10 +103,16 @@ class Card:
         """One send of `nbytes` to a neighbour (and its receive from the other)."""
         return self.latency_s + nbytes / self.p2p_bytes_s
 
-    def attention_s(self, flops: float, half: bool, blocks: bool = False) -> float:
+    def blocks_kernel(self, asked: str) -> str:
+        """The kernel of context parallelism's blocks under --cp-kernel `asked` (auto: the card's SDPA kernel)."""
+        return self.sdpa_kernel if asked == "auto" else asked
+
+    def attention_s(self, flops: float, half: bool, blocks: str | None = None) -> float:
         """The attention core's `flops` (scores and weighted sum, models/planner_shape.causal_attention_flops);
-        blocks: computed block by block (context parallelism's ring and all-gather), else in one call."""
-        efficiency = BLOCK_ATTENTION_EFFICIENCY if blocks else ATTENTION_EFFICIENCY
+        blocks: the kernel that computes them block by block (context parallelism's ring and all-gather; a kernel
+        of the CPU's at flash's rate), None: in one SDPA call."""
+        efficiency = (ATTENTION_EFFICIENCY if blocks is None else
+                      BLOCK_ATTENTION_EFFICIENCY.get(blocks, BLOCK_ATTENTION_EFFICIENCY["flash"]))
         return flops / (efficiency * (self.gemm_flops if half else self.fp32_flops))
 
 
@@ -121,11 +133,11 @@ CARDS: dict[str, Card] = {
     "h100": Card("H100", gemm_flops=770e12, gemm_rows_half=96, fp32_flops=48e12, hbm_bytes_s=2.9e12,
                  p2p_bytes_s=390e9, allreduce_bytes_s=350e9, latency_s=15e-6, action_overhead_s=6e-6,
                  memory_bytes=79.1 * GIB, workspace_bytes=32 * 2**20, fp8_over_half=HOPPER_FP8_OVER_HALF,
-                 **HOST_TERMS),
+                 sdpa_kernel="cudnn", **HOST_TERMS),
     "h200": Card("H200", gemm_flops=800e12, gemm_rows_half=96, fp32_flops=51e12, hbm_bytes_s=4.2e12,
                  p2p_bytes_s=394e9, allreduce_bytes_s=360e9, latency_s=15e-6, action_overhead_s=6e-6,
                  memory_bytes=139.8 * GIB, workspace_bytes=32 * 2**20, fp8_over_half=HOPPER_FP8_OVER_HALF,
-                 **HOST_TERMS),
+                 sdpa_kernel="cudnn", **HOST_TERMS),
     # A few cores through gloo: no GEMM rate worth ranking plans by (it depends on the threads and the machine's
     # other load), so the CPU keeps the reference plan and its predictions are rough.
     "cpu": Card("CPU", gemm_flops=50e9, gemm_rows_half=8, fp32_flops=50e9, hbm_bytes_s=10e9, p2p_bytes_s=1e9,

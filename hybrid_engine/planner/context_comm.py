@@ -127,21 +127,22 @@ def choose_comm(asked: str, card: Card, t: KvTraffic) -> CommChoice:
 
 
 def comm_rule(asked: str, card: Card) -> Callable:
-    """(q, k, cp) -> CommChoice for a rank's attention tensors (q [b, heads, s, d], k [b, kv heads, s, d], this
-    rank's s tokens of a cp-way split): `choose_comm` on what the tensors say, the attention timed as the planner
-    times a decoder's (through autograd)."""
+    """(q, k, cp, kernel) -> CommChoice for a rank's attention tensors (q [b, heads, s, d], k [b, kv heads, s, d],
+    this rank's s tokens of a cp-way split) whose blocks `kernel` computes (block_attention.pick_backend's):
+    `choose_comm` on what the tensors say, the attention timed as the planner times a decoder's (through
+    autograd)."""
     from hybrid_engine.models.planner_shape import causal_attention_flops
 
     from .step_time import AUTOGRAD_SLOWDOWN
 
     compute_scale = AUTOGRAD_SLOWDOWN * card.compute_scale
 
-    def rule(q, k, cp: int) -> CommChoice:
+    def rule(q, k, cp: int, kernel: str) -> CommChoice:
         b, heads, s, d = q.shape
         half = q.element_size() < 4
         flops = causal_attention_flops(cp * s, heads * d) * b * s
         t = KvTraffic(cp, b * s, 2 * k.shape[1] * d, k.element_size(),
-                      compute_scale * card.attention_s(flops, half, blocks=True))
+                      compute_scale * card.attention_s(flops, half, kernel))
         return choose_comm(asked, card, t)
 
     return rule

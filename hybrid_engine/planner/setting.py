@@ -37,6 +37,8 @@ class Setting:
     trace: bool = False
     """--trace: the run times every tensor-parallel collective as it launches, so its stages never replay as CUDA
     graphs."""
+    cp_kernel: str = "auto"
+    """--cp-kernel: the kernel of the attention blocks, or auto (the card's SDPA kernel: Card.blocks_kernel)."""
 
     @property
     def replicas(self) -> int:
@@ -69,4 +71,5 @@ class Setting:
         return Setting(dp, pp, mp, cfg.data.batch_size, cfg.precision.amp != "off", cfg.optimizer.name or "sgd",
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
                        cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20,
-                       cfg.stages.cuda_graphs, cfg.stages.recompute == "selective", cfg.reporting.trace is not None)
+                       cfg.stages.cuda_graphs, cfg.stages.recompute == "selective", cfg.reporting.trace is not None,
+                       cfg.parallel.cp_kernel)

@@ -49,12 +49,12 @@ AUTOGRAD_MP_SLOWDOWN = 1.5
 ACCUMULATE_BYTES = 12.0
 # Context parallelism's attention runs block by block (parallel/context/ring.py: cp blocks; all_gather.py: each of
 # the rank's two chunks against the keys before it and against itself), and each block moves memory beside its
-# kernel, per query element: forward, K/V expanded to the query heads (written, read again: 8 bytes) and the
-# block's output merged into the fp32 output by log-sum-exp (its fp32 copy written and read, the running output
-# read and written twice: 26); backward, K/V expanded again (8), the kernel's expanded dK/dV written and folded
-# onto the kv heads (8), dQ accumulated in fp32 (its fp32 copy and the running sum: 18), the gradient made
-# contiguous (4).
-BLOCK_FORWARD_BYTES, BLOCK_BACKWARD_BYTES = 34.0, 38.0
+# kernel, per query element: forward, the block's output merged into the fp32 output by log-sum-exp (its fp32 copy
+# written and read, the running output read and written twice: 26); backward, dQ accumulated in fp32 (its fp32
+# copy and the running sum: 18), the gradient made contiguous (4). Flash takes K/V expanded to the query heads
+# (written, read again: 8 forward, 8 backward) and gives dK/dV expanded, folded onto the kv heads (8); cuDNN takes
+# the kv heads as they are, and a half block's rows as contiguous copies (about 2 a query element, backward).
+BLOCK_BYTES = {"flash": (34.0, 38.0), "cudnn": (26.0, 24.0)}  # (forward, backward); a CPU kernel's as flash's
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,8 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
     replayed = graphed(shape, card, s, plan) if replayed is None else replayed
+    kernel = card.blocks_kernel(s.cp_kernel) if s.cp > 1 else None  # None: one SDPA call a layer
+    block_forward, block_backward = BLOCK_BYTES.get(kernel, BLOCK_BYTES["flash"])
     for layers in shape.cut(s.pp * plan.virtual_stages):
         # replayed: one graph launch an action, no host work a layer
         f = i = card.action_overhead_s if replayed else 0.0
@@ -110,7 +112,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = sum(gemm_pass_s(card, layer, s, tokens, reads_weights=True))
-            attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, s.cp > 1)
+            attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, kernel)
             elementwise = 2 * (layer.act_split / mp + layer.act_whole) * tokens * e / card.hbm_bytes_s
             overhead = 0.0 if replayed else card.host_action_s if card.host_action_s is not None else \
                 card.action_overhead_s + (0.0 if shape.native else AUTOGRAD_ACTION_S)
@@ -124,8 +126,8 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
             kv = kv_choice(card, s, layer, tokens, scale)
             if kv is not None:  # the K/V transfers the blocks' attention does not hide, and the blocks' merges
                 blocks = (s.cp if kv.name == "ring" else 2) * tokens * shape.hidden / mp / card.hbm_bytes_s
-                f += kv.cost.forward_s + scale * BLOCK_FORWARD_BYTES * blocks
-                i += kv.cost.backward_s + scale * BLOCK_BACKWARD_BYTES * blocks
+                f += kv.cost.forward_s + scale * block_forward * blocks
+                i += kv.cost.backward_s + scale * block_backward * blocks
             w_half, w_fp8 = gemm_pass_s(card, layer, s, tokens, reads_weights=False)
             i += scale * w_fp8  # an fp8 layer computes its weight gradient in its backward, never deferred
             if w_half:
@@ -169,7 +171,7 @@ def kv_choice(card: Card, s: Setting, layer, tokens: float, scale: float) -> Com
     scale: the layer's compute time over the card's."""
     if s.cp == 1 or not layer.attention_flops:
         return None
-    attention = scale * card.attention_s(layer.attention_flops / s.mp * tokens, s.half, blocks=True)
+    attention = scale * card.attention_s(layer.attention_flops / s.mp * tokens, s.half, card.blocks_kernel(s.cp_kernel))
     return choose_comm(s.cp_comm, card, KvTraffic(s.cp, tokens, layer.kv_width / s.mp, s.elem, attention))
 
 

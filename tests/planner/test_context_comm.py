@@ -13,18 +13,19 @@ from hybrid_engine.models.planner_shape import causal_attention_flops
 from hybrid_engine.planner.card import ATTENTION_BACKWARD, CARDS
 from hybrid_engine.planner.context_comm import (GRAD_BYTES, KvTraffic, all_gather_cost, choose_comm, comm_rule,
                                                 ring_cost)
-from hybrid_engine.planner.step_time import AUTOGRAD_SLOWDOWN, BLOCK_BACKWARD_BYTES, BLOCK_FORWARD_BYTES
+from hybrid_engine.planner.step_time import AUTOGRAD_SLOWDOWN, BLOCK_BYTES
 
 H100 = CARDS["h100"]
 HIDDEN, KV_WIDTH = 2048, 2 * 8 * 64  # a Llama-1B-class layer: 32 heads of 64, 8 kv heads
+KERNEL = H100.blocks_kernel("auto")  # the blocks' kernel on a Hopper card: SDPA's, cuDNN's
 
 
 def traffic(cp: int, tokens: int, attention_s: float | None = None) -> KvTraffic:
     """A bf16 Llama-1B-class layer's traffic, one row of `tokens` tokens per rank; attention timed as the planner
-    times a decoder's unless given."""
+    times a decoder's unless given, its blocks by the card's kernel."""
     if attention_s is None:
         flops = causal_attention_flops(cp * tokens, HIDDEN) * tokens
-        attention_s = AUTOGRAD_SLOWDOWN * H100.attention_s(flops, True, blocks=True)
+        attention_s = AUTOGRAD_SLOWDOWN * H100.attention_s(flops, True, KERNEL)
     return KvTraffic(cp, tokens, KV_WIDTH, 2, attention_s)
 
 
@@ -86,7 +87,7 @@ def test_auto_takes_the_all_gather_for_short_shares_and_the_ring_once_its_hops_h
 def test_the_choice_says_its_numbers():
     why = choose_comm("auto", H100, traffic(4, 32768)).why
     assert why == ("auto: K/V traffic exposes 0.359 ms a layer and micro-batch against the all-gather's 2.35: a ring "
-                   "hop of 64 MiB takes 0.187 ms on the H100 beside 15.9 ms of a block's attention")
+                   "hop of 64 MiB takes 0.187 ms on the H100 beside 11 ms of a block's attention")
 
 
 def test_the_engine_asks_the_same_rule_of_its_tensors():
@@ -94,9 +95,13 @@ def test_the_engine_asks_the_same_rule_of_its_tensors():
     q = torch.empty(1, 32, 8192, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(1, 8, 8192, 64, dtype=torch.bfloat16, device="meta")
     for cp in (2, 4):
-        assert comm_rule("auto", H100)(q, k, cp) == choose_comm("auto", H100, traffic(cp, 8192))
+        assert comm_rule("auto", H100)(q, k, cp, KERNEL) == choose_comm("auto", H100, traffic(cp, 8192))
     slower = dataclasses.replace(H100, compute_scale=2.0)  # a refitted card's slower attention hides more
-    assert comm_rule("auto", slower)(q, k, 4).ring.exposed_s <= comm_rule("auto", H100)(q, k, 4).ring.exposed_s
+    assert (comm_rule("auto", slower)(q, k, 4, KERNEL).ring.exposed_s
+            <= comm_rule("auto", H100)(q, k, 4, KERNEL).ring.exposed_s)
+    # aten's flash kernel is slower on the same blocks: its hops hide behind more
+    assert comm_rule("auto", H100)(q, k, 4, "flash").ring.exposed_s <= comm_rule("auto", H100)(q, k, 4,
+                                                                                              KERNEL).ring.exposed_s
 
 
 def test_a_cp_plans_step_pays_the_exposed_kv_traffic_of_every_layer():
@@ -120,7 +125,7 @@ def test_a_cp_plans_step_pays_the_exposed_kv_traffic_of_every_layer():
     assert auto.cp_comm == choose_comm("auto", H100, traffic(4, 32768)) and auto.cp_comm.name == "ring"
     assert auto.cp_exposed_s == pytest.approx(16 * auto.cp_comm.ring.exposed_s)
     assert gathered.cp_exposed_s == pytest.approx(16 * auto.cp_comm.all_gather.exposed_s)
-    per_block = (BLOCK_FORWARD_BYTES + BLOCK_BACKWARD_BYTES) * 32768 * HIDDEN / H100.hbm_bytes_s
+    per_block = sum(BLOCK_BYTES[KERNEL]) * 32768 * HIDDEN / H100.hbm_bytes_s
     merges = AUTOGRAD_SLOWDOWN * (4 - 2) * per_block
     assert gathered.step_s - auto.step_s == pytest.approx(gathered.cp_exposed_s - auto.cp_exposed_s - 16 * merges,
                                                           rel=1e-6)
