@@ -7,7 +7,8 @@ Engine runs: their --metrics file (tokens/s and MFU the median of the steps afte
 the largest any step saw), their grid and sequence read from the command budget_run logged beside it (.cmd). Peer
 runs (torch_*.log): the JSON line experiments/peers/torch_cp_llama.py prints. MFU is the engine's formula
 (models/llama/flops.py: 6 N + 12 L s heads d per token, the full attention square); `mfu_causal` counts the
-causal half of the attention only (6 L s heads d), what the kernels compute. Targets (the long-sequence issue):
+causal half of the attention only (6 L s heads d), what the kernels compute; `kernel` is the run's --cp-kernel.
+Targets (the long-sequence issue):
 128k tokens per sequence trains on 4 GPUs; at 32k, cp4's MFU >= 90% of one GPU's at 8k; cp4 >= 1.2x torch's
 context parallelism on the same grid.
 """
@@ -31,6 +32,11 @@ def _flag(cmd: str, name: str, default: int) -> int:
     return int(found.group(1)) if found else default
 
 
+def _word(cmd: str, name: str) -> str:
+    found = re.search(rf"{re.escape(name)} (\S+)", cmd)
+    return found.group(1) if found else "auto"
+
+
 def causal_share(cmd: str, seq: int, vocab: int) -> float:
     """(6 N + 6 L s heads d) / (6 N + 12 L s heads d) for the run's shape: mfu x this = mfu_causal."""
     cfg = LlamaConfig(vocab, _flag(cmd, "--layers", 16), _flag(cmd, "--hidden", 2048), _flag(cmd, "--heads", 32),
@@ -44,8 +50,8 @@ def engine_row(name: str, log_dir: Path, warmup: int, vocab: int) -> dict:
     cmd = (log_dir / f"{name}.cmd").read_text()
     seq = _flag(cmd, "--seq-len", 0)
     row = {"name": name, "system": "engine", "gpus": _flag(cmd, "--nproc_per_node", 1), "cp": _flag(cmd, "--cp", 1),
-           "tp": _flag(cmd, "--mp", 1), "seq": seq, "comm": re.search(r"--cp-comm (\S+)", cmd).group(1)
-           if "--cp-comm" in cmd else "auto", "command": cmd.strip()}
+           "tp": _flag(cmd, "--mp", 1), "seq": seq, "comm": _word(cmd, "--cp-comm"),
+           "kernel": _word(cmd, "--cp-kernel"), "command": cmd.strip()}
     rc = (log_dir / f"{name}.rc").read_text().strip() if (log_dir / f"{name}.rc").exists() else "?"
     metrics = log_dir / f"{name}.jsonl"
     steps = records.steps(records.read(metrics)) if metrics.exists() else []
@@ -86,6 +92,8 @@ def targets(rows: dict) -> dict:
     out["cp4 32k MFU / 1 GPU 8k MFU >= 0.9"] = None if not (a and b) else round(a / b, 3)
     a, b = get("cp4_32k", "tokens_s"), get("torch_cp4_32k", "tokens_s")
     out["cp4 32k tokens/s / torch context_parallel >= 1.2"] = None if not (a and b) else round(a / b, 3)
+    a, b = get("cp4_32k", "tokens_s"), get("cp4_32k_flash", "tokens_s")
+    out["cp4 32k: blocks by auto's kernel over flash's (tokens/s)"] = None if not (a and b) else round(a / b, 3)
     return out
 
 

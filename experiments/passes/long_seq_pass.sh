@@ -4,7 +4,9 @@
 # A Llama-1B-class model (hidden 2048, 16 layers, 32 heads, 8 kv heads, ffn 5632, vocabulary 32000, RoPE theta 5e5),
 # one sequence per step, bf16 half weights, AdamW; 5 steps, the first 2 left out of the medians:
 #   gpu1_8k          one GPU at 8k tokens (the reference MFU)
-#   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: the planner's rule, said at start)
+#   cp4_16k .. 128k  --cp 4 at 16k, 32k, 64k, 128k (ring attention: the planner's rule, said at start; the blocks
+#                    by the kernel torch's SDPA runs for them, cuDNN's on Hopper)
+#   cp4_32k_flash    --cp 4 at 32k with the blocks by aten's flash kernel (--cp-kernel flash): the kernel's A/B
 #   cp2tp2_32k       --cp 2 --mp 2 --sequence-parallel at 32k (the variant the planner's rule says at start)
 #   torch_cp4_32k    torch's context_parallel (SDPA, DDP) on the same 4 GPUs at 32k
 #                    (experiments/peers/torch_cp_llama.py)
@@ -52,6 +54,7 @@ engine() {  # name gpus seq driver-args...
 C=${CP:-4}  # the cp size of the runs (CP=2 on a 2-GPU machine: no cp2 x tp2 run then)
 engine gpu1_8k 1 $BASE
 engine cp${C}_32k $C $MID --cp $C
+[[ $SMOKE == 1 ]] || engine cp${C}_32k_flash $C $MID --cp $C --cp-kernel flash
 want torch_cp${C}_32k && budget_run torch_cp${C}_32k "$LIMIT" "${LAUNCH[@]}" --nproc_per_node=$C experiments/peers/torch_cp_llama.py \
     --data /tmp/long_seq_tokens.bin $SHAPE --seq-len $MID --steps 5 --warmup 2 $PEER_DEV \
     && echo "torch_cp${C}_32k: $(grep '^{' "$RES/torch_cp${C}_32k.log")"

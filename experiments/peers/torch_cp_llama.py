@@ -9,8 +9,8 @@ under `torch.distributed.tensor.experimental.context_parallel` over all ranks (h
 default; K/V rotated by all-gather, its default, or --rotate alltoall), DDP averaging the gradients over the same
 ranks, bf16 autocast over fp32 weights, fused AdamW with the engine's recipe (decay 0.1 on matrices, betas
 0.9/0.95, clipping 1.0). MFU: model FLOPs (models/llama/flops.py: 6 N + 12 L s heads d per token) over the
-datasheet dense peak. A run torch refuses (e.g. the CPU, which its dispatch does not cover) prints its error as
-the JSON line's "error".
+datasheet dense peak; `sdpa_kernel` names the kernel SDPA picks for a rank's attention. A run torch refuses (e.g.
+the CPU, which its dispatch does not cover) prints its error as the JSON line's "error".
 """
 from __future__ import annotations
 
@@ -61,6 +61,15 @@ def block_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
+def sdpa_kernel(a: argparse.Namespace, world: int, device: torch.device) -> str:
+    """The kernel torch's SDPA picks for one rank's attention here (its heads repeated, a cp rank's tokens)."""
+    from torch.nn.attention import SDPBackend
+
+    names = {getattr(SDPBackend, n).value: n.lower() for n in dir(SDPBackend) if n.isupper()}
+    q = torch.empty(1, a.heads, a.seq_len // world, a.hidden // a.heads, device=device, dtype=torch.bfloat16)
+    return names[torch._fused_sdp_choice(q, q, q, is_causal=True)]
+
+
 def main() -> None:
     a = parse()
     world_rank = int(os.environ.get("RANK", 0))
@@ -92,6 +101,7 @@ def main() -> None:
         set_rotate_method(a.rotate)
         if a.device == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            out["sdpa_kernel"] = sdpa_kernel(a, world, device)
         times, losses = [], []
         for step in range(a.steps):
             x, y = (t.to(device) for t in data.batch(step, 1))

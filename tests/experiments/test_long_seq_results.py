@@ -29,6 +29,8 @@ def test_the_table_reads_each_run_and_judges_the_targets(tmp_path, capsys):
     _engine(tmp_path, "gpu1_8k", 1, "--seq-len 8192", [0.1, 0.1, 0.5, 0.5, 0.5], [1, 1, 9e3, 9e3, 9e3], 40.0)
     _engine(tmp_path, "cp4_32k", 4, "--seq-len 32768 --cp 4", [0.1, 0.1, 0.46, 0.47, 0.48], [1, 1, 3e4, 3.2e4, 3.1e4],
             50.0)
+    _engine(tmp_path, "cp4_32k_flash", 4, "--seq-len 32768 --cp 4 --cp-kernel flash", [0.1, 0.1, 0.4, 0.4, 0.4],
+            [1, 1, 2.5e4, 2.5e4, 2.5e4], 50.0)
     _engine(tmp_path, "cp4_128k", 4, "--seq-len 131072 --cp 4 --cp-comm ring", [0.1, 0.1, 0.5, 0.5, 0.5],
             [1, 1, 2e4, 2e4, 2e4], 60.0)
     (tmp_path / "cp2tp2_32k.cmd").write_text(f"torchrun --nproc_per_node=4 hybrid_engine.py {SHAPE} --seq-len 32768 "
@@ -46,7 +48,9 @@ def test_the_table_reads_each_run_and_judges_the_targets(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = {r["name"]: r for r in result["runs"]}
     cp4 = rows["cp4_32k"]
-    assert (cp4["gpus"], cp4["cp"], cp4["tp"], cp4["seq"], cp4["comm"]) == (4, 4, 1, 32768, "auto")
+    assert (cp4["gpus"], cp4["cp"], cp4["tp"], cp4["seq"], cp4["comm"], cp4["kernel"]) == (4, 4, 1, 32768, "auto",
+                                                                                            "auto")
+    assert rows["cp4_32k_flash"]["kernel"] == "flash"
     assert cp4["tokens_s"] == 31000 and cp4["mfu"] == 0.47 and cp4["peak_gib_per_gpu"] == [49.0, 50.0]
     assert rows["cp4_128k"]["comm"] == "ring"
     # the causal half of attention only: smaller, and the more so the longer the sequence
@@ -55,6 +59,7 @@ def test_the_table_reads_each_run_and_judges_the_targets(tmp_path, capsys):
     assert "out of memory" in rows["cp2tp2_32k"]["error"]
     assert rows["torch_cp4_32k"]["mfu_causal"] == pytest.approx(0.4 * share_32k, abs=1e-4)
     assert result["targets"] == {"128k trains on 4 GPUs": True, "cp4 32k MFU / 1 GPU 8k MFU >= 0.9": 0.94,
-                                 "cp4 32k tokens/s / torch context_parallel >= 1.2": 1.24}
+                                 "cp4 32k tokens/s / torch context_parallel >= 1.2": 1.24,
+                                 "cp4 32k: blocks by auto's kernel over flash's (tokens/s)": 1.24}
     printed = capsys.readouterr().out
     assert "cp2tp2_32k" in printed and "FAILED" in printed and "target cp4 32k MFU" in printed
