@@ -66,9 +66,9 @@ def engine_flags(command: str) -> list[str]:
 
 
 def load(name: str) -> dict:
-    """A results file by its name less its date (2026-11-27, else 2026-11-26)."""
-    path = RESULTS / f"2026-11-27-{name}.json"
-    return json.loads((path if path.exists() else RESULTS / f"2026-11-26-{name}.json").read_text())
+    """A results file by its name less its date (the newest of 2026-11-28, -27 and -26 that holds it)."""
+    path = next(p for day in (28, 27, 26) if (p := RESULTS / f"2026-11-{day}-{name}.json").exists())
+    return json.loads(path.read_text())
 
 
 def card_of(name: str) -> str:
@@ -167,6 +167,15 @@ def zero_plan_head_runs():
             yield "4xH200-zero-sharding-plan-head", key, flags, 4, _step_ms_8b(run)
 
 
+def h100_plan_runs():
+    """The 8B plans that ran out of memory on 4 x H100 80 GB, again on 4 x H200 under --memory-cap-gib 78, each with
+    the plan its log printed (every fusion on: auto's without tensor parallelism, the loss's with it)."""
+    grids = {"plan_pp4": "--pp 4", "plan_pp2tp2": "--pp 2 --mp 2", "plan_tp4": "--mp 4"}
+    for key, run in load("4xH200-zero-sharding-h100-plans")["runs"].items():
+        flags = f"{LLAMA_8B} --plan-card h200 --memory-cap-gib 78 {grids[key]} {run['plan']}".split()
+        yield "4xH200-zero-sharding-h100-plans", key, flags, 4, _step_ms_8b(run)
+
+
 def graph_runs():
     """The graphs pass on 4 x H100: configs L and C, 1F1B, on one GPU and every 4-GPU grid, eager and graphed (each
     run's --cuda-graphs as it ran)."""
@@ -179,10 +188,12 @@ def graph_runs():
 
 
 def pp4_schedule_runs():
-    """The GPT at pp4 on 4 x H100 under each schedule the pass named, with the rest of the plan its log printed."""
-    for name, key, flags, ranks, step_ms in grid_runs("4xH100-pp4-schedules", (), []):
-        v = 2 if flags[flags.index("--schedule") + 1] in ("zbv", "dualpipev") else 1
-        yield name, key, flags + f"--virtual-stages {v} --lookahead 0 --no-merge-wgrad".split(), ranks, step_ms
+    """The GPT at pp4 under each schedule the pass named, with the rest of the plan its log printed: on 4 x H100, and
+    ZBV again on 4 x H200 (its compiled run left out)."""
+    for name, skip in (("4xH100-pp4-schedules", ()), ("4xH200-pp4-schedules", ("engine_pp4_zbv_compile",))):
+        for name, key, flags, ranks, step_ms in grid_runs(name, skip, []):
+            v = 2 if flags[flags.index("--schedule") + 1] in ("zbv", "dualpipev") else 1
+            yield name, key, flags + f"--virtual-stages {v} --lookahead 0 --no-merge-wgrad".split(), ranks, step_ms
 
 
 def measured_steps():
@@ -215,3 +226,4 @@ def _measured_steps():
     # the 8B layer cut on one H200 each, this tree's runs of the head's A/B (1f1b named)
     yield from grid_runs("2xH200-transformer-step-head-ab", ("l4_bf16_old", "l4_fp8_old"), [])
     yield from zero_plan_head_runs()
+    yield from h100_plan_runs()

@@ -27,6 +27,7 @@ LLAMA_8B = ["--model", "llama", "--hidden", "4096", "--layers", "32", "--heads",
 # The zero-sharding runs' kernels (their logs: "fused kernels on ... RMSNorm, RoPE, SwiGLU, chunked linear +
 # cross-entropy"); --fused-kernels auto on this CPU-only machine would leave them off.
 LLAMA_8B_FUSED = LLAMA_8B + ["--fused-kernels", "on"]
+LLAMA_8B_H200 = LLAMA_8B + ["--plan-card", "h200"]  # auto's kernels on the H200 (elementwise unfused under tp)
 LLAMA_1B = ["--model", "llama", "--hidden", "2048", "--layers", "16", "--heads", "32", "--kv-heads", "8",
             "--ffn-hidden", "5632", "--seq-len", "2048", "--vocab-size", "32000", "--batch-size", "16", "--amp",
             "bf16", "--optimizer", "adamw"]
@@ -52,8 +53,13 @@ def predicted(flags, grid, plan, card=H200, **setting):
 # measured while a stage was still built in float32 and that copy kept (experiments/NOTES.md, "Twelfth session"):
 # the peak less the copy, 4 bytes x the rank's stage parameters (unsplit) -- the 8B's pp4 and pp2 x tp2 (NOTES.md;
 # the issue tables), the Llama-1B's (2026-11-27-{1xH200-llama-1gpu,4xH200-llama-4gpu}.json) and the GPT-1B's
-# (2026-11-27-{1xH200-plan-one,4xH200-plan-four}.json, on a 32000-token vocabulary).
+# (2026-11-27-{1xH200-plan-one,4xH200-plan-four}.json, on a 32000-token vocabulary). The 8B's three plans that ran
+# out of memory on 4 x H100 80 GB, again on 4 x H200 under --memory-cap-gib 78 with the kernels auto gives there
+# (2026-11-28-4xH200-zero-sharding-h100-plans.json; the first rank's peak; --mp, which that choice reads).
 MEASURED = [
+    (LLAMA_8B_H200, (1, 4, 1), Plan("interleaved", 16, 4), 0, 59.77),
+    (LLAMA_8B_H200 + ["--mp", "2"], (1, 2, 2), Plan("interleaved", 8, 4), 0, 65.96),
+    (LLAMA_8B_H200 + ["--mp", "4"], (1, 1, 4), Plan("1f1b", 8), 0, 51.23),
     (LLAMA_8B_FUSED, (4, 1, 1), Plan("1f1b", 4), 1, 89.94),
     (LLAMA_8B_FUSED, (4, 1, 1), Plan("1f1b", 4), 2, 69.62),
     (LLAMA_8B_FUSED, (4, 1, 1), Plan("1f1b", 4), 3, 59.49),
