@@ -177,12 +177,14 @@ SP_AB, LLAMA4_LOGS = "2026-11-26-2xH100-sp-ab-logs.tgz", "2026-11-27-4xH200-llam
 LLAMA_TEXT = "cpu/2026-11-27-llama-vs-gpt-text.json"
 MAIN_JOB, CLEAN_CI = "cpu/2026-11-27-main-job.json", "cpu/2026-11-27-clean-clone-ci.json"
 LONG_SEQ4, LONG_SEQ4_ALL = "2026-11-27-4xH200-long-seq.json", "2026-11-27-4xH200-long-seq-cp4-all.json"
+LONG_SEQ4_CUDNN = "2026-11-28-4xH200-long-seq.json"  # every run again, the blocks by cuDNN's kernel
 ZERO_DP4, ZERO_PLANS = "2026-11-27-4xH200-zero-sharding.json", "2026-11-27-4xH200-zero-sharding-plans.json"
 ZERO_HEAD = "2026-11-27-4xH200-zero-sharding-plan-head.json"
 
 
-def long_seq4(name: str, file: str = LONG_SEQ4) -> dict:
-    """A run of a 4 x H200 long-sequence job by its name (the first job's by default; LONG_SEQ4_ALL: 16k-64k)."""
+def long_seq4(name: str, file: str = LONG_SEQ4_CUDNN) -> dict:
+    """A run of a 4 x H200 long-sequence job by its name (the job of cuDNN's blocks by default; LONG_SEQ4_ALL: the
+    flash blocks' at 16k-64k)."""
     return next(r for r in results(file)["runs"] if r["name"] == name)
 
 
