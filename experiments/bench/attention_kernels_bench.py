@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from cuda_events import median_ms
 
 # (name, batch, heads, kv heads, query tokens, key tokens, head dim, causal)
 SHAPES = [
@@ -32,21 +33,6 @@ SHAPES = [
     ("cp4_32k_earlier_block", 1, 32, 8, 8192, 4096, 64, False),
     ("cp4_32k_later_block", 1, 32, 8, 4096, 8192, 64, False),
 ]
-
-
-def median_ms(fn, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -102,14 +88,14 @@ def one_shape(name, b, heads, kv_heads, sq, sk, d, causal, repeat):
 
     f_out, f_lse = flash(q, k, v, causal)
     f_grads = flash_backward(dout, q, k, v, f_out, f_lse, causal)
-    row["flash_fwd_ms"] = median_ms(lambda: flash(q, k, v, causal), repeat)
-    row["flash_bwd_ms"] = median_ms(lambda: flash_backward(dout, q, k, v, f_out, f_lse, causal), repeat)
+    row["flash_fwd_ms"] = median_ms(lambda: flash(q, k, v, causal), repeat, 3)
+    row["flash_bwd_ms"] = median_ms(lambda: flash_backward(dout, q, k, v, f_out, f_lse, causal), repeat, 3)
     try:
         c_out, c_lse = cudnn(q, k, v, causal)
         c_grads = cudnn_backward(dout, q, k, v, c_out, c_lse, causal)
         row["cudnn_lse_shape"] = list(c_lse.shape)
-        row["cudnn_fwd_ms"] = median_ms(lambda: cudnn(q, k, v, causal), repeat)
-        row["cudnn_bwd_ms"] = median_ms(lambda: cudnn_backward(dout, q, k, v, c_out, c_lse, causal), repeat)
+        row["cudnn_fwd_ms"] = median_ms(lambda: cudnn(q, k, v, causal), repeat, 3)
+        row["cudnn_bwd_ms"] = median_ms(lambda: cudnn_backward(dout, q, k, v, c_out, c_lse, causal), repeat, 3)
         row["cudnn_vs_flash_out"] = rel(c_out, f_out)
         row["cudnn_vs_flash_lse_max_abs"] = float((c_lse.view_as(f_lse) - f_lse).abs().max())
         row["cudnn_vs_flash_grads"] = [rel(c, f) for c, f in zip(c_grads, f_grads)]
@@ -129,9 +115,9 @@ def one_shape(name, b, heads, kv_heads, sq, sk, d, causal, repeat):
     def sdpa():
         return F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=kv_heads != heads)
 
-    row["sdpa_fwd_ms"] = median_ms(sdpa, repeat)
+    row["sdpa_fwd_ms"] = median_ms(sdpa, repeat, 3)
     y = sdpa()
-    row["sdpa_bwd_ms"] = median_ms(lambda: torch.autograd.grad(y, (qg, kg, vg), dout, retain_graph=True), repeat)
+    row["sdpa_bwd_ms"] = median_ms(lambda: torch.autograd.grad(y, (qg, kg, vg), dout, retain_graph=True), repeat, 3)
     row["sdpa_kernels"] = sdpa_kernel_names(q, k, v, causal)
     for kernel in ("flash", "cudnn", "sdpa"):
         if f"{kernel}_fwd_ms" in row:

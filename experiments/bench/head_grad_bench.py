@@ -15,25 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from cuda_events import median_ms
 from hybrid_engine.kernels.linear_cross_entropy import CHUNK_BYTES, ChunkRegions, add_product, linear_cross_entropy
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
