@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import hybrid_engine._C as _C
-from .checks import CP_COMMS, CP_KERNELS, DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training, resolve_grid
+from .checks import (CP_COMMS, CP_KERNELS, DEFAULT_LR, DEVICES, LR_DECAYS, OPTIMIZERS, check_numbers, check_training,
+                     resolve_grid)
 from .fields import flag
 from .engine import ConfigError, DataParallelConfig, PrecisionConfig, ScheduleConfig, StageConfig
 from .plan import PlanConfig

@@ -202,8 +202,8 @@ CLAIMS = [
        lambda run=run: fixed(1)(max(long_seq4(run).get("peak_gib_per_gpu") or long_seq4(run)["peak_gib"])))
       for label, run in LONG_SEQ_ROWS],
     (LONG_SEQ_DOC, "At 32k cp4 is {}× torch's context parallelism (the goal is 1.2×; torch's ran cuDNN's kernels "
-     "too) and its MFU is {} of one GPU's at 8k (the goal is 0.9); the blocks by cuDNN's kernel are {}× the same run by "
-     "flash's. A sequence of 128k tokens trains on four GPUs at {} GiB each. The all-gather variant is {}× the ring "
+     "too) and its MFU is {} of one GPU's at 8k (the goal is 0.9); the blocks by cuDNN's kernel are {}× the same run "
+     "by flash's. A sequence of 128k tokens trains on four GPUs at {} GiB each. The all-gather variant is {}× the ring "
      "at 32k",
      lambda: ratio(long_seq4("cp4_32k")["tokens_s"], long_seq4("torch_cp4_32k")["tokens_s"]),
      lambda: ratio(long_seq4("cp4_32k")["mfu"], long_seq4("gpu1_8k")["mfu"]),
