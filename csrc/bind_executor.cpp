@@ -161,6 +161,10 @@ void bind_executor(py::module_& m) {
                                                           "What the executor runs for one stage's F, B and I.")
       .def_property_readonly("native", &StageProgram::native)
       .def("describe", &StageProgram::describe)
+      .def("release", &StageProgram::release,
+           "Free what the program recorded to replay (a graphed stage's CUDA graphs, their pools and buffers); the "
+           "next micro-batch runs eagerly and records afresh. Before destroying the groups whose collectives a "
+           "graph captured (NCCL waits for such graphs to die), with no replay queued.")
       .def("__repr__", &StageProgram::describe);
   py::class_<NativeChainStage, StageProgram, std::shared_ptr<NativeChainStage>>(
       m, "NativeChainStage",
@@ -206,7 +210,9 @@ void bind_executor(py::module_& m) {
            "eager: the native chain to graph (it runs each micro-batch index's first F and B, the warm-up); "
            "host_rerun: replay by running the recorded host code again (tests without a GPU).")
       .def_property_readonly("captures", &GraphedChainStage::captures)
-      .def_property_readonly("replays", &GraphedChainStage::replays);
+      .def_property_readonly("replays", &GraphedChainStage::replays)
+      .def_property_readonly("slots", &GraphedChainStage::slots,
+                             "Micro-batch indices it holds graphs (or their recorded shapes) for.");
   py::class_<GraphedAutogradStage, StageProgram, std::shared_ptr<GraphedAutogradStage>>(
       m, "GraphedAutogradStage",
       "An autograd stage whose F and B are CUDA graphs, in slots reused by micro-batches not in flight together "

@@ -88,6 +88,9 @@ def _train_one(rank: int, run: dict, device: str) -> dict:
               "actions": [(a.type.name, a.stage, a.micro) for a in engine.actions],
               "state": {k: t.float().cpu().numpy() for k, t in engine.full_state_dict().items()}}
     engine.close()
+    # what `programs` (still held) kept after close: the engine frees their graphs, or destroying the MP groups
+    # would wait on NCCL for graphs that captured their collectives to die
+    record["slots_after_close"] = [p.slots for p in programs if hasattr(p, "slots")]
     groups.destroy()
     dist.barrier()
     return record

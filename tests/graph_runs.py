@@ -49,11 +49,12 @@ def _train_one(rank: int, run: dict, device: str) -> dict:
         losses.append(result.loss)
         scales.append(result.loss_scale)
         skipped.append(result.skipped)
-    counts = [(p.captures, p.replays) for p in engine.stage_programs.values() if hasattr(p, "captures")]
-    record = {"losses": losses, "scales": scales, "skipped": skipped, "counts": counts,
-              "graphs": engine.cuda_graphs.on,
+    replaying = [p for p in engine.stage_programs.values() if hasattr(p, "captures")]
+    record = {"losses": losses, "scales": scales, "skipped": skipped,
+              "counts": [(p.captures, p.replays) for p in replaying], "graphs": engine.cuda_graphs.on,
               "state": {k: t.float().numpy() for k, t in engine.full_state_dict().items()}}
     engine.close()
+    record["slots_after_close"] = [p.slots for p in replaying]  # freed by close, though still held here
     groups.destroy()
     dist.barrier()
     return record

@@ -75,6 +75,12 @@ void GraphedAutogradStage::before_step(StepLoss* loss) {
   }
 }
 
+void GraphedAutogradStage::release() {
+  in_flight_.clear();
+  slot_of_micro_.clear();
+  slots_.clear();  // each slot's graphs with their pools, and its static buffers
+}
+
 void GraphedAutogradStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage,
                                    StepLoss* loss) {
   if (in_flight_.count(micro) != 0) {

@@ -55,6 +55,7 @@ class GraphedAutogradStage : public StageProgram {
                        std::shared_ptr<DpParamGather> param_gather, at::Device device, bool host_rerun = false);
 
   void before_step(StepLoss* loss) override;
+  void release() override;
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;

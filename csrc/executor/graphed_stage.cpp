@@ -95,6 +95,8 @@ void GraphedChainStage::before_step(StepLoss* /*loss*/) {
   }
 }
 
+void GraphedChainStage::release() { slots_.clear(); }  // each micro-batch index's graphs, pools and buffers
+
 void GraphedChainStage::forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage,
                                 StepLoss* loss) {
   Slot& slot = slots_[micro];

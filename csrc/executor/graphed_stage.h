@@ -51,6 +51,7 @@ class GraphedChainStage : public StageProgram {
   GraphedChainStage(std::shared_ptr<NativeChainStage> eager, at::Device device, bool host_rerun = false);
 
   void before_step(StepLoss* loss) override;
+  void release() override;
   void forward(MicroState& s, int micro, const at::Tensor& input, bool first_stage, StepLoss* loss) override;
   at::Tensor backward(MicroState& s, int micro, const at::Tensor& output_grad, bool first_stage,
                       StepLoss* loss) override;
@@ -60,6 +61,7 @@ class GraphedChainStage : public StageProgram {
 
   int64_t captures() const { return captures_; }  // graphs captured so far (F and B count one each)
   int64_t replays() const { return replays_; }
+  int slots() const { return static_cast<int>(slots_.size()); }  // micro-batch indices with graphs or their shapes
 
  private:
   // What a micro-batch index's graphs are captured for: its eager run's shapes and modes.

@@ -55,6 +55,11 @@ class StageProgram {
   // process to finish, and a pipeline peer's operations posted ahead could wait for this rank). `loss`: the
   // step's, on the rank that holds the last stage (a graphed last stage captures its loss), else null.
   virtual void before_step(StepLoss* /*loss*/) {}
+  // Frees what the program recorded to replay (a CUDA-graphed stage's graphs, their memory pools and static
+  // buffers); the next micro-batch runs eagerly and records afresh. NCCL does not destroy a communicator while a
+  // graph that captured its collectives lives, so a graphed stage is released before its groups are destroyed,
+  // whoever still holds the program. The caller makes sure no replay is queued.
+  virtual void release() {}
   // Whether the backward needs s.output (else SEND_F drops it once the transfer holds it).
   virtual bool needs_output_for_backward() const = 0;
   virtual bool native() const = 0;

@@ -348,11 +348,17 @@ class Engine(EngineState, UpdateStep, Reschedule):
                                 self.device)
 
     def close(self) -> None:
-        """Drop the executor (it holds process groups and buffers); the engine cannot step afterwards. Nothing of
-        it is process-wide, so other engines in the process are untouched."""
+        """Drop the executor (it holds process groups and buffers) and free the stages' CUDA graphs; the engine
+        cannot step afterwards. Nothing of it is process-wide, so other engines in the process are untouched."""
         self.wait_for_parameters()  # no all-gather left writing into the parameters
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay still queued when its graphs go
+        # NCCL destroys no communicator while a graph that captured its collectives lives (the MP groups'), and a
+        # caller may still hold the graphed programs (stage_programs): freed here, not when the last reference goes.
+        for program in self._programs.values():
+            program.release()
         self._executor = None
-        self._programs = dict(self._eager_programs)  # CUDA graphs hold the MP groups' captured collectives
+        self._programs = dict(self._eager_programs)
         self._tied.close()
         if self._shard_groups is not None:
             self._shard_groups.close()

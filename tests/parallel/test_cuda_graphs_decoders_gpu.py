@@ -5,7 +5,9 @@ ZeRO-1, pp2 x tp2 under both, and fp8 (its Triton casts and cached weight forms 
 pp2. The graphs replay the kernels the eager stages launch, so the losses and weights agree
 to fp32 rounding (atomics in the embedding's backward may sum in another order) and to a bf16 / fp16 rounding step
 in half precision, where the fp16 loss scale moves through the same values; every step after the first replays
-every micro-batch's F and B, in as many slots as the stage has micro-batches in flight.
+every micro-batch's F and B, in as many slots as the stage has micro-batches in flight; and closing the engine frees
+the graphs that captured the MP groups' collectives before those groups are destroyed (NCCL waits for such graphs to
+die: a held program once hung the two-GPU job in destroy_process_group).
 
     python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py
     python -m pytest -q -p no:cacheprovider -n 0 tests/parallel/test_cuda_graphs_decoders_gpu.py -k 2gpu_tp  # one job"""
@@ -71,6 +73,7 @@ def test_graphed_decoder_stages_train_like_eager_ones(job, tmp_path):
             for (captures, replays, kept), stage in zip(graphed["counts"], graphed["slot_of_micro"]):
                 assert kept == slots(compute, stage) and captures == 2 * kept, (name, stage)
                 assert replays == 2 * m * (steps - 1), (name, stage)  # the first step is the warm-up
+            assert graphed["slots_after_close"] == [0] * len(graphed["counts"]), name
             assert graphed["scales"] == eager["scales"], name
             tolerance = dict(rtol=2e-2, atol=2e-3) if half else dict(rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(graphed["losses"], eager["losses"], **tolerance, err_msg=name)

@@ -43,6 +43,7 @@ def test_graphed_stages_train_like_eager_ones(gpus, tmp_path):
             m = GRIDS[gpus][name].get("m", 4)
             for captures, replays in graphed["counts"]:  # every later step replays; the first is the warm-up
                 assert captures == 2 * m and replays == 2 * m * (len(eager["losses"]) - 1), name
+            assert graphed["slots_after_close"] == [0] * len(graphed["counts"]), name  # freed before the groups
             assert graphed["scales"] == eager["scales"] and graphed["skipped"] == eager["skipped"], name
             tolerance = dict(rtol=1e-3, atol=1e-4) if half else dict(rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(graphed["losses"], eager["losses"], **tolerance, err_msg=name)

@@ -3,8 +3,9 @@ trained with their stages' F and B recorded and replayed by the host in place of
 slots reused by micro-batches not in flight together, the last stage's loss multiplied by a device scalar, the
 final-gradient announcements recorded at capture and made after every B -- must train bit for bit like the eager
 stages, on 1 rank, pp 2 (1F1B and interleaved), tp 2 (with and without sequence parallelism), dp 2 (ZeRO-1, whose
-gathers are waited for before each replay) and pp 2 x tp 2; and each stage keeps exactly as many slots as its
-action list has micro-batches in flight at once."""
+gathers are waited for before each replay) and pp 2 x tp 2; each stage keeps exactly as many slots as its
+action list has micro-batches in flight at once; and closing the engine frees every graph, though the run still
+holds the programs (NCCL destroys no group whose collectives a living graph captured)."""
 from __future__ import annotations
 
 import pytest
@@ -59,6 +60,8 @@ def check(grids: dict, per_rank: list[list[dict]]) -> None:
                 assert kept == want and captures == 2 * want, (name, stage)
                 assert replays == 2 * m * (steps - 1), (name, stage)
                 assert sorted(set(slot_of)) == list(range(want)) and len(slot_of) == m, (name, stage)
+            # the engine's close freed every graph of the programs the run still held
+            assert replayed["slots_after_close"] == [0] * len(replayed["counts"]), name
 
 
 

@@ -103,6 +103,8 @@ def test_replayed_stages_train_bit_for_bit_like_the_eager_chain(host_replayed, i
         assert len(replayed["counts"]) == stages and eager["counts"] == [], name
         for captures, replays in replayed["counts"]:
             assert captures == 2 * m and replays == 2 * m * (len(eager["losses"]) - 1), name
+        # the engine's close freed every graph of the programs the run still held
+        assert replayed["slots_after_close"] == [0] * stages, name
 
 
 def test_fp16_runs_change_the_scale_between_replays(host_replayed):
