@@ -7,7 +7,8 @@ Engine runs: their --metrics file (tokens/s and MFU the median of the steps afte
 the largest any step saw), their grid and sequence read from the command budget_run logged beside it (.cmd). Peer
 runs (torch_*.log): the JSON line experiments/peers/torch_cp_llama.py prints. MFU is the engine's formula
 (models/llama/flops.py: 6 N + 12 L s heads d per token, the full attention square); `mfu_causal` counts the
-causal half of the attention only (6 L s heads d), what the kernels compute; `kernel` is the run's --cp-kernel.
+causal half of the attention only (6 L s heads d), what the kernels compute; `kernel` is the run's --cp-kernel;
+`one_gpu_longest` the longest sequence of the one-GPU runs that trained.
 Targets (the long-sequence issue):
 128k tokens per sequence trains on 4 GPUs; at 32k, cp4's MFU >= 90% of one GPU's at 8k; cp4 >= 1.2x torch's
 context parallelism on the same grid.
@@ -113,8 +114,9 @@ def main() -> None:
         rows[name] = peer_row(name, log_dir, a.vocab) if name.startswith("torch_") else engine_row(
             name, log_dir, a.warmup, a.vocab)
     skipped = (log_dir / "skipped.txt").read_text().split() if (log_dir / "skipped.txt").exists() else []
+    trained = [r["seq"] for name, r in rows.items() if name.startswith("gpu1_") and "error" not in r]
     result = {"card": a.card, "torch": a.torch, "runs": list(rows.values()), "skipped": skipped,
-              "targets": targets(rows)}
+              "one_gpu_longest": max(trained, default=None), "targets": targets(rows)}
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(f"{'run':<22}{'gpus':>5}{'cp':>4}{'tp':>4}{'seq':>8}{'tokens/s':>11}{'MFU':>8}{'causal':>8}  peak GiB/GPU")
     for r in rows.values():
@@ -126,6 +128,7 @@ def main() -> None:
         peaks = r.get("peak_gib_per_gpu", r.get("peak_gib"))
         print(f"{r['name']:<22}{r.get('gpus', '?'):>5}{r.get('cp', '?'):>4}{r.get('tp', 1):>4}{r.get('seq', '?'):>8}"
               f"{r.get('tokens_s', '?'):>11}{mfu:>8}{causal:>8}  {peaks}")
+    print(f"one GPU's longest sequence that trained: {result['one_gpu_longest']}")
     for goal, value in result["targets"].items():
         print(f"target {goal}: {value}")
     if skipped:

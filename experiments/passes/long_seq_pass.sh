@@ -12,6 +12,8 @@
 #                    (experiments/peers/torch_cp_llama.py)
 #   cp4_32k_gather   --cp 4 --cp-comm all-gather at 32k and 16k (cp4_16k_gather), the other variant, if the
 #                    budget still allows
+#   gpu1_32k, 64k    one GPU at 32k, then 64k if 32k trained: the longest sequence one GPU holds
+#   cp2tp2_128k      --cp 2 --mp 2 --sequence-parallel at 128k
 # tokens/s, MFU (the engine's formula, attention counted: 6 N + 12 L s heads d per token; and its causal half) and
 # peak memory per GPU of every run, the targets checked, in one JSON: $OUT/<date>-4x<card>-long-seq.json (and the
 # logs in $OUT/long_seq.tgz), written by experiments/analysis/long_seq_results.py.
@@ -64,6 +66,9 @@ engine cp${C}_64k $C ${SEQS[2]} --cp $C
 engine cp${C}_16k $C ${SEQS[0]} --cp $C
 engine cp${C}_32k_gather $C $MID --cp $C --cp-comm all-gather
 engine cp${C}_16k_gather $C ${SEQS[0]} --cp $C --cp-comm all-gather
+# one GPU at longer sequences, until one does not fit (the longest that trains is the results' one_gpu_longest)
+engine gpu1_32k 1 $MID && engine gpu1_64k 1 ${SEQS[2]}
+(( C == 4 )) && engine cp2tp2_128k 4 ${SEQS[3]} --cp 2 --mp 2 --sequence-parallel
 
 CARD=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo cpu) | head -1)
 SHORT=$(grep -o 'H[0-9]00' <<< "$CARD" | head -1)

@@ -31,6 +31,9 @@ def test_the_table_reads_each_run_and_judges_the_targets(tmp_path, capsys):
             50.0)
     _engine(tmp_path, "cp4_32k_flash", 4, "--seq-len 32768 --cp 4 --cp-kernel flash", [0.1, 0.1, 0.4, 0.4, 0.4],
             [1, 1, 2.5e4, 2.5e4, 2.5e4], 50.0)
+    (tmp_path / "gpu1_64k.cmd").write_text(f"torchrun --nproc_per_node=1 hybrid_engine.py {SHAPE} --seq-len 65536\n")
+    (tmp_path / "gpu1_64k.rc").write_text("1\n")
+    (tmp_path / "gpu1_64k.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried ...\n")
     _engine(tmp_path, "cp4_128k", 4, "--seq-len 131072 --cp 4 --cp-comm ring", [0.1, 0.1, 0.5, 0.5, 0.5],
             [1, 1, 2e4, 2e4, 2e4], 60.0)
     (tmp_path / "cp2tp2_32k.cmd").write_text(f"torchrun --nproc_per_node=4 hybrid_engine.py {SHAPE} --seq-len 32768 "
@@ -51,6 +54,7 @@ def test_the_table_reads_each_run_and_judges_the_targets(tmp_path, capsys):
     assert (cp4["gpus"], cp4["cp"], cp4["tp"], cp4["seq"], cp4["comm"], cp4["kernel"]) == (4, 4, 1, 32768, "auto",
                                                                                             "auto")
     assert rows["cp4_32k_flash"]["kernel"] == "flash"
+    assert result["one_gpu_longest"] == 8192  # 64k ran out of memory
     assert cp4["tokens_s"] == 31000 and cp4["mfu"] == 0.47 and cp4["peak_gib_per_gpu"] == [49.0, 50.0]
     assert rows["cp4_128k"]["comm"] == "ring"
     # the causal half of attention only: smaller, and the more so the longer the sequence
