@@ -10,8 +10,8 @@ a helper of its module they call (followed through the module's own functions) n
 
 The suite runs on three pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process), one more
 than CI's two cores: most multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they
-compute, and a third worker fills those waits (the whole suite on 2 cores: 838 s against 1,016 s with two workers,
-the same tree, one after the other). A file's tests run on one worker (--dist loadfile), so a module-scoped fixture
+compute, and a third worker fills those waits (the whole suite on 2 cores, the same tree on one machine: 838 and
+921 s in two runs, against 1,016 s with two workers). A file's tests run on one worker (--dist loadfile), so a module-scoped fixture
 (runs that several tests check) is computed once. Every test finds its own ports (the OS picks them) and writes under its own tmp_path: two never collide.
 """
 from __future__ import annotations
