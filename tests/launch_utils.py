@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -9,12 +10,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "hybrid_engine.py"
+_PORTS = random.SystemRandom()  # not the module's generator: a test that seeds it would make workers draw alike
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, drawn below Linux's ephemeral range (32768-60999): a port the OS hands out for
+    bind(0) is one it may hand again, a moment later, to any of the gloo connections other tests open meanwhile,
+    and the rendezvous store that then binds it fails with EADDRINUSE."""
+    for _ in range(200):
+        port = _PORTS.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767 after 200 tries")
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 120, extra_env: dict | None = None,

@@ -6,6 +6,7 @@ a hard timeout that ends the whole session (the launcher and its workers, nothin
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -24,15 +25,21 @@ CPU_ENV = {"GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THRE
 
 _GIVEN_PORTS: set[int] = set()
 _PORT_LOCK = threading.Lock()
+_PORTS = random.SystemRandom()
 
 
 def free_port() -> int:
-    """A port free now, never one this process handed out before (trials may start side by side)."""
+    """A port free now, never one this process handed out before (trials may start side by side), drawn below
+    Linux's ephemeral range (32768-60999): one the OS hands out for bind(0) it may hand again a moment later to any
+    connection (gloo opens many), and the rendezvous store that binds it then fails with EADDRINUSE."""
     with _PORT_LOCK:
         while True:
+            port = _PORTS.randrange(20000, 32768)
             with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
             if port not in _GIVEN_PORTS:
                 _GIVEN_PORTS.add(port)
                 return port

@@ -19,7 +19,7 @@
 # last. Both runs: --amp bf16 (half weights, fp32 masters) --fused-kernels on, 1f1b, CUDA graphs off (the eager step,
 # the path the fp8 runs of the other passes took); the second adds --fp8 --fp8-recipe $RECIPE.
 #
-# Two GPUs or more: the two runs side by side on GPUs 0 and 1 (each its own port); one GPU: one after the other.
+# Two GPUs or more: the two runs side by side on GPUs 0 and 1 (each its own store); one GPU: one after the other.
 # Time: the Llama-1B shape ran ~80k tokens/s on one H200 (docs/performance.md), so a run's 400 steps take ~80 s
 # (~100 s on an H100), plus start-up and compiling the fused regions (not measured at this shape: ~60 s allowed);
 # with the build (~90 s) and the BPE (~10 s on 2 slow cores here), ~4-5 min side by side, ~6-7 min on one GPU.
@@ -79,17 +79,11 @@ TIMED_WARMUP=5  # steps the driver's summary and the results' tokens/s leave out
 COMMON="--model llama $SHAPE $BATCH --data $TOK --optimizer adamw --lr $LR_PEAK --min-lr $LR_MIN --lr-warmup $LR_WARMUP --lr-decay cosine"
 COMMON="$COMMON --weight-decay 0.1 --betas 0.9,0.95 --clip-grad 1.0 --seed 0 --steps $STEPS --eval-every $EVERY"
 COMMON="$COMMON --warmup $TIMED_WARMUP --log-every 25 --amp bf16 --fused-kernels on --schedule 1f1b --cuda-graphs off"
-# Two free ports at once, so that runs side by side never share a rendezvous.
-read -r PORT_BF16 PORT_FP8 < <(python3 -c '
-import socket
-a, b = socket.socket(), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
-print(a.getsockname()[1], b.getsockname()[1])')
-
-run() {  # name gpu port limit_s flags...: one single-rank run, its command, log, metrics, exit code and wall time
-  # under $RES, cut by timeout at limit_s
-  local name=$1 gpu=$2 port=$3 limit=$4 start=$SECONDS rc; shift 4
-  local cmd="torchrun --nproc_per_node=1 --master_port=$port hybrid_engine.py $DEVICE $COMMON --metrics $RES/$name.jsonl $*"
+run() {  # name gpu limit_s flags...: one single-rank run, its command, log, metrics, exit code and wall time under
+  # $RES, cut by timeout at limit_s; --standalone: torchrun's store on a port the OS picks, so side-by-side runs
+  # never share or race for one
+  local name=$1 gpu=$2 limit=$3 start=$SECONDS rc; shift 3
+  local cmd="torchrun --standalone --nproc_per_node=1 hybrid_engine.py $DEVICE $COMMON --metrics $RES/$name.jsonl $*"
   echo "$cmd" > "$RES/$name.cmd"
   CUDA_VISIBLE_DEVICES=$gpu timeout -k 10 "$limit" $cmd > "$RES/$name.log" 2>&1
   rc=$?
@@ -105,14 +99,14 @@ left=$(( DEADLINE - SECONDS - RESERVE ))
 (( left >= 60 )) || { echo "runs SKIPPED: ${left}s of the budget left"; exit 1; }
 if (( NGPU >= 2 )); then
   echo "2 GPUs: bf16 on GPU 0 and fp8 ($RECIPE) on GPU 1 side by side, each cut at ${left}s"
-  run bf16 0 "$PORT_BF16" "$left" &
-  run fp8 1 "$PORT_FP8" "$left" $FP8 &
+  run bf16 0 "$left" &
+  run fp8 1 "$left" $FP8 &
   wait
 else
   gpu=$([ "$SMOKE" = 1 ] && echo "" || echo 0)
   echo "$([ "$SMOKE" = 1 ] && echo "the CPU" || echo "1 GPU"): bf16, then fp8 ($RECIPE), one after the other"
-  run bf16 "$gpu" "$PORT_BF16" $(( left / 2 ))
-  run fp8 "$gpu" "$PORT_FP8" $(( DEADLINE - SECONDS - RESERVE )) $FP8
+  run bf16 "$gpu" $(( left / 2 ))
+  run fp8 "$gpu" $(( DEADLINE - SECONDS - RESERVE )) $FP8
 fi
 
 NAME="$(date +%F)-${NGPU}x$CARD-fp8-realtext$([ "$RECIPE" = rowwise ] && echo "-rowwise").json"

@@ -32,10 +32,10 @@ COMMON="--device cpu $SHAPE --batch-size 16 --micro-batches 1 --data $RES/text.t
 COMMON="$COMMON --eval-every $EVAL_EVERY --warmup 3 --log-every 25"
 declare -A MODEL=([gpt]="--model gpt" [llama]="--model llama --kv-heads 2 --ffn-hidden 384")
 run() {  # name: one driver run on one CPU rank, its metrics in $RES/name.jsonl
-  local name=$1 start port
+  local name=$1 start
   start=$(date +%s)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  timeout 3600 python3 -m hybrid_engine.launch --nproc_per_node=1 --master_port="$port" hybrid_engine.py \
+  # --standalone: the launcher's store on a port the OS picks (the two runs go side by side)
+  timeout 3600 python3 -m hybrid_engine.launch --standalone --nproc_per_node=1 hybrid_engine.py \
     ${MODEL[$name]} $COMMON --metrics "$RES/$name.jsonl" > "$RES/$name.log" 2>&1 \
     || { echo "$name FAILED"; tail -5 "$RES/$name.log"; }
   echo $(( $(date +%s) - start )) > "$RES/$name.wall"

@@ -27,7 +27,7 @@ run() {  # name flags...: one driver run on one CPU rank, its metrics in $RES/na
   local name=$1; shift
   local start
   start=$(date +%s)
-  timeout 7200 torchrun --nproc_per_node=1 --master_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')" \
+  timeout 7200 torchrun --standalone --nproc_per_node=1 \
     hybrid_engine.py $G "$@" --metrics "$RES/$name.jsonl" > "$RES/$name.log" 2>&1 \
     || { echo "$name FAILED"; tail -5 "$RES/$name.log"; }
   echo $(( $(date +%s) - start )) > "$RES/$name.wall"
