@@ -64,10 +64,34 @@ def agree_on_error(rank: int, world_size: int, message: str, grace_s: float = 20
         return True, False
 
 
-def _check_in(rank: int, world_size: int, message: str, deadline: float) -> tuple[bool, bool]:
-    store, served = _store(rank, world_size, deadline)
+def answer_the_waiting(rank: int, world_size: int, message: str, grace_s: float = 5.0) -> None:
+    """Before the rank whose process serves the store leaves on a failure of its own (a timeout, a lost peer):
+    ranks already waiting at the agreement (each with an error of its own) get this rank's check-in, so they stop
+    waiting, and read it before the store goes with this process; without it they would lose the connection
+    mid-read, and c10d prints a stack for that. Returns at once when no rank waits or another process serves."""
+    if rank != 0 or world_size <= 1 or faults.uses_agent_store():
+        return
+    deadline = time.monotonic() + grace_s
+
+    def check_in_if_waited_for() -> None:
+        store, served = _store(rank, world_size, deadline)
+        if store is not None and not served and store.check([f"{_run_key()}/count"]):
+            _check_in(rank, world_size, message, deadline, store)
+
+    try:
+        faults.bounded(check_in_if_waited_for, grace_s + 1.0)
+    except Exception:  # noqa: BLE001 - the store is gone or stopped answering: nobody left to answer
+        pass
+
+
+def _check_in(rank: int, world_size: int, message: str, deadline: float, store=None) -> tuple[bool, bool]:
+    if store is None:
+        store, _ = _store(rank, world_size, deadline)
     if store is None:
         return True, True
+    # Whose exit closes the store: rank 0's process serves it unless torchrun's agent does (its process group's,
+    # or the one _store started), and leaves last.
+    served = rank == 0 and not faults.uses_agent_store()
     key = _run_key()
     store.set(f"{key}/message/{rank}", message)
     arrived = store.add(f"{key}/count", 1)

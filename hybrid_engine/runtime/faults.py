@@ -124,7 +124,7 @@ def store_client(host: str, port: int, world_size: int, timeout_s: float):
 def rendezvous_store(rank: int, world_size: int, timeout_s: float):
     """The store init_process_group meets on, within `timeout_s` or a RendezvousError: a client of torchrun's agent
     store, or without torchrun rank 0 serves it on MASTER_PORT and the others connect. None for one rank without
-    torchrun (init_process_group's env:// then needs no peer)."""
+    torchrun (it needs no peer: the caller keeps a store in its own process)."""
     import torch.distributed as dist
 
     if world_size == 1 and not uses_agent_store():

@@ -14,7 +14,6 @@ import datetime
 import os
 import re
 import shlex
-import socket
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ import torch.distributed as dist
 from hybrid_engine import checkpoint
 from hybrid_engine.runtime import comm_check, entry, faults, hang_report, slurm
 from hybrid_engine.config.run import ConfigError, LaunchEnv, RunConfig
-from hybrid_engine.runtime.exit_together import agree_on_error
+from hybrid_engine.runtime.exit_together import agree_on_error, answer_the_waiting
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.config import flags
 from hybrid_engine.models import registry
@@ -87,17 +86,12 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> None:
-    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        # One process without a launcher: a port the OS picks, so that two such runs never collide on a fixed one.
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
     backend = "nccl" if device.type == "cuda" else "gloo"
     # reached (or served, by rank 0 without torchrun) within timeout_s, or one line: a plain TCPStore client waits
     # forever on a MASTER_PORT that another program holds
     store = faults.rendezvous_store(env.rank, env.world_size, timeout_s)
+    if store is None:  # one process without a launcher: a store in this process, no port to pick or collide on
+        store = dist.HashStore()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
@@ -311,6 +305,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
                 faults.say(summary)
         heartbeat.end_frozen()  # a stopped peer this rank's line named
         reporter.reported()
+        answer_the_waiting(rank, world, what)  # peers that left on errors of their own wait at this rank's store
         if world > 1:  # peers are gone or going: skip process-group teardown, which could wait on them
             heartbeat.linger()
             sys.stdout.flush()

@@ -127,7 +127,7 @@ def test_ranks_started_by_hand_say_a_shared_mistake_once_and_all_exit_2():
 
 
 def test_a_mistake_only_one_rank_makes_is_said_by_that_rank_naming_itself():
-    results = _by_hand((*SMALL, "--comm-timeout", "25"), [{}, {"LOCAL_RANK": "x"}])
+    results = _by_hand((*SMALL, "--comm-timeout", "8"), [{}, {"LOCAL_RANK": "x"}])
     code, err = results[1]
     assert code == 2
     assert err.splitlines() == ["hybrid_engine: rank 1: error: environment variable LOCAL_RANK='x' is not an integer"]

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from hybrid_engine.train.cli import parse_config
 from hybrid_engine.config import ConfigError
-from hybrid_engine.runtime.exit_together import agree_on_error
+from hybrid_engine.runtime import exit_together
+from hybrid_engine.runtime.exit_together import agree_on_error, answer_the_waiting
 from hybrid_engine.runtime.fault_plan import FaultPlan
 from hybrid_engine.train.progress import Progress, summary_line
 from hybrid_engine.config.output_paths import check_output_paths
@@ -54,6 +55,30 @@ def test_a_rank_left_alone_speaks_after_the_grace_period(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", f"alone-{port}")
     assert agree_on_error(1, 2, "LOCAL_RANK 'x'", grace_s=0.5) == (True, False)
+    del store
+
+
+def test_the_rank_serving_the_store_answers_a_rank_waiting_at_the_agreement_before_it_leaves(monkeypatch):
+    """Ranks by hand: rank 1 left on an error of its own and waits for rank 0's check-in; rank 0 then fails on its
+    own (a timeout: no agreement of its own) and, serving the store, answers rank 1 and waits for its read, so
+    rank 1 neither waits out its grace nor loses the store mid-read. Nobody waiting: nothing is written."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", f"answer-{port}")
+    key = exit_together._run_key()
+    answer_the_waiting(0, 2, "DistStoreError: wait timeout")
+    assert not store.check([f"{key}/count"])
+    out = {}
+    waiting = threading.Thread(target=lambda: out.setdefault(1, agree_on_error(1, 2, "LOCAL_RANK 'x'", grace_s=120)))
+    waiting.start()
+    while not store.check([f"{key}/count"]):
+        threading.Event().wait(0.01)
+    answer_the_waiting(0, 2, "DistStoreError: wait timeout")
+    assert store.add(f"{key}/read", 0) == 2  # rank 1 read before rank 0 went on
+    waiting.join(timeout=60)  # well inside rank 1's grace
+    assert out == {1: (True, False)}  # rank 1 speaks for itself
     del store
 
 
