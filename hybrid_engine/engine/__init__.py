@@ -1,6 +1,7 @@
 """The Engine: the wiring of one training step over a DP x PP x MP grid (engine.py), and what only the step uses.
 
-    engine.py        Engine, StepResult: stages, programs, gradient buffer, executor, optimizer and scaler
+    engine.py        Engine: stages, programs, gradient buffer, executor, optimizer and scaler
+    step_result.py   StepResult: what one step reports
     stage_specs.py   the shapes that travel between pipeline stages, probed once
     micro_batches.py a step's data on one rank, micro-batch by micro-batch
     evaluate.py      the forward-only validation loss

@@ -9,7 +9,6 @@ the C++ executor pushes through this rank's pipeline stages in schedule order:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -29,6 +28,7 @@ from hybrid_engine.parallel.grid import ACTIVATION, GridGroups
 from .global_loss import global_mean_loss
 from .micro_batches import MicroBatches, micro_batch_fn
 from .reschedule import Reschedule
+from .step_result import StepResult
 from hybrid_engine.models import materialize
 from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
 from hybrid_engine.optim.masters import MasterWeights
@@ -47,14 +47,6 @@ from hybrid_engine.parallel.data_parallel.shard_groups import build_shard_groups
 
 # How a model's stage is split over the MP group (torchtitan's one function per model): stage, mp group -> stage.
 Parallelize = Callable[[nn.Sequential, dist.ProcessGroup], nn.Sequential]
-
-@dataclass
-class StepResult:
-    loss: float  # mean loss over the global batch (same value on every rank)
-    step_time_s: float
-    skipped: bool = False
-    loss_scale: float | None = None
-    grad_norm: float | None = None
 
 
 class Engine(EngineState, UpdateStep, Reschedule):
@@ -353,8 +345,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.wait_for_parameters()  # no all-gather left writing into the parameters
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # no replay still queued when its graphs go
-        # NCCL destroys no communicator while a graph that captured its collectives lives (the MP groups'), and a
-        # caller may still hold the graphed programs (stage_programs): freed here, not when the last reference goes.
+        # NCCL destroys no communicator while a graph that captured its collectives lives, and a caller may still
+        # hold the programs (stage_programs): the graphs go here, not with the last reference.
         for program in self._programs.values():
             program.release()
         self._executor = None
