@@ -4,6 +4,8 @@ q, k and v match to 1e-5; a later token changed changes no earlier token's outpu
 split refuses a sequence it cannot cut evenly. One launch per cp size runs every case."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -117,21 +119,17 @@ def test_the_split_is_head_tail_and_refuses_uneven_sequences():
 
 
 def test_a_split_that_cannot_be_cut_is_one_line_and_exit_2_before_any_collective():
-    import os
-    import subprocess
-    import sys
-
     from hybrid_engine.config.engine import ConfigError
     from hybrid_engine.models import registry
     from hybrid_engine.train.cli import parse_config
+    from launch_utils import torchrun
 
-    env = dict(os.environ, WORLD_SIZE="4", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    done = subprocess.run([sys.executable, "-m", "hybrid_engine", "--model", "llama", "--cp", "2", "--seq-len", "30"],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "hybrid_engine: rank 0: error: --seq-len 30 is not divisible by 2 x --cp = 4: context parallelism cuts each "
+    done = torchrun(2, "--model", "llama", "--cp", "2", "--seq-len", "30", timeout=50)  # inside --comm-timeout
+    assert "exitcode  : 2" in done.stderr, done.stderr  # torchrun's report of the first rank to leave
+    assert [line for line in done.stderr.splitlines() if line.startswith("hybrid_engine")] == [
+        "hybrid_engine: error: --seq-len 30 is not divisible by 2 x --cp = 4: context parallelism cuts each "
         "sequence into 2 x cp equal chunks (rank r holds chunk r and chunk 2 cp - 1 - r)"]
+    assert "hybrid_engine" not in "".join(re.findall(r'File "[^"]*"', done.stderr))  # no traceback of ours
     for flags, message in (
             (["--model", "mlp", "--cp", "2"], "--cp 2 splits sequences: it applies to the token models (gpt, llama) "
                                               "only"),
