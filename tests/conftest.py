@@ -8,11 +8,14 @@ that take tens of seconds carry `slow` in their file; everything else runs in th
 The mark is found, not written into each file: a test is `multiprocess` when its function, a fixture it uses, or
 a helper of its module they call (followed through the module's own functions) names one of SPAWNERS.
 
-The suite runs on three pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process), one more
-than CI's two cores: most multi-process tests wait (on a launcher, a rendezvous, a timeout they prove) more than they
-compute, and a third worker fills those waits (the whole suite on 2 cores, the same tree on one machine: 838 and
-921 s in two runs, against 1,016 s with two workers). A file's tests run on one worker (--dist loadfile), so a module-scoped fixture
-(runs that several tests check) is computed once. Every test finds its own ports (the OS picks them) and writes under its own tmp_path: two never collide.
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts; `-n 0` runs it in this process), one per
+core of CI's machine: a third filled some waits on one 2-core machine (838 s against 1,016) and lost on CI's own
+(1,049 s for the whole CI run against 847 with two). A file's tests run on one worker (--dist loadfile), so a
+module-scoped fixture (runs that several tests check) is computed once. Every test finds its own ports
+(launch_utils.free_port, or the OS's for an in-process store) and writes under its own tmp_path: two never collide.
+
+Inductor compiles on one thread in every process the tests start (TORCHINDUCTOR_COMPILE_THREADS=1): by default it
+starts a pool of compile workers per compiling process, seconds of start-up that two busy cores never win back.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ for _folder in [_TESTS] + sorted(os.path.join(_TESTS, d) for d in os.listdir(_TE
     if _folder not in sys.path:
         sys.path.insert(0, _folder)
 SPAWNERS = {"run_ranks", "torchrun", "subprocess", "Popen", "_plain_ranks"}
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # before anything imports inductor; children inherit it
 
 
 def _names(code: types.CodeType) -> set[str]:

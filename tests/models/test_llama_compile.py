@@ -39,8 +39,10 @@ def _forward_backward(block, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
 def _compiled_block_matches_eager(rank: int, world: int, sequence_parallel: bool, cache: str) -> None:
     """Under sequence parallelism compiled twice in one fresh inductor cache that the ranks share (as a machine's
     processes do): the second compile loads what the first stored, so a graph cached under a key that does not tell
-    the ranks apart would run on the wrong rank (its slices are rank-specific there); otherwise compiled once."""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    the ranks apart would run on the wrong rank (its slices are rank-specific there); otherwise compiled once, in
+    the machine's cache (kernels other tests compiled load from it instead of being built again)."""
+    if sequence_parallel:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     torch.manual_seed(0)
     group = dist.new_group(list(range(world))) if world > 1 else None
     cfg = LlamaConfig(67, 1, 32, 4, 2, 48, 16, rope_theta=500.0, seed=3)
