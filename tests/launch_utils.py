@@ -2,30 +2,15 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "hybrid_engine.py"
-_PORTS = random.SystemRandom()  # not the module's generator: a test that seeds it would make workers draw alike
+sys.path.insert(0, str(REPO / "experiments" / "bench"))
 
-
-def free_port() -> int:
-    """A port nothing listens on, drawn below Linux's ephemeral range (32768-60999): a port the OS hands out for
-    bind(0) is one it may hand again, a moment later, to any of the gloo connections other tests open meanwhile,
-    and the rendezvous store that then binds it fails with EADDRINUSE."""
-    for _ in range(200):
-        port = _PORTS.randrange(20000, 32768)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32767 after 200 tries")
+from launch import free_port  # noqa: E402  (the one rule for a rendezvous port, the benchmarks' too)
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 120, extra_env: dict | None = None,
