@@ -73,7 +73,9 @@ def test_the_rank_serving_the_store_answers_a_rank_waiting_at_the_agreement_befo
     out = {}
     waiting = threading.Thread(target=lambda: out.setdefault(1, agree_on_error(1, 2, "LOCAL_RANK 'x'", grace_s=120)))
     waiting.start()
-    while not store.check([f"{key}/count"]):
+    for _ in range(6000):  # rank 1 checked in (a minute at most: a bound on a hang, not a timing)
+        if store.check([f"{key}/count"]):
+            break
         threading.Event().wait(0.01)
     answer_the_waiting(0, 2, "DistStoreError: wait timeout")
     assert store.add(f"{key}/read", 0) == 2  # rank 1 read before rank 0 went on
