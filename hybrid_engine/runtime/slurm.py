@@ -6,8 +6,9 @@ would have set them:
                   SLURM bound the task to a single GPU it alone sees)
     MASTER_ADDR = the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST): task 0 runs there and serves the
                   rendezvous store
-    MASTER_PORT = 20000 + SLURM_JOB_ID mod 20000, the same on every task without talking; an explicit MASTER_PORT
-                  (or MASTER_ADDR) in the environment wins
+    MASTER_PORT = 20000 + SLURM_JOB_ID mod 12768, the same on every task without talking, and below Linux's
+                  ephemeral range (32768-60999), where any outgoing connection on the node may hold a port; an
+                  explicit MASTER_PORT (or MASTER_ADDR) in the environment wins
 
 Only a task of an srun step is taken for one (SLURM_STEP_ID set): the batch script itself also carries
 SLURM_PROCID=0 and SLURM_NTASKS, and a driver started there by hand must stay one process, not wait for peers that
@@ -23,7 +24,7 @@ from hybrid_engine.config import ConfigError
 
 from .hostlist import HostlistError, first_host
 
-PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_BASE, PORT_SPAN = 20000, 32768 - 20000  # up to the ephemeral range
 MAX_TASKS = 2**20  # beyond any allocation: a larger SLURM_NTASKS is damaged
 
 

@@ -50,7 +50,7 @@ def test_a_long_node_list_gives_its_first_host(tmp_path):
 def test_an_srun_launch_leaves_the_port_to_the_job_unless_one_is_given(tmp_path):
     run, srun = _sbatch(tmp_path, "n[0-3]", LAUNCH="srun")
     assert run.returncode == 0, run.stderr
-    assert "MASTER_ADDR=unset MASTER_PORT=unset" in srun  # the driver derives 20000 + job id mod 20000 itself
+    assert "MASTER_ADDR=unset MASTER_PORT=unset" in srun  # the driver derives 20000 + job id mod 12768 itself
 
 
 def test_an_explicit_master_port_is_kept_under_srun(tmp_path):

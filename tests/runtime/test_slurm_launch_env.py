@@ -55,8 +55,8 @@ def test_an_srun_task_becomes_a_rank_with_the_first_host_as_rendezvous():
     env = _task()
     note = adopt_srun_environment(env)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")
-    assert env["MASTER_ADDR"] == "gpu01" and env["MASTER_PORT"] == str(rendezvous_port(123456)) == "23456"
-    assert note == "srun launch: 8 tasks, rendezvous at gpu01:23456 (task 0 serves it)"
+    assert env["MASTER_ADDR"] == "gpu01" and env["MASTER_PORT"] == str(rendezvous_port(123456)) == "28544"
+    assert note == "srun launch: 8 tasks, rendezvous at gpu01:28544 (task 0 serves it)"
 
 
 def test_a_task_bound_to_its_own_gpu_uses_cuda_0():
