@@ -76,6 +76,10 @@ class RendezvousError(Exception):
     """The rendezvous store cannot be reached or served; the message is the whole line for the user."""
 
 
+class JoinTimeout(RuntimeError):
+    """The store answers, but not every rank joined the process group in time; the message is the whole line."""
+
+
 def uses_agent_store() -> bool:
     """torchrun's agent serves the rendezvous store (else rank 0's process does)."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

@@ -97,9 +97,17 @@ def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> 
         # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
         # run finds the dead attempt's gloo/NCCL addresses under the same keys and fails connecting to them.
         store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", store)
-    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    try:
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    except dist.DistStoreError as exc:  # c10d says which store key it waited for; the user needs who is missing
+        if "timeout" not in str(exc):
+            raise
+        raise faults.JoinTimeout(
+            f"not every one of the {env.world_size} ranks joined the process group within --comm-timeout "
+            f"{timeout_s:g} s: a rank was not started, failed before joining, or was given another MASTER_ADDR, "
+            "MASTER_PORT or WORLD_SIZE") from None
 
 
 def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = None,
@@ -290,7 +298,7 @@ def run(argv: list[str] | None = None, prog: str | None = None) -> int:
         # gloo prefixes "[.../pair.cc:537] " and appends advice; the first sentence is what a user needs
         first = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else "")
         what = f"{type(exc).__name__}: {first.split('. ')[0]}"
-        if isinstance(exc, comm_check.CommCheckError):  # its message is the whole line
+        if isinstance(exc, (comm_check.CommCheckError, faults.JoinTimeout)):  # its message is the whole line
             what = str(exc)
         claim(1)
         heartbeat.note_exit()

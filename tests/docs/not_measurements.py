@@ -45,6 +45,8 @@ NOT_MEASUREMENTS = [
     ("docs/performance.md", "each GPU capped at 8 GiB", SETTING + " (--memory-cap-gib 8)"),
     ("docs/failures.md", "for the others up to 20 s",
      "the error agreement's grace period (runtime/exit_together.py agree_on_error's grace_s), not a result"),
+    ("docs/failures.md", "joined the process group within --comm-timeout 8 s",
+     "the message quotes the --comm-timeout the example set"),
     ("docs/failures.md", "Timed out waiting 8000ms", "the message quotes the --comm-timeout the example set"),
     ("docs/failures.md", "SIGKILL, 3 ranks, under 60 s]", BOUND),
     ("docs/failures.md", "each job bounded at 28 s after the freeze]", BOUND),

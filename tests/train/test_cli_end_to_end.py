@@ -132,3 +132,6 @@ def test_a_mistake_only_one_rank_makes_is_said_by_that_rank_naming_itself():
     assert code == 2
     assert err.splitlines() == ["hybrid_engine: rank 1: error: environment variable LOCAL_RANK='x' is not an integer"]
     assert results[0][0] != 0  # rank 0 waited for rank 1 in vain, and said so in its own line
+    assert [line for line in results[0][1].splitlines() if line.startswith("hybrid_engine")] == [
+        "hybrid_engine: rank 0: not every one of the 2 ranks joined the process group within --comm-timeout 8 s: a "
+        "rank was not started, failed before joining, or was given another MASTER_ADDR, MASTER_PORT or WORLD_SIZE"]
