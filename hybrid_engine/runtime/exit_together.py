@@ -28,7 +28,7 @@ def _listening(host: str, port: int) -> bool:
 
 
 def _store(rank: int, world_size: int, deadline: float):
-    """(store, served here): the rendezvous store, torchrun's agent's or rank 0's process group's. Ranks started
+    """(store, started here): the rendezvous store, torchrun's agent's or rank 0's process group's. Ranks started
     by hand that fail before the process group exists find none: rank 0 then serves one on MASTER_PORT itself."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if world_size <= 1 or not host or not port:
@@ -69,13 +69,13 @@ def answer_the_waiting(rank: int, world_size: int, message: str, grace_s: float 
     ranks already waiting at the agreement (each with an error of its own) get this rank's check-in, so they stop
     waiting, and read it before the store goes with this process; without it they would lose the connection
     mid-read, and c10d prints a stack for that. Returns at once when no rank waits or another process serves."""
-    if rank != 0 or world_size <= 1 or faults.uses_agent_store():
+    if world_size <= 1 or not faults.serves_store(rank):
         return
     deadline = time.monotonic() + grace_s
 
     def check_in_if_waited_for() -> None:
-        store, served = _store(rank, world_size, deadline)
-        if store is not None and not served and store.check([f"{_run_key()}/count"]):
+        store, started = _store(rank, world_size, deadline)  # a store started just now has nobody waiting
+        if store is not None and not started and store.check([f"{_run_key()}/count"]):
             _check_in(rank, world_size, message, deadline, store)
 
     try:
@@ -89,9 +89,7 @@ def _check_in(rank: int, world_size: int, message: str, deadline: float, store=N
         store, _ = _store(rank, world_size, deadline)
     if store is None:
         return True, True
-    # Whose exit closes the store: rank 0's process serves it unless torchrun's agent does (its process group's,
-    # or the one _store started), and leaves last.
-    served = rank == 0 and not faults.uses_agent_store()
+    served = faults.serves_store(rank)  # its process group's store or the one _store started: it leaves last
     key = _run_key()
     store.set(f"{key}/message/{rank}", message)
     arrived = store.add(f"{key}/count", 1)

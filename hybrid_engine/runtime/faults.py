@@ -85,6 +85,12 @@ def uses_agent_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
+def serves_store(rank: int) -> bool:
+    """Whether this rank's process serves the rendezvous store, so that its exit closes it: rank 0's, unless
+    torchrun's agent serves it."""
+    return rank == 0 and not uses_agent_store()
+
+
 def bounded(fn, timeout_s: float):
     """fn() on a daemon thread; TimeoutError once `timeout_s` passes without it returning. The thread is left
     behind, blocked: for calls (a TCPStore connect or request) that nothing else can interrupt."""
@@ -137,7 +143,7 @@ def rendezvous_store(rank: int, world_size: int, timeout_s: float):
     if not host or not port.isdigit():
         raise RendezvousError(f"MASTER_ADDR and MASTER_PORT must name the rendezvous store (torchrun sets them), got "
                               f"MASTER_ADDR={host!r} MASTER_PORT={port!r}")
-    if rank != 0 or uses_agent_store():
+    if not serves_store(rank):
         return store_client(host, int(port), world_size, timeout_s)
     try:
         return dist.TCPStore(host, int(port), world_size, is_master=True,
@@ -167,7 +173,7 @@ class Heartbeat:
         self.prefix = f"hybrid_engine/heartbeat/{attempt}/"
         self.enabled = world_size > 1 and bool(self.host and self.port and self.port.isdigit())
         # Without torchrun, rank 0's process serves the store (torchrun's agent serves it otherwise).
-        self.hosts_store = rank == 0 and not uses_agent_store()
+        self.hosts_store = serves_store(rank)
         # torchrun's agent is this process's parent: when that changes, the agent is gone (checked from start())
         self.launcher_pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         self.reporter: SigtermReporter | None = None  # who claims this rank's exit (set by SigtermReporter)

@@ -93,7 +93,7 @@ def init_distributed(env: LaunchEnv, device: torch.device, timeout_s: float) -> 
     if store is None:  # one process without a launcher: a store in this process, no port to pick or collide on
         store = dist.HashStore()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if attempt is not None and faults.uses_agent_store():
         # torchrun's agent keeps one store across --max-restarts attempts: without a prefix per attempt, a restarted
         # run finds the dead attempt's gloo/NCCL addresses under the same keys and fails connecting to them.
         store = dist.PrefixStore(f"hybrid_engine/attempt_{attempt}/", store)
