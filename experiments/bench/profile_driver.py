@@ -5,6 +5,9 @@ where one spends more: an operator called more often, a kernel that got slower, 
 
     PROFILE_OUT=/tmp/new torchrun --nproc_per_node=2 experiments/bench/profile_driver.py --model gpt --mp 2 ...
 
+PROFILE_STEPS=S:A records only training steps S+1 .. S+A (the steady state, without the first steps' compiling and
+communicator set-up), and the file then says how many steps it holds ("steps"), so per-step figures divide by it.
+
 Run from the tree to profile (it runs ./hybrid_engine.py). The driver leaves through os._exit (no interpreter
 teardown); here that exit becomes an exception so the profile can be written.
 """
@@ -17,7 +20,7 @@ import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 
 class _Left(BaseException):
@@ -41,22 +44,59 @@ def busy_us(events) -> float:
     return total + (0 if end is None else end - start)
 
 
+def step_window(spec: str) -> tuple[int, int] | None:
+    """PROFILE_STEPS "S:A" as (steps skipped, steps recorded); None records the whole run."""
+    if not spec:
+        return None
+    skip, active = (int(v) for v in spec.split(":"))
+    if skip < 1 or active < 1:
+        raise SystemExit(f"PROFILE_STEPS={spec}: give S:A with S >= 1 steps skipped and A >= 1 recorded")
+    return skip, active
+
+
+def write(path: str, prof, wall_s: float, steps: int | None) -> None:
+    ops = {e.key: [e.count, e.self_device_time_total, e.self_cpu_time_total] for e in prof.key_averages()}
+    with open(path, "w") as f:
+        json.dump({"wall_s": wall_s, "gpu_busy_us": busy_us(prof.events()), "steps": steps, "ops": ops}, f)
+
+
 def main() -> None:
     out, rank = os.environ["PROFILE_OUT"], os.environ.get("RANK", "0")
+    path = f"{out}-rank{rank}.json"
+    window = step_window(os.environ.get("PROFILE_STEPS", ""))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     sys.argv = ["hybrid_engine.py"] + sys.argv[1:]
     sys.path.insert(0, os.getcwd())  # the tree run from, not this script's folder
     os._exit = _leave
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    kwargs, began = {}, [time.perf_counter()]
+    if window:
+        skip, active = window
+
+        def ready(prof) -> None:  # the window's wall time: from the end of step S to the end of step S + A
+            write(path, prof, time.perf_counter() - began[0], active)
+
+        kwargs = {"schedule": schedule(wait=skip - 1, warmup=1, active=active, repeat=1), "on_trace_ready": ready}
+    with profile(activities=activities, **kwargs) as prof:
+        if window:
+            from hybrid_engine.engine.engine import Engine
+            train_step = Engine.train_step
+
+            def stepped(self, *args, **kw):
+                result = train_step(self, *args, **kw)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                prof.step()
+                if prof.step_num == skip:
+                    began[0] = time.perf_counter()
+                return result
+
+            Engine.train_step = stepped
         try:
             runpy.run_path("hybrid_engine.py", run_name="__main__")
         except (SystemExit, _Left):
             pass
-    wall = time.perf_counter() - start
-    ops = {e.key: [e.count, e.self_device_time_total, e.self_cpu_time_total] for e in prof.key_averages()}
-    with open(f"{out}-rank{rank}.json", "w") as f:
-        json.dump({"wall_s": wall, "gpu_busy_us": busy_us(prof.events()), "ops": ops}, f)
+    if not window:
+        write(path, prof, time.perf_counter() - began[0], None)
 
 
 if __name__ == "__main__":
