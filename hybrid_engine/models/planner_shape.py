@@ -60,7 +60,12 @@ class LayerShape:
     """Elements per token a merged weight gradient keeps until the step's end (the GEMMs' inputs and output
     gradients), split over MP."""
     mp_allreduces: float = 0.0
-    """MP all-reduces of one token's hidden vector per forward (as many in the backward)."""
+    """MP all-reduces of one token's hidden vector per forward (as many in the backward); under sequence parallelism
+    each is an all-gather before the column-parallel GEMMs and a reduce-scatter after the row-parallel one."""
+    sequence_params: int = 0
+    """Parameter tensors used on a sequence chunk under sequence parallelism (replicated norms' weights and biases,
+    row-parallel biases: parallel/tensor/sequence_parallel.py), each gradient all-reduced over MP in every
+    backward."""
     loss_bytes: float = 0.0
     """Bytes per token of one micro-batch the loss keeps (loss_memory), split over MP."""
     loss_fixed: float = 0.0
@@ -149,13 +154,15 @@ def loss_memory(vocab: int, hidden: int, fused: bool) -> tuple[float, float]:
 def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int, block_params: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
-                  kv_width: int | None = None, fused_loss: bool = False, fp8: Fp8Gemms | None = None) -> ModelShape:
+                  kv_width: int | None = None, fused_loss: bool = False, fp8: Fp8Gemms | None = None,
+                  sequence_params: int = 0) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
     kv_width: K and V elements per token (default 2 h: as many kv heads as query heads).
     fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory).
-    fp8: a block's linear layers in float8 (fp8_gemms; None: none)."""
+    fp8: a block's linear layers in float8 (fp8_gemms; None: none).
+    sequence_params: a block's parameter tensors used on a sequence chunk under sequence parallelism."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
@@ -165,7 +172,7 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     block = LayerShape(params=block_params, matmul_params=block_params,
                        attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
                        act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2,
-                       fp8=fp8)
+                       sequence_params=sequence_params, fp8=fp8)
     per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)

@@ -39,6 +39,9 @@ class Setting:
     graphs."""
     cp_kernel: str = "auto"
     """--cp-kernel: the kernel of the attention blocks, or auto (the card's SDPA kernel: Card.blocks_kernel)."""
+    sequence_parallel: bool = False
+    """--sequence-parallel: a decoder's MP collectives are all-gathers and reduce-scatters along the sequence, and
+    its norms and row-parallel biases see a sequence chunk (step_time.sequence_parallel_s)."""
 
     @property
     def replicas(self) -> int:
@@ -72,4 +75,4 @@ class Setting:
                        d.zero, 2 if d.grad_dtype == "bf16" else 4, cfg.stages.recompute == "full", bool(clip),
                        cfg.parallel.cp, cfg.parallel.cp_comm, d.shard_size, d.bucket_mb * 2**20,
                        cfg.stages.cuda_graphs, cfg.stages.recompute == "selective", cfg.reporting.trace is not None,
-                       cfg.parallel.cp_kernel)
+                       cfg.parallel.cp_kernel, getattr(cfg.model.options, "sequence_parallel", False))

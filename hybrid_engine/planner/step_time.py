@@ -141,14 +141,12 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
                     w += slow * w_gemm + overhead
                     wm += m * (slow * w_gemm + overhead)
             if mp > 1 and layer.mp_allreduces:
-                one = card.collective_s(tokens * shape.hidden * e, mp) * (1.0 if shape.native else
-                                                                            AUTOGRAD_MP_SLOWDOWN)
-                sync = (mp - 1) * card.mp_sync_s
-                f += layer.mp_allreduces * (one + sync)  # the forward waits for its all-reduce
-                # native: the all-reduce's transfer hidden under the W GEMMs, never its synchronisation
-                i += layer.mp_allreduces * (one / (2 if shape.native else 1) + sync)
-                mp_s += layer.mp_allreduces * (1.5 * one + 2 * sync) * m
-                mp_count += round(2 * layer.mp_allreduces * m)
+                forward, backward, exposed, count = mp_collectives_s(card, s, layer, tokens * shape.hidden * e,
+                                                                     shape.native)
+                f += forward
+                i += backward
+                mp_s += exposed * m
+                mp_count += count * m
         if s.full_recompute:
             i += f
         if plan.merge_wgrad:
@@ -158,6 +156,34 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
             costs.append(Costs(F=f, B=i + w, I=i, W=w))
             merged.append(0.0)
     return costs, merged, mp_s, mp_count
+
+
+def mp_collectives_s(card: Card, s: Setting, layer, nbytes: float, native: bool) -> tuple[float, float, float, int]:
+    """A layer's MP collectives on one micro-batch of `nbytes` of hidden vectors: (what its forward waits for, what
+    its backward waits for, the two's transfers and waits as the step's MP time, how many collectives).
+
+    Each all-reduce: the forward waits for it; a native backward hides its transfer under the W GEMMs, never its
+    synchronisation (Card.mp_sync_s: every rank waits for the slowest to reach it). Under sequence parallelism
+    (parallel/tensor/sequence_parallel.py, csrc/tp/sequence_region.cpp) each becomes an all-gather before the
+    column-parallel GEMMs and a reduce-scatter after the row-parallel one, forward and backward alike: the same
+    bytes in twice the collectives, each waited for and each paying the synchronisation; each moves its tensor
+    once more through memory (the [p, b, s/p, ...] slab copy a reduce-scatter reads, the gathered slabs made
+    contiguous for the GEMM after an all-gather); and every backward all-reduces the gradient of each parameter
+    used on a sequence chunk (LayerShape.sequence_params: a few kB each, their latency and synchronisation)."""
+    mp = s.mp
+    slow = 1.0 if native else AUTOGRAD_MP_SLOWDOWN
+    sync = (mp - 1) * card.mp_sync_s
+    if not s.sequence_parallel:
+        one = card.collective_s(nbytes, mp) * slow
+        # native: the all-reduce's transfer hidden under the W GEMMs, never its synchronisation
+        backward = layer.mp_allreduces * (one / (2 if native else 1) + sync)
+        return (layer.mp_allreduces * (one + sync), backward, layer.mp_allreduces * (1.5 * one + 2 * sync),
+                round(2 * layer.mp_allreduces))
+    half = card.collective_s(nbytes, mp, 1.0) * slow + card.compute_scale * 2.0 * nbytes / card.hbm_bytes_s
+    forward = 2 * layer.mp_allreduces * (half + sync)
+    params = layer.sequence_params * (card.collective_s(0.0, mp) * slow + sync)
+    backward = 2 * layer.mp_allreduces * (half / (2 if native else 1) + sync) + params
+    return forward, backward, forward + backward, round(4 * layer.mp_allreduces) + layer.sequence_params
 
 
 # ZeRO-2/3 without a pipeline move the gradients (and ZeRO-3 the weights) once per micro-batch, and those

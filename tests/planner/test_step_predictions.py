@@ -63,9 +63,14 @@ KNOWN_MISSES = {
     ("4xH200-grids-gpt", "gpt_dp2tp2"): "as gpt_dp4: two sequences a micro-batch, on the grids pass's tree",
     ("4xH200-grids-gpt", "gpt_tp4"): ("measured 306 ms on the grids pass's tree, 290 and 231 ms on later trees "
                                       "(engine A/B), which are predicted within 15%"),
-    ("4xH200-grids-gpt", "gpt_tp4_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
-    ("4xH200-llama-4gpu", "llama_pp2tp2_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
-    ("2xH100-gpt-pp-tp", "engine_tp2_sp"): "sequence parallelism's all-gathers and reduce-scatters are not timed",
+    ("4xH200-llama-4gpu", "llama_pp2tp2_sp"): ("sequence parallelism on the Llama under tp: 350 ms, 109 more than "
+                                               "the same grid without it, of which its extra collectives, their "
+                                               "synchronisation and slab copies time 34 ms; the rest is the host "
+                                               "pace of _LLAMA_TP below, which the model does not have"),
+    ("2xH100-gpt-pp-tp", "engine_tp2_sp"): ("measured on the tree whose sequence-parallel collectives were Python "
+                                            "autograd functions over list-form collectives (~250 us of host time "
+                                            "each, 1,056 a step: experiments/NOTES.md, sixth session); the flat "
+                                            "C++ form this model times came after"),
     ("4xH200-llama-4gpu", "llama_pp2tp2"): _LLAMA_TP,
     ("4xH200-llama-4gpu", "llama_pp2tp2_zb1"): _LLAMA_TP,
     ("4xH200-engine-ab-llama", "pp2tp2"): _LLAMA_TP,

@@ -20,10 +20,11 @@ from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_d
 from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
+from hybrid_engine.parallel.tensor.plan import sequence_param_count
 
 from .flops import gpt_flops_per_token, gpt_param_count
 from .model import Block, Embedding, GPTConfig, layer_costs
-from .parallelize import build_gpt, parallelize_gpt
+from .parallelize import build_gpt, gpt_plan, parallelize_gpt
 
 RECOMPUTE = ("none", "full", "selective")
 
@@ -156,7 +157,9 @@ def shape(cfg) -> ModelShape:
     # fp8: the projections keep their inputs for dw in fp8, half the bytes; each input has no other keeper (the
     # LayerNorms keep their inputs): the qkv and fc1 inputs whole, the proj input and fc2's 4 h split over MP
     acts = (12.0 * h - 2.5 * h, 5.0 * h - h) if kernels.fp8 is not None else None
+    block = Block(g, 1, device="meta")
     return decoder_shape("gpt", g.layers, h, g.seq_len, g.vocab_size, 12 * h**2 + 13 * h, 4 * h, g.tie_embeddings,
                          layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len, block_acts=acts,
                          fused_loss=kernels.fused,
-                         fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]))
+                         fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]),
+                         sequence_params=sequence_param_count(block, gpt_plan(block, True)))

@@ -19,11 +19,12 @@ from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_d
 from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
+from hybrid_engine.parallel.tensor.plan import sequence_param_count
 
 from .config import Llama3Scaling, LlamaConfig
 from .flops import llama_flops_per_token, llama_matmul_params, llama_param_count
-from .model import check_split, layer_costs
-from .parallelize import ParallelizeLlama, build_llama
+from .model import Block, check_split, layer_costs
+from .parallelize import ParallelizeLlama, build_llama, llama_plan
 
 RECOMPUTE = ("none", "full", "selective")
 SHAPE_KEYS = ("vocab_size", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "tie_embeddings",
@@ -155,7 +156,13 @@ def shape(cfg) -> ModelShape:
     return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
                          c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=acts,
                          kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
-                         fp8=fp8_gemms(kernels, *block_linears(c)))
+                         fp8=fp8_gemms(kernels, *block_linears(c)), sequence_params=sequence_params(c))
+
+
+def sequence_params(c: LlamaConfig) -> int:
+    """A block's parameter tensors used on a sequence chunk under sequence parallelism, counted on its plan."""
+    block = Block(c, 1, device="meta")
+    return sequence_param_count(block, llama_plan(block, 1))
 
 
 def block_linears(c: LlamaConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

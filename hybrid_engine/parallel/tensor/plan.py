@@ -193,3 +193,18 @@ def _unshare(module: nn.Module, source: set[int]) -> None:
     for p in module.parameters():
         if not hasattr(p, "mp_split"):
             _mark(p, False)
+
+
+def sequence_param_count(layer: nn.Module, plan: dict) -> int:
+    """Parameter tensors of `layer` that `plan` uses on a sequence chunk under sequence parallelism (a Sequence
+    style's norm, a Row's bias), each of whose gradients is then all-reduced over MP in every backward: what the
+    planner times of them. `layer` may live on the meta device."""
+    count = 0
+    for pattern, style in plan.items():
+        for path in _matches(layer, layer.named_modules(), pattern, "module") if hasattr(style, "module") else ():
+            module = layer.get_submodule(path)
+            if isinstance(style, Sequence):
+                count += sum(1 for _ in module.parameters())
+            elif isinstance(style, Row) and getattr(module, "bias", None) is not None:
+                count += 1
+    return count
