@@ -72,6 +72,10 @@ class LayerShape:
     """Bytes one micro-batch's loss keeps whatever its tokens (loss_memory), split over MP."""
     fp8: Fp8Gemms | None = None
     """The layer's GEMMs that run in float8 (None: none do)."""
+    host_ops: tuple[int, int, int] = (0, 0, 0)
+    """Aten operators the layer dispatches a micro-batch, which the host issues one by one: forward, backward, and
+    backward without its weight gradients (models/op_count.py); zeros: not counted (a native layer, compiled
+    regions)."""
 
     @property
     def fp8_cache(self) -> float:
@@ -155,14 +159,15 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
                   kv_width: int | None = None, fused_loss: bool = False, fp8: Fp8Gemms | None = None,
-                  sequence_params: int = 0) -> ModelShape:
+                  sequence_params: int = 0, host_ops: tuple[int, int, int] = (0, 0, 0)) -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
     kv_width: K and V elements per token (default 2 h: as many kv heads as query heads).
     fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory).
     fp8: a block's linear layers in float8 (fp8_gemms; None: none).
-    sequence_params: a block's parameter tensors used on a sequence chunk under sequence parallelism."""
+    sequence_params: a block's parameter tensors used on a sequence chunk under sequence parallelism.
+    host_ops: a block's aten operators a micro-batch (LayerShape.host_ops)."""
     from hybrid_engine.parallel.pipeline.balance import balanced_partition
 
     h = hidden
@@ -172,7 +177,7 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     block = LayerShape(params=block_params, matmul_params=block_params,
                        attention_flops=causal_attention_flops(seq_len, h), kv_width=kv_width,
                        act_split=act_split, act_whole=act_whole, stash=8 * h + 2 * ffn_hidden, mp_allreduces=2,
-                       sequence_params=sequence_params, fp8=fp8)
+                       sequence_params=sequence_params, host_ops=host_ops, fp8=fp8)
     per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)

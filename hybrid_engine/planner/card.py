@@ -57,6 +57,10 @@ class Card:
     step_host_s: float = 0.0
     """The driver's fixed work a step whatever the plan (the data drawn, the loss scale checked, the step's
     bookkeeping): what a step of almost no GPU work still takes."""
+    op_host_s: float = 0.0
+    """The host's time to issue one aten operator of an eager autograd stage (Python, autograd's bookkeeping,
+    dispatch, the launch): a layer's action takes at least its operators (LayerShape.host_ops) times this, however
+    little GPU work they hold; 0: no such floor."""
     workspace_bytes: float = 0.0
     """What the device's libraries allocate through PyTorch's caching allocator on every rank, so that
     torch.cuda.max_memory_allocated counts it: cuBLAS's workspace, 32 MiB on Hopper (torch's default
@@ -121,8 +125,13 @@ class Card:
 # of GPU work predicted, at any plan of one micro-batch); the MP synchronisation, from the GPT at tp4 with 8 and 2
 # micro-batches (2026-11-27-4xH200-grids-gpt.json: 306 and 159 ms: the same bytes, four times the all-reduces), at
 # tp2 (2026-11-27-2xH200-engine-ab-gpt-tp2.json: 284 ms) and config C at mp2 (grids-mlp: 2.8 ms). The same host
-# drives an H100.
-HOST_TERMS = {"mp_sync_s": 40e-6, "step_host_s": 0.7e-3}
+# drives an H100. The host's cost of one eager aten operator (step_time.host_floor), from the Llama-1B under tensor
+# parallelism on 4 x H200, whose blocks run RMSNorm, RoPE and SwiGLU unfused there (80 operators forward, 120
+# backward, 86 without the weight gradients: models/op_count.py) and whose steps its GPU work does not explain: the
+# llama-4gpu pass's pp2 x tp2 (2026-11-27-4xH200-llama-4gpu.json: 1f1b 240.8 ms, zb1 + merged W 259.3) asks 15 us
+# (+4.5%, -4.4%), the engine A/B's runs (2026-11-27-4xH200-engine-ab-llama.json: pp2 x tp2 266.4 and 288.1 ms, tp4
+# 507.4) 17 us (-1.7%, -9.1%, +0.5%); 16 us, between the two, predicts all five within 15% (+10.9% to -14.1%).
+HOST_TERMS = {"mp_sync_s": 40e-6, "step_host_s": 0.7e-3, "op_host_s": 16e-6}
 # H100 and H200 SXM datasheets: tensor-core peaks of 3958 TFLOP/s in fp8 and 1979 in bf16 and fp16, each with
 # sparsity (dense: half of each): fp8 GEMMs at twice the half rate.
 HOPPER_FP8_OVER_HALF = 3958 / 1979

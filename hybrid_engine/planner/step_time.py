@@ -7,7 +7,9 @@ micro-batch 14.2 ms, zb1 + merged W with 4 and 8 micro-batches 15.3 and 19.4 ms)
 micro-batch costs 12 bytes a parameter of memory traffic (ACCUMULATE_BYTES; 4 for the first micro-batch), which is
 why merging the weight gradients into one GEMM pays for the MLP's large layers. Checked against every measured step
 whose plan is known, tests/planner/test_step_predictions.py. A --fp8 run's block GEMMs run at the card's fp8 rate,
-beside their quantization and their weight gradients' addition into the main grads (fp8_time.py).
+beside their quantization and their weight gradients' addition into the main grads (fp8_time.py). An eager
+decoder block's action lasts at least as long as its host takes to issue its aten operators (host_floor), which
+sets the pace of the Llama's unfused blocks under tensor parallelism.
 """
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
         f = i = card.action_overhead_s if replayed else 0.0
         w = wm = 0.0
         for index in layers:
+            before = (f, i, w, wm)
             layer = shape.layers[index]
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = sum(gemm_pass_s(card, layer, s, tokens, reads_weights=True))
@@ -147,6 +150,8 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
                 i += backward
                 mp_s += exposed * m
                 mp_count += count * m
+            if layer.host_ops[0] and not (replayed or shape.native) and card.host_action_s is None:
+                f, i, w, wm = host_floor(card, layer, before, (f, i, w, wm), m, mp_waits(card, s, layer))
         if s.full_recompute:
             i += f
         if plan.merge_wgrad:
@@ -156,6 +161,33 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
             costs.append(Costs(F=f, B=i + w, I=i, W=w))
             merged.append(0.0)
     return costs, merged, mp_s, mp_count
+
+
+def host_floor(card: Card, layer, before: tuple[float, ...], after: tuple[float, ...], micro_batches: int,
+               waits: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float, float, float]:
+    """An autograd stage's F, I, W and merged W once this layer's actions last at least as long as the host takes
+    to issue their operators (LayerShape.host_ops x Card.op_host_s), the GPU then waiting for the host. I issues
+    the backward's operators less the weight gradients', W those, and a merged W (an autograd stage's weight
+    gradients of every micro-batch, at the step's end) those of each micro-batch. waits: the forward's and the
+    backward's MP synchronisation (mp_waits), which a host-paced rank pays beside its operators. A run's measured
+    host cost a layer action (Card.host_action_s, refit.py) stands for the host instead: no floor then."""
+    (f0, i0, w0, wm0), (f, i, w, wm) = before, after
+    forward_ops, backward_ops, input_ops = (n * card.op_host_s for n in layer.host_ops)
+    weight_ops = backward_ops - input_ops
+    return (f0 + max(f - f0, forward_ops + waits[0]), i0 + max(i - i0, input_ops + waits[1]),
+            w0 + max(w - w0, weight_ops), wm0 + max(wm - wm0, micro_batches * weight_ops))
+
+
+def mp_waits(card: Card, s: Setting, layer) -> tuple[float, float]:
+    """What a layer's MP collectives wait for the slowest rank of the group to reach them (Card.mp_sync_s), in its
+    forward and its backward: the hosts' pace, not the transfers', so it adds to the host's floor. Under sequence
+    parallelism twice the collectives, and the backward's all-reduces of the sequence-chunk parameters."""
+    if s.mp == 1 or not layer.mp_allreduces:
+        return 0.0, 0.0
+    sync = (s.mp - 1) * card.mp_sync_s
+    if not s.sequence_parallel:
+        return layer.mp_allreduces * sync, layer.mp_allreduces * sync
+    return 2 * layer.mp_allreduces * sync, (2 * layer.mp_allreduces + layer.sequence_params) * sync
 
 
 def mp_collectives_s(card: Card, s: Setting, layer, nbytes: float, native: bool) -> tuple[float, float, float, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn as nn
@@ -15,6 +16,7 @@ from hybrid_engine.kernels.apply import apply_kernels, loss_for
 from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import gpt_weight_bytes
+from hybrid_engine.models.op_count import dispatched_ops
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
 from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
@@ -162,4 +164,17 @@ def shape(cfg) -> ModelShape:
                          layer_costs(g), gpt_flops_per_token(g), positions=g.seq_len, block_acts=acts,
                          fused_loss=kernels.fused,
                          fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]),
-                         sequence_params=sequence_param_count(block, gpt_plan(block, True)))
+                         sequence_params=sequence_param_count(block, gpt_plan(block, True)),
+                         host_ops=block_ops(g.heads, kernels, cfg.precision.amp != "off"))
+
+
+@lru_cache(maxsize=32)
+def block_ops(heads: int, kernels: KernelOptions, half: bool) -> tuple[int, int, int]:
+    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch (models/op_count.py), counted on a block
+    of `heads` heads at 8 features a head; (0, 0) under fp8 with compiled quantization (a compiled call's host cost
+    is not an operator's, and is not counted)."""
+    if kernels.compiled and kernels.fp8 is not None:
+        return 0, 0, 0
+    small = GPTConfig(64, 1, 8 * heads, heads, 16)
+    stage = parallelize_gpt(nn.Sequential(Block(small, 1)), None).to(torch.bfloat16 if half else torch.float32)
+    return dispatched_ops(stage, torch.randn(2, small.seq_len, small.hidden, dtype=stage[0].ln1.weight.dtype))

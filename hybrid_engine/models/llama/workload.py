@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from functools import lru_cache
 
 import torch
+from torch import nn
 
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.data import TokenDataset
@@ -14,6 +16,7 @@ from hybrid_engine.kernels.apply import loss_for
 from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import losses
 from hybrid_engine.models.memory_estimate import weight_bytes
+from hybrid_engine.models.op_count import dispatched_ops
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
 from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
@@ -156,13 +159,30 @@ def shape(cfg) -> ModelShape:
     return decoder_shape("llama", c.layers, c.hidden, c.seq_len, c.vocab_size, block, c.ffn_hidden,
                          c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=acts,
                          kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
-                         fp8=fp8_gemms(kernels, *block_linears(c)), sequence_params=sequence_params(c))
+                         fp8=fp8_gemms(kernels, *block_linears(c)), sequence_params=sequence_params(c),
+                         host_ops=block_ops(c, kernels, cfg.precision.amp != "off"))
 
 
 def sequence_params(c: LlamaConfig) -> int:
     """A block's parameter tensors used on a sequence chunk under sequence parallelism, counted on its plan."""
     block = Block(c, 1, device="meta")
     return sequence_param_count(block, llama_plan(block, 1))
+
+
+@lru_cache(maxsize=32)
+def block_ops(c: LlamaConfig, kernels: KernelOptions, half: bool) -> tuple[int, int, int]:
+    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch as the run builds it (models/op_count.py),
+    counted on a block of c's heads at 8 features a head; (0, 0) where it runs compiled regions (fused elementwise
+    modules, fp8's quantization): a compiled call's host cost is not an operator's, and is not counted."""
+    if kernels.compiled and ((kernels.fused and kernels.elementwise) or kernels.fp8 is not None):
+        return 0, 0, 0
+    small = dataclasses.replace(c, layers=1, hidden=8 * c.heads, head_dim=8, ffn_hidden=16, seq_len=16,
+                                vocab_size=64, max_positions=0)
+    block = Block(small, 1)
+    block.reset_buffers()
+    eager = dataclasses.replace(kernels, fused=kernels.fused and kernels.elementwise, fp8=None)
+    stage = ParallelizeLlama(kernels=eager)(nn.Sequential(block), None).to(torch.bfloat16 if half else torch.float32)
+    return dispatched_ops(stage, torch.randn(2, small.seq_len, small.hidden, dtype=stage[0].norm_attn.weight.dtype))
 
 
 def block_linears(c: LlamaConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
