@@ -202,6 +202,8 @@ def measured_steps():
     for name, run, flags, ranks, step_ms in _measured_steps():
         yield name, run, flags + ["--cuda-graphs", "off"], ranks, step_ms
     yield from graph_runs()
+    # the Llama-1B class on one GPU, tp4, pp4 and pp2 x tp2, each --cuda-graphs off and on (named in its commands)
+    yield from grid_runs("4xH200-graphs-llama", (), [])
 
 
 def _measured_steps():

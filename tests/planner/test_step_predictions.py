@@ -43,6 +43,13 @@ KNOWN_MISSES = {
     ("4xH100-graphs", "C_dp1pp1mp4_m1_on"): ("C at mp4 graphed: 1.94 ms against 2.87 predicted (+48%); the model keeps "
                                               "the tensor-parallel all-reduces' per-collective wait inside a replay "
                                               "that launches them without the host"),
+    ("4xH200-graphs-llama", "pp2tp2_off"): ("the Llama-1B class at pp2 x tp2, eager, 8 micro-batches of 4096 tokens: "
+                                            "the host floor (counted operators x 16 us) predicts 267 ms against 219 "
+                                            "measured (+22%), where tp4 of the same job is within 10%; this plan "
+                                            "measured 209 to 288 ms across the earlier passes"),
+    ("4xH200-graphs-llama", "tp4_on"): ("the same model graphed at tp4: 219 ms predicted against 190 (+15.2%); "
+                                        "as C at mp4 graphed, the model keeps each tensor-parallel all-reduce's wait "
+                                        "for the slowest rank inside a replay that launches them without the host"),
     # (results file, run): why it is left out. Predicted fast unless said.
     ("4xH100-kernels-8b-pp4", "llama8b_fp8_tensorwise"): _FP8,
     ("4xH100-kernels-8b-pp4", "llama8b_fp8_rowwise"): _FP8,
@@ -102,7 +109,7 @@ def points(known: bool):
 
 def test_every_file_and_grid_is_read():
     ids = {(name, run) for name, run, *_ in measured_steps()}
-    assert len(ids) == 159 and set(KNOWN_MISSES) <= ids
+    assert len(ids) == 167 and set(KNOWN_MISSES) <= ids
     assert {name for name, _ in ids} == {
         "4xH200-grids-mlp", "4xH200-grids-gpt", "2xH100-gpt-pp-tp", "2xH200-gpt-dp", "4xH200-llama-4gpu",
         "1xH200-llama-1gpu", "1xH200-plan-one",
@@ -111,7 +118,7 @@ def test_every_file_and_grid_is_read():
         "4xH200-zero-sharding", "4xH200-zero-sharding-plans", "4xH100-graphs", "4xH100-pp4-schedules",
         "4xH100-kernels-8b-pp4", "4xH200-kernels-8b-pp4-fp8-reuse", "4xH200-kernels-8b-pp4-fp8-kernels",
         "2xH200-transformer-step-head-ab", "4xH200-zero-sharding-plan-head", "4xH200-pp4-schedules",
-        "4xH200-zero-sharding-h100-plans"}
+        "4xH200-zero-sharding-h100-plans", "4xH200-graphs-llama"}
     tp4_m2 = next(p for p in points(False) if p.id == "4xH200-grids-gpt:gpt_tp4_m2")
     assert tp4_m2.values[0].count("--micro-batches") == 1 and tp4_m2.values[3] == 159.2  # the last value given
 
