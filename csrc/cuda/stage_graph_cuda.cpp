@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -69,6 +70,8 @@ c10::Stream cuda_capture_stream(const at::Device& device) {
 }
 
 StageGraphs::PoolId cuda_graph_pool() { return at::cuda::graph_pool_handle(); }
+
+void cuda_release_cached_memory() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 
 std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream, const StageGraphs::PoolId& pool) {
   return std::make_unique<CudaStageGraph>(capture_stream, pool);

@@ -67,12 +67,16 @@ void GraphedAutogradStage::set_multiplier(double multiplier) {
 void GraphedAutogradStage::before_step(StepLoss* loss) {
   loss_ = loss;
   in_flight_.clear();  // a step that failed may have left micro-batches in flight: none is now
+  std::vector<Slot*> to_capture;
   for (const std::unique_ptr<Slot>& slot : slots_) {
     const bool capture_now = slot->recorded && !slot->replayed && !(slot->forward && slot->seen == slot->captured) &&
                              (!slot->seen.last || loss != nullptr);
     slot->recorded = slot->replayed = false;
-    if (capture_now) capture(*slot);
+    if (capture_now) to_capture.push_back(slot.get());
   }
+  if (to_capture.empty()) return;
+  graphs_.release_cached_memory();
+  for (Slot* slot : to_capture) capture(*slot);
 }
 
 void GraphedAutogradStage::release() {

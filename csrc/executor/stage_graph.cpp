@@ -10,6 +10,7 @@ namespace hybrid {
 c10::Stream cuda_capture_stream(const at::Device& device);
 StageGraphs::PoolId cuda_graph_pool();
 std::unique_ptr<StageGraph> make_cuda_stage_graph(const c10::Stream& capture_stream, const StageGraphs::PoolId& pool);
+void cuda_release_cached_memory();
 #endif
 
 namespace {
@@ -33,6 +34,12 @@ StageGraphs::StageGraphs(const at::Device& device, bool host_rerun) {
   shared_pool_ = cuda_graph_pool();
 #else
   throw std::invalid_argument("CUDA graphs need a CUDA build of torch (this one has none)");
+#endif
+}
+
+void StageGraphs::release_cached_memory() const {
+#ifdef HYBRID_WITH_CUDA
+  if (capture_stream_) cuda_release_cached_memory();
 #endif
 }
 

@@ -34,6 +34,11 @@ class StageGraphs {
   // build without CUDA or a device that is not CUDA.
   StageGraphs(const at::Device& device, bool host_rerun);
   std::unique_ptr<StageGraph> make(bool shared = false) const;
+  // Before a step's captures, at a point where nothing is in flight: the caching allocator's free blocks go back
+  // to the device. A capture allocates from its graph's own pool, which cannot take blocks the eager steps left
+  // cached, and the allocator frees no cached block while a capture is under way: without this, the graphs' pools
+  // come on top of the eager warm-up's cache. Nothing for the host rerun.
+  void release_cached_memory() const;
 
   using PoolId = std::pair<unsigned long long, unsigned long long>;  // the CUDA caching allocator's MempoolId_t
 

@@ -94,6 +94,16 @@ def why_not(facts: GraphFacts) -> str:
     return ""
 
 
+def auto_keeps_eager(native_stages: Sequence[bool], ranks: int) -> str:
+    """auto's own rule beyond `why_not` ('' where it graphs): autograd stages are graphed by auto on one GPU, where
+    their replay is checked against eager on a GPU (tests/parallel/test_cuda_graphs_decoders_gpu.py); across GPUs
+    their capture beside NCCL is checked by the host's replay only, so auto keeps them eager there and `on`
+    graphs them."""
+    if ranks > 1 and not all(native_stages):
+        return "autograd stages across GPUs are graphed with --cuda-graphs on only (auto graphs them on one GPU)"
+    return ""
+
+
 def replays(native_stages: Sequence[bool]) -> str:
     """What a run of these stages replays, as the choice's line says it."""
     if all(native_stages):
@@ -106,8 +116,9 @@ def replays(native_stages: Sequence[bool]) -> str:
 
 def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
             stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool,
-            trace: bool = False, cp: int = 1) -> GraphChoice:
-    """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed."""
+            trace: bool = False, cp: int = 1, ranks: int = 1) -> GraphChoice:
+    """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed. ranks: the run's
+    processes (auto_keeps_eager)."""
     if mode not in GRAPH_MODES:
         raise ConfigError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
@@ -118,6 +129,7 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
         if why:
             raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
         return GraphChoice(True, f"--cuda-graphs on: {replays(native_stages)}")
+    why = why or auto_keeps_eager(native_stages, ranks)
     if why:
         return GraphChoice(False, f"auto: {why}")
     return GraphChoice(True, f"auto: {replays(native_stages)}")
@@ -185,7 +197,7 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     native = [p.native for p in plans]
     choice = resolve(cfg.stages.cuda_graphs, device_type, native, cfg.schedule, grid.pp_size, cfg.stages,
                      cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None,
-                     grid.cp_size)
+                     grid.cp_size, grid.world_size)
     if not choice.on or cfg.stages.cuda_graphs != "auto":
         return choice
     return planned(cfg, grid, card or this_device(cfg.plan.card, device_type)) or choice
