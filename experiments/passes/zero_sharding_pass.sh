@@ -17,7 +17,8 @@
 #    (FSDP2_RUNS: the FSDP2 peer's, where they differ);
 #    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs";
 #    PLANS="auto pp4": after the levels, the planner's own choice under the cap (auto: the plan command's first row)
-#    and the named plans, of auto, pp4 (interleaved v4 x 16), pp2tp2 (interleaved v4 x 8), tp4 (1f1b x 8))
+#    and the named plans, of auto, auto_eager (auto's with --cuda-graphs off), pp4 (interleaved v4 x 16), pp2tp2
+#    (interleaved v4 x 8), tp4 (1f1b x 8))
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
@@ -82,10 +83,12 @@ plan_flags() {  # plan: the driver flags of a named plan of the 8B shape on 4 ra
       $PY -m hybrid_engine.plan $SHAPE --model llama --vocab-size $VOCAB --batch-size $BATCH --amp bf16 \
         --optimizer adamw --world-size "$NPROC" $CAP $DEVICE > "$RES/plan_table.txt" 2>&1
       grep -o 'run the first: .*' "$RES/plan_table.txt" | sed 's/.*hybrid_engine.py//' ;;
+    auto_eager)  # the same plan with its stages eager: the CUDA graphs' A/B beside auto (which may graph them)
+      echo "$(plan_flags auto) --cuda-graphs off" ;;
     pp4)    echo "--dp 1 --pp 4 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 16" ;;
     pp2tp2) echo "--dp 1 --pp 2 --mp 2 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 8" ;;
     tp4)    echo "--dp 1 --mp 4 --zero 0 --schedule 1f1b --micro-batches 8" ;;
-    *) echo "PLANS takes auto, pp4, pp2tp2, tp4, got $1" >&2; return 2 ;;
+    *) echo "PLANS takes auto, auto_eager, pp4, pp2tp2, tp4, got $1" >&2; return 2 ;;
   esac
 }
 for plan in ${PLANS:-}; do  # the planner's choice and the plans that ran out of memory on 80 GB cards, under the cap

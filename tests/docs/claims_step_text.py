@@ -10,6 +10,7 @@ KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
 FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
 GRAPHS = "2026-11-27-4xH100-graphs.json"
 GRAPHS_LLAMA = "2026-11-28-4xH200-graphs-llama.json"
+PLAN_GRAPHS = "2026-11-28-4xH200-zero-sharding-plan-graphs.json"
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
@@ -132,6 +133,8 @@ STEP_CLAIMS = [
     (PERF, "bf16) on 4 × H200 ran {}× graphed against eager on one GPU, {}× at tp4, {}× at pp4 and {}× at "
            "pp2 × tp2", *[lambda g=g: fixed(2)(results(GRAPHS_LLAMA)["ratios"][g]["on_vs_off"])
                           for g in ("gpu1", "tp4", "pp4", "pp2tp2")]),
+    (PERF, "trains eagerly at {} GiB and ran out of memory capturing its first stage's graphs",
+     lambda: fixed(1)(results(PLAN_GRAPHS)["runs"]["plan_auto_eager"]["peak_gib"])),
     (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
      lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
     (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",

@@ -95,10 +95,12 @@ def why_not(facts: GraphFacts) -> str:
 
 
 def auto_keeps_eager(native_stages: Sequence[bool], ranks: int) -> str:
-    """auto's own rule beyond `why_not` ('' where it graphs): autograd stages are graphed by auto on one GPU, where
-    their replay is checked against eager on a GPU (tests/parallel/test_cuda_graphs_decoders_gpu.py); across GPUs
-    their capture beside NCCL is checked by the host's replay only, so auto keeps them eager there and `on`
-    graphs them."""
+    """auto's own rule beyond `why_not` ('' where it graphs): autograd stages are graphed by auto on one GPU only.
+    Across GPUs they train graphed as eagerly (tests/parallel/test_cuda_graphs_decoders_gpu.py on 2 and 4 GPUs) and
+    save the host's work where it sets the pace, but their graphs' pools are not yet predicted safely: the 8B
+    shape's plan under a 78 GiB cap (dp2 x pp2, interleaved v4 x 8), which trains eagerly at 68.5 GiB and was
+    predicted to fit graphed, ran out of memory capturing its first stages' graphs. So auto keeps them eager
+    there and `on` graphs them."""
     if ranks > 1 and not all(native_stages):
         return "autograd stages across GPUs are graphed with --cuda-graphs on only (auto graphs them on one GPU)"
     return ""
