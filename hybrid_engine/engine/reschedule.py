@@ -1,7 +1,11 @@
 """Mixed into Engine: another schedule of the same stages from the next step on (the planner's switch after it
-refits its cost model, hybrid_engine/planner/refit.py); every stage, parameter, gradient buffer and optimizer
-state stays, and the executor is built again on the next step."""
+refits its cost model, hybrid_engine/planner/refit.py), or the same stages without their CUDA graphs; every stage,
+parameter, gradient buffer and optimizer state stays, and the executor is built again on the next step."""
 from __future__ import annotations
+
+import gc
+
+import torch
 
 from hybrid_engine.config.engine import ScheduleConfig
 from hybrid_engine.models import losses
@@ -31,6 +35,19 @@ class Reschedule:
             self._programs = self.graphed_programs(choice)
         self.cuda_graphs = choice
         self._executor = None
+
+    def run_eagerly(self, why: str) -> GraphChoice:
+        """Drop the stages' CUDA graphs, their pools back to the device, and run every stage eagerly from the next
+        step (train/graph_fallback.py: capturing them ran out of memory). Returns the new choice, which says why."""
+        for program in self._programs.values():
+            program.release()
+        self._programs = dict(self._eager_programs)
+        self.cuda_graphs = GraphChoice(False, why)
+        self._executor = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return self.cuda_graphs
 
     def graph_choice(self, schedule: ScheduleConfig, mode: str) -> GraphChoice:
         """Whether this engine's stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""

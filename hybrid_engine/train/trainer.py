@@ -34,6 +34,7 @@ from hybrid_engine.models.workload import Workload
 from .divergence import DivergenceGuard
 from hybrid_engine.config.output_paths import ReportingError
 from .lr_schedule import LRSchedule
+from .graph_fallback import step_or_run_eagerly
 from .plan_fallback import FirstStepOutOfMemory
 from . import learn_plan
 from .update_settings import update_settings
@@ -177,7 +178,9 @@ class Trainer:
                 self.state.step = step
                 lr = schedule.at(step)
                 engine.set_lr(lr)
-                result = self._first_step(step) if step == first_step else self._step(step)
+                result = (self._first_step(step) if step == first_step else
+                          step_or_run_eagerly(self._step, step, engine, cfg.stages.cuda_graphs, self.grid.world_size,
+                                              progress.say))
                 self._judge(step, result.loss, guard, ckpts)
                 ckpts.publish_written()  # its state just trained one step with a finite loss, no spike
                 # per rank: peak memory, and the bytes of fp32 masters and optimizer state it holds (ZeRO-1: a shard)
