@@ -6,7 +6,8 @@
 # 185 ms: first both again over 10 steps after 5 (cp4_16k_ring, cp4_16k_gather), then both under
 # experiments/bench/profile_driver.py recording steps 6-10 only (PROFILE_STEPS=5:5: no compiling or communicator
 # set-up in the files), rank 0's two files side by side (compare_profiles.py) in compare_16k.txt, every rank's file
-# in $OUT/cp_short.tgz. The model and flags are the long-sequence pass's (experiments/passes/long_seq_pass.sh).
+# in $OUT/cp_short.tgz, the step times and each rank's profiled step in one JSON
+# ($OUT/<date>-4x<card>-cp4-16k-ring-gather.json, experiments/analysis/cp_short_results.py). The model and flags are the long-sequence pass's (experiments/passes/long_seq_pass.sh).
 #
 #   DEVICE_SO=/tmp/he_so/*.so bash experiments/passes/cp_short_pass.sh    # after long_seq_pass.sh on a warm machine
 set -uo pipefail
@@ -33,5 +34,8 @@ done
 [[ -f $RES/profile_16k_ring-rank0.json && -f $RES/profile_16k_all-rank0.json ]] \
   && python3 experiments/bench/compare_profiles.py "$RES/profile_16k_ring-rank0.json" \
        "$RES/profile_16k_all-rank0.json" 45 | tee "$RES/compare_16k.txt"
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+python3 experiments/analysis/cp_short_results.py "$RES" "$OUT/$(date +%F)-4x$(grep -o 'H[0-9]00' <<< "$CARD" \
+    | head -1)-cp4-16k-ring-gather.json" --card "$CARD" > /dev/null
 tar czf "$OUT/cp_short.tgz" -C "$RES" .
 echo "cp_short: done after ${SECONDS}s"

@@ -4,7 +4,11 @@ CUDA-graphed stages (docs/performance.md), the V schedules (docs/schedules.md) a
 giving each number as shown), read from the results file the sentence names."""
 from __future__ import annotations
 
-from doc_sources import PERF, comma, fixed, ratio, results
+import json
+import os
+import tarfile
+
+from doc_sources import PERF, RESULTS, comma, fixed, long_seq4, pct, ratio, results
 
 KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
 FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
@@ -19,6 +23,21 @@ KERNELS_8B_H200 = "2026-11-27-4xH200-kernels-8b-pp4-fp8-{}.json"
 FP8_PROFILE = "2026-11-27-4xH200-fp8-kernels-profile-categories.json"
 LINEAR_BENCH = "2026-11-27-1xH200-fp8-linear-bench.jsonl"
 LONG_SEQ_DOC = "docs/long_sequences.md"
+LONG_SEQ4_LATER = "2026-11-28-4xH200-long-seq-one-gpu-128k.json"  # one GPU at 32k and 64k, cp2 x tp2 at 128k
+LONG_SEQ4_LATER_LOGS = "2026-11-28-4xH200-long-seq-one-gpu-128k-logs.tgz"
+CP_SHORT = "2026-11-28-4xH200-cp4-16k-ring-gather.json"  # cp4 at 16k over 10 steps, and each rank's profile
+
+
+def _first_step_peak(run: str) -> float:
+    """A run's first step's peak GiB, from its metrics file in the job's logs (the run failed after it)."""
+    with tarfile.open(os.path.join(RESULTS, "raw", LONG_SEQ4_LATER_LOGS)) as logs:
+        first = logs.extractfile(f"./{run}.jsonl").read().decode().splitlines()[0]
+    return json.loads(first)["peak_mem_gib"][0]
+
+
+def _cp_short(variant: str) -> dict:
+    """A variant (ring, all-gather) of the short context-parallel pass."""
+    return results(CP_SHORT)["variants"][variant]
 ATTENTION_BENCH = "raw/2026-11-28-1xH200-attention-kernels.jsonl"
 GRID_NAMES = {"mp4": "dp1 pp1 mp4", "pp4": "dp1 pp4 mp1", "pp2 × mp2": "dp1 pp2 mp2", "dp2 × pp2": "dp2 pp2 mp1",
               "dp4": "dp4 pp1 mp1"}
@@ -80,6 +99,26 @@ STEP_CLAIMS = [
      "`--fused-kernels off` {} and {} beside {} and {} in another",
      *[lambda w=w, r=r, t=t: fixed(2)(_fused_ab(w, r, t)) for w in ("on", "off") for t in ("new", "old")
        for r in ("pp2tp2", "pp2tp2_2")]),
+    *[(LONG_SEQ_DOC, f"| {label} * | {{}} | {{}}% | {{}}% | {{}} |",
+       lambda run=run: comma(long_seq4(run, LONG_SEQ4_LATER)["tokens_s"]),
+       lambda run=run: pct()(long_seq4(run, LONG_SEQ4_LATER)["mfu"]),
+       lambda run=run: pct()(long_seq4(run, LONG_SEQ4_LATER)["mfu_causal"]),
+       lambda run=run: fixed(1)(max(long_seq4(run, LONG_SEQ4_LATER)["peak_gib_per_gpu"])))
+      for label, run in (("cp2 × tp2, 128k", "cp2tp2_128k"), ("one GPU, 32k", "gpu1_32k"))],
+    (LONG_SEQ_DOC, "eager step at {} GiB and ran out of memory capturing its CUDA graphs at the second",
+     lambda: fixed(1)(_first_step_peak("gpu1_64k"))),
+    (LONG_SEQ_DOC, "cp4 at 32k moves {}× its tokens a second",
+     lambda: ratio(long_seq4("cp4_32k")["tokens_s"], long_seq4("gpu1_32k", LONG_SEQ4_LATER)["tokens_s"])),
+    (LONG_SEQ_DOC, "the ring took {} ms a step ({} to {}) and the all-gather {} ms: {}×",
+     lambda: fixed(1)(_cp_short("ring")["step_ms"]), lambda: fixed(1)(_cp_short("ring")["min_ms"]),
+     lambda: fixed(1)(_cp_short("ring")["max_ms"]), lambda: fixed(1)(_cp_short("all-gather")["step_ms"]),
+     lambda: fixed(2)(results(CP_SHORT)["all_gather_over_ring"])),
+    (LONG_SEQ_DOC, "far above the cost model's {} ms", lambda: fixed(1)(_cp_short("ring")["predicted_ms"])),
+    (LONG_SEQ_DOC, "holds {} to {} ms of compute kernels a step for the ring, near the model's step, beside {} to {} "
+     "ms of NCCL kernels",
+     *[lambda kind=kind, pick=pick: fixed(1)(pick(r[f"{kind}_kernels_ms"]
+                                                   for r in _cp_short("ring")["per_rank_profile"]))
+       for kind in ("compute", "nccl") for pick in (min, max)]),
     (LONG_SEQ_DOC, "the flash kernel ran the blocks of cp4 at 32k {} to {}× slower than cuDNN's",
      lambda: _block_kernels(min), lambda: _block_kernels(max)),
     *[(PERF, f"| {grid} | {config} | {{}} | {{}} | {{}} | {{}}× | {{}}× |",

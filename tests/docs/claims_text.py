@@ -11,7 +11,7 @@ from doc_sources import (CLEAN_CI, COMPILE_AB, FIRST, GRIDS_MLP, GRIDS_MLP_FIRST
                          ZERO_PASS, archive_member, comma, first_median_step_ms, fixed, forward_mp_all_reduces_us,
                          gpu_idle_fraction, job7_efficiency, job_run, last_backward_ms, llama, mlp_l_bytes,
                          mlp_ratios, pct, pptp, profile_cuda_percent, ratio, reduce_scatter_span_ms, results, rounded,
-                         summary_ms, summary_rate, timed_step_ms, LONG_SEQ4_ALL, long_seq4, zero_dp4, zero_plans,
+                         summary_ms, summary_rate, timed_step_ms, long_seq4, zero_dp4, zero_plans,
                          zero_head)
 
 from claims_step_text import LONG_SEQ_DOC, STEP_CLAIMS
@@ -50,11 +50,6 @@ def _two_gpu_row(label: str, run: str, engine: str | None) -> tuple:
 
 
 ZERO_DP4_LOGS = "2026-11-27-4xH200-zero-sharding-logs.tgz"
-
-
-def _long_all(name: str) -> dict:
-    """A run of the cp4 job at 16k-64k (the earlier job's, 128k among them: long_seq4)."""
-    return long_seq4(name, LONG_SEQ4_ALL)
 
 
 # docs/long_sequences.md's table: (the row's label, the run of the job of cuDNN's blocks)
@@ -212,8 +207,6 @@ CLAIMS = [
      lambda: ratio(long_seq4("cp4_32k_gather")["tokens_s"], long_seq4("cp4_32k")["tokens_s"])),
     (LONG_SEQ_DOC, "At 16k (4k tokens a rank) the all-gather variant is {}× the ring",
      lambda: ratio(long_seq4("cp4_16k_gather")["tokens_s"], long_seq4("cp4_16k")["tokens_s"])),
-    (LONG_SEQ_DOC, "ring's 16k step took {} ms with cuDNN's blocks and {} with flash's",
-     lambda: fixed(0)(long_seq4("cp4_16k")["step_ms"]), lambda: fixed(0)(_long_all("cp4_16k")["step_ms"])),
     (PERF, "Zero 3's peak is {}% of zero 1's",
      lambda: pct(0)(zero_dp4("zero3")["peak_gib"] / zero_dp4("zero1_uncapped")["peak_gib"])),
     (PERF, "(after the first, each of 8 MB took {}–{} µs in the dp2 × mp2 trace",

@@ -24,11 +24,17 @@ RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 FOUR, TWO = "2026-11-27-4xH200-long-seq.json", "2026-11-27-2xH200-long-seq.json"
 ALL = "2026-11-27-4xH200-long-seq-cp4-all.json"  # a later job: cp4 at 16k, 32k, 64k and the all-gather variant
 CUDNN = "2026-11-28-4xH200-long-seq.json"  # every run again, the blocks by cuDNN's kernel, beside flash's at 32k
-SHORT_SHARE = ("at 4k tokens a rank the blocks' kernels do not set the pace: the ring's step measured 185 ms with the "
-               "flash kernel and 182 with cuDNN's, 1.6x faster on the same blocks; both variants' steps take 1.5-1.9x "
-               "the predicted GPU work, for a cause not yet measured (no host cost a block fits both)")
+LATER = "2026-11-28-4xH200-long-seq-one-gpu-128k.json"  # one GPU at 32k (and 64k: out of memory), cp2 x tp2 at 128k
+SHORT_SHARE = ("at 4k tokens a rank the blocks' kernels do not set the pace: each rank's compute kernels take 105-109 "
+               "ms a step (profiled, results/2026-11-28-4xH200-cp4-16k-ring-gather.json), near the predicted step, "
+               "and its NCCL kernels 109-169 ms more, mostly waiting for peers that reach each hop at other moments: "
+               "a wait the model does not price")
 # Steps the model does not reach, each still a miss (so the list is kept honest when the model improves).
 STEP_MISSES = {"all-cp4_16k": SHORT_SHARE, "cudnn-cp4_16k": SHORT_SHARE, "cudnn-cp4_16k_gather": SHORT_SHARE}
+# Peaks the model does not reach, each still a miss.
+PEAK_MISSES = {"later-gpu1_32k": ("one GPU at 32k ran its stage CUDA-graphed (auto on one GPU): 45.6 GiB allocated "
+                                  "against 51.4 predicted (+13%), while the allocator reserved 73.5 GiB, the eager "
+                                  "warm-up's cache beside the graphs' pools: the model times neither side of that")}
 # What the runs' flags leave to their data and their tree: the data's vocabulary (their model line: "vocab
 # 32000"); on the trees of 2026-11-27 the kernels --fused-kernels auto gave ("fused kernels on (torch.compile'd
 # Triton regions): RMSNorm, RoPE, SwiGLU, chunked linear + cross-entropy", tensor parallelism or not) and the
@@ -62,9 +68,10 @@ def runs():
     """Every engine run of both files. The 2 x H200 runs' tree built each stage in float32 and kept that copy: their
     peaks less it, 4 bytes a parameter (the one-GPU 8k peak less it is the 4 x H200 run's within 0.1 GiB)."""
     for name, copy_bytes, tag, tree in ((FOUR, 0.0, "4x", FLASH_TREE), (TWO, 4.0 * MODEL_PARAMS, "2x", FLASH_TREE),
-                                        (ALL, 0.0, "all", FLASH_TREE), (CUDNN, 0.0, "cudnn", CUDNN_TREE)):
+                                        (ALL, 0.0, "all", FLASH_TREE), (CUDNN, 0.0, "cudnn", CUDNN_TREE),
+                                        (LATER, 0.0, "later", CUDNN_TREE)):
         for run in json.loads((RESULTS / name).read_text())["runs"]:
-            if run["system"] == "engine":
+            if run["system"] == "engine" and "out of memory" not in run.get("error", ""):
                 step_ms, peak = measured(run)
                 yield pytest.param(flags_of(run["command"], tree), step_ms, peak - copy_bytes / GIB,
                                    id=f"{tag}-{run['name']}")
@@ -79,11 +86,11 @@ def test_every_run_is_pinned():
     ids = [p.id for p in runs()]
     assert {"4x-gpu1_8k", "4x-cp4_32k", "4x-cp4_128k", "4x-cp2tp2_32k", "2x-cp2_32k", "2x-cp2_64k",
             "2x-cp2_128k", "all-cp4_16k", "all-cp4_64k", "all-cp4_32k_gather", "cudnn-gpu1_8k", "cudnn-cp4_32k",
-            "cudnn-cp4_32k_flash", "cudnn-cp4_128k", "cudnn-cp2tp2_32k", "cudnn-cp4_64k", "cudnn-cp4_32k_gather"
-            } <= set(ids)
+            "cudnn-cp4_32k_flash", "cudnn-cp4_128k", "cudnn-cp2tp2_32k", "cudnn-cp4_64k", "cudnn-cp4_32k_gather",
+            "later-gpu1_32k", "later-cp2tp2_128k"} <= set(ids)
     flash_ab = next(p for p in runs() if p.id == "cudnn-cp4_32k_flash").values[0]
     assert flash_ab[flash_ab.index("--cp-kernel") + 1] == "flash" and flash_ab.count("--cp-kernel") == 1
-    assert set(STEP_MISSES) <= set(ids)
+    assert set(STEP_MISSES) <= set(ids) and set(PEAK_MISSES) <= set(ids)
     cp2tp2 = next(p for p in runs() if p.id == "4x-cp2tp2_32k")
     assert cp2tp2.values[1:] == (362.50, 17.024)  # from its summary line
 
@@ -100,13 +107,20 @@ def test_the_known_misses_still_miss(flags, step_ms, peak):
     assert abs(predicted_ms / step_ms - 1) > 0.15, (predicted_ms, step_ms)
 
 
-@pytest.mark.parametrize("flags, step_ms, peak", list(runs()))
+@pytest.mark.parametrize("flags, step_ms, peak", [p for p in runs() if p.id not in PEAK_MISSES])
 def test_the_peak_is_within_10_percent_over_and_3_under(flags, step_ms, peak):
     predicted_gib = prediction(flags).peak / GIB
     assert -0.03 <= predicted_gib / peak - 1 <= 0.10, (predicted_gib, peak)
+
+
+@pytest.mark.parametrize("flags, step_ms, peak", [p for p in runs() if p.id in PEAK_MISSES])
+def test_the_known_peak_misses_still_miss(flags, step_ms, peak):
+    predicted_gib = prediction(flags).peak / GIB
+    assert not -0.03 <= predicted_gib / peak - 1 <= 0.10, (predicted_gib, peak)
 
 
 def test_the_float32_copy_is_of_the_shapes_own_parameters():
     run = json.loads((RESULTS / TWO).read_text())["runs"][0]
     shape = shape_of(parse_config(flags_of(run["command"])))
     assert sum(layer.params for layer in shape.layers) == MODEL_PARAMS
+
