@@ -19,6 +19,8 @@ PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
 HEAD_AB = "2026-11-27-2xH200-transformer-step-head-ab.json"
+FP8_TEXT = "2026-11-28-2xH200-fp8-realtext.json"  # 400 steps of real text, bf16 and fp8, eager
+FP8_GRAPHED = "2026-11-28-1xH200-fp8-graphed-step.json"  # the same model and batch graphed on one H200
 KERNELS_8B_H200 = "2026-11-27-4xH200-kernels-8b-pp4-fp8-{}.json"
 FP8_PROFILE = "2026-11-27-4xH200-fp8-kernels-profile-categories.json"
 LINEAR_BENCH = "2026-11-27-1xH200-fp8-linear-bench.jsonl"
@@ -146,6 +148,20 @@ STEP_CLAIMS = [
           ("each GEMM's operands from scratch, weights every micro-batch", "4 × H100", KERNELS_8B),
           ("each operand once, weights once a step, compiled regions", "4 × H200", KERNELS_8B_H200.format("reuse")),
           ("the same, Triton casts and ATen maxima", "4 × H200", KERNELS_8B_H200.format("kernels")))],
+    ("docs/kernels.md", "validation loss after the last step {} in bf16 and {} in fp8, {}% apart (the goal is 1%; the "
+     "largest gap at any evaluation {}%)",
+     lambda: fixed(4)(results(FP8_TEXT)["runs"]["bf16"]["final_val_loss"]),
+     lambda: fixed(4)(results(FP8_TEXT)["runs"]["fp8"]["final_val_loss"]),
+     lambda: fixed(2)(100 * results(FP8_TEXT)["target"]["final_rel_diff"]),
+     lambda: fixed(2)(100 * results(FP8_TEXT)["target"]["max_rel_diff"])),
+    ("docs/kernels.md", "there fp8 ran {}× bf16's tokens/s",
+     lambda: fixed(2)(results(FP8_TEXT)["fp8_over_bf16_tokens_s"])),
+    ("docs/kernels.md", "the same model and batch ran fp8 at {} tokens/s against bf16's {} ({}×), and bf16 itself {}× "
+     "its eager run",
+     lambda: comma(results(FP8_GRAPHED)["runs"]["fp8"]["tokens_s"]),
+     lambda: comma(results(FP8_GRAPHED)["runs"]["bf16"]["tokens_s"]),
+     lambda: ratio(results(FP8_GRAPHED)["runs"]["fp8"]["tokens_s"], results(FP8_GRAPHED)["runs"]["bf16"]["tokens_s"]),
+     lambda: ratio(results(FP8_GRAPHED)["runs"]["bf16"]["tokens_s"], results(FP8_TEXT)["runs"]["bf16"]["tokens_s"])),
     ("docs/kernels.md", "fp8 tensor-wise ran {}× bf16 after the head's one-GEMM weight gradient",
      lambda: fixed(2)(results(HEAD_AB)["ratios"]["l4_fp8"]["tokens_per_s_ratio"])),
     ("docs/kernels.md", "of {} ms of device time over its 4 steps, the GEMMs took {} ms",
