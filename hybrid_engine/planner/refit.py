@@ -1,8 +1,8 @@
 """A cost model that learns from the run: after its first measured steps, the card's terms are refitted to what the
 run measured, every plan is predicted again, and the engine is told whether to switch.
 
-Two terms are fitted, and with --trace a third: a compute scale (the run's GEMM, attention and elementwise time over the table's: a card's
-real efficiency on this model) and a host cost per layer action (launches, the executor's and autograd's
+Two terms are fitted, and with --trace a third: a compute scale (the run's GEMM, attention and elementwise time
+over the table's: a card's real efficiency on this model) and a host cost per layer action (launches, the executor's and autograd's
 bookkeeping). With --trace the executor times every action: each stage's median F, B, I and W against the model's
 compute and layer count for it is a least-squares fit of both, and the DP gradient collectives' bytes over the time
 they were in flight give the link's rate. Without it the step time alone fits the scale.

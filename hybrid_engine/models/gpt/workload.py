@@ -170,9 +170,9 @@ def shape(cfg) -> ModelShape:
 
 @lru_cache(maxsize=32)
 def block_ops(heads: int, kernels: KernelOptions, half: bool) -> tuple[int, int, int]:
-    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch (models/op_count.py), counted on a block
-    of `heads` heads at 8 features a head; (0, 0) under fp8 with compiled quantization (a compiled call's host cost
-    is not an operator's, and is not counted)."""
+    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch
+    (models/op_count.py), counted on a block of `heads` heads at 8 features a head; (0, 0) under fp8 with compiled
+    quantization (a compiled call's host cost is not an operator's, and is not counted)."""
     if kernels.compiled and kernels.fp8 is not None:
         return 0, 0, 0
     small = GPTConfig(64, 1, 8 * heads, heads, 16)

@@ -171,9 +171,10 @@ def sequence_params(c: LlamaConfig) -> int:
 
 @lru_cache(maxsize=32)
 def block_ops(c: LlamaConfig, kernels: KernelOptions, half: bool) -> tuple[int, int, int]:
-    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch as the run builds it (models/op_count.py),
-    counted on a block of c's heads at 8 features a head; (0, 0) where it runs compiled regions (fused elementwise
-    modules, fp8's quantization): a compiled call's host cost is not an operator's, and is not counted."""
+    """(forward, backward, backward without its weight gradients) aten operators a block dispatches a micro-batch
+    as the run builds it (models/op_count.py), counted on a block of c's heads at 8 features a head; (0, 0) where
+    it runs compiled regions (fused elementwise modules, fp8's quantization): a compiled call's host cost is not an
+    operator's, and is not counted."""
     if kernels.compiled and ((kernels.fused and kernels.elementwise) or kernels.fp8 is not None):
         return 0, 0, 0
     small = dataclasses.replace(c, layers=1, hidden=8 * c.heads, head_dim=8, ffn_hidden=16, seq_len=16,
