@@ -118,6 +118,17 @@ def planned_kernels(cfg):
                                      cfg.data_parallel.zero)
 
 
+def planned_for_gpu(cfg) -> bool:
+    """Whether cfg (RunConfig) is planned for a GPU's card (--plan-card, else its --device). Only a GPU's card
+    times the host's cost a block's operators take (Card.op_host_s; the CPU's card none), so a block's operators
+    are counted (models/op_count.py) only for one: the count runs under a TorchDispatchMode, whose first use
+    imports torch's compiler stack, about a second of every planning process's start on a CPU."""
+    from hybrid_engine.planner.card import names_a_gpu
+    from hybrid_engine.train.cli import device_type
+
+    return names_a_gpu(cfg.plan.card, device_type(cfg.parallel.device))
+
+
 def fp8_gemms(kernels, column: list[tuple[int, int]], row: list[tuple[int, int]]) -> Fp8Gemms | None:
     """A block's linear layers (column- and row-parallel, each (K, N)) as they run under these KernelOptions: in
     float8 with its recipe and weight cache, or None without fp8."""

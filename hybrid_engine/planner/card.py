@@ -169,6 +169,11 @@ def card_named(name: str, device_name: str = "", total_memory: float | None = No
     return card.with_memory(total_memory) if total_memory else card
 
 
+def names_a_gpu(name: str, device_type: str) -> bool:
+    """Whether this_device(name, device_type) is a GPU's card, told without asking the device."""
+    return name in ("h100", "h200") or (name == "auto" and device_type == "cuda")
+
+
 def this_device(name: str, device_type: str) -> Card:
     """The card of this process's device: the same on every rank of a grid of like devices (nothing measured)."""
     if device_type == "cuda" and name in ("auto", "h100", "h200"):

@@ -19,7 +19,8 @@ from hybrid_engine.models.memory_estimate import gpt_weight_bytes
 from hybrid_engine.models.op_count import dispatched_ops
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
+from hybrid_engine.models.planner_shape import (ModelShape, decoder_shape, fp8_gemms, planned_for_gpu,
+                                                 planned_kernels)
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 from hybrid_engine.parallel.tensor.plan import sequence_param_count
@@ -165,7 +166,8 @@ def shape(cfg) -> ModelShape:
                          fused_loss=kernels.fused,
                          fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]),
                          sequence_params=sequence_param_count(block, gpt_plan(block, True)),
-                         host_ops=block_ops(g.heads, kernels, cfg.precision.amp != "off"))
+                         host_ops=block_ops(g.heads, kernels, cfg.precision.amp != "off") if planned_for_gpu(cfg)
+                         else (0, 0, 0))
 
 
 @lru_cache(maxsize=32)

@@ -19,7 +19,8 @@ from hybrid_engine.models.memory_estimate import weight_bytes
 from hybrid_engine.models.op_count import dispatched_ops
 from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_data, data_vocab, open_token_data,
                                                  refuse_if_weights_too_large)
-from hybrid_engine.models.planner_shape import ModelShape, decoder_shape, fp8_gemms, planned_kernels
+from hybrid_engine.models.planner_shape import (ModelShape, decoder_shape, fp8_gemms, planned_for_gpu,
+                                                 planned_kernels)
 from hybrid_engine.models.workload import Workload
 from hybrid_engine.parallel.pipeline.balance import balanced_partition
 from hybrid_engine.parallel.tensor.plan import sequence_param_count
@@ -160,7 +161,8 @@ def shape(cfg) -> ModelShape:
                          c.tie_embeddings, layer_costs(c), llama_flops_per_token(c), block_acts=acts,
                          kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
                          fp8=fp8_gemms(kernels, *block_linears(c)), sequence_params=sequence_params(c),
-                         host_ops=block_ops(c, kernels, cfg.precision.amp != "off"))
+                         host_ops=block_ops(c, kernels, cfg.precision.amp != "off") if planned_for_gpu(cfg)
+                         else (0, 0, 0))
 
 
 def sequence_params(c: LlamaConfig) -> int:
