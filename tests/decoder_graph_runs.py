@@ -96,16 +96,24 @@ def _train_one(rank: int, run: dict, device: str) -> dict:
     return record
 
 
-def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
-    """The Llama on one rank, 2 micro-batches streamed a step, of these rows: two steps of 4 + 4, two of 2 + 2, three
-    of 4 + 3 (a smaller last micro-batch). A new shape runs eagerly and is captured at the next step's start; the
-    last micro-batch of 3 rows runs eagerly beside the 4-row graphs, which it never displaces."""
+def one_rank_llama(rank: int, graphs: str):
+    """(workload, groups, engine): the tiny Llama on one rank, 2 micro-batches a step, SGD; graphs "host": its
+    stage graphed and replayed by the host, chosen as `auto` would say it."""
     workload = workload_of({})
     groups = build_groups(ProcessGrid(1, 1, 1), rank)
     engine = make_engine(workload.model, groups, loss=workload.loss, micro_batches=2, optimizer=optim.SGD(LR, 0.9),
                          cuda_graphs="off", **workload.engine_kwargs(1))
     if graphs == "host":
-        engine._programs = engine.graphed_programs(GraphChoice(True, "test"), host_rerun=True)
+        engine.cuda_graphs = GraphChoice(True, "auto: test")
+        engine._programs = engine.graphed_programs(engine.cuda_graphs, host_rerun=True)
+    return workload, groups, engine
+
+
+def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
+    """The Llama on one rank, 2 micro-batches streamed a step, of these rows: two steps of 4 + 4, two of 2 + 2, three
+    of 4 + 3 (a smaller last micro-batch). A new shape runs eagerly and is captured at the next step's start; the
+    last micro-batch of 3 rows runs eagerly beside the 4-row graphs, which it never displaces."""
+    workload, groups, engine = one_rank_llama(rank, graphs)
     losses, counts = [], []
     for step, rows in enumerate(((4, 4), (4, 4), (2, 2), (2, 2), (4, 3), (4, 3), (4, 3))):
         x, y = workload.draw(step, 0, sum(rows))

@@ -343,14 +343,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
         """Drop the executor (it holds process groups and buffers) and free the stages' CUDA graphs; the engine
         cannot step afterwards. Nothing of it is process-wide, so other engines in the process are untouched."""
         self.wait_for_parameters()  # no all-gather left writing into the parameters
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # no replay still queued when its graphs go
-        # NCCL destroys no communicator while a graph that captured its collectives lives, and a caller may still
-        # hold the programs (stage_programs): the graphs go here, not with the last reference.
-        for program in self._programs.values():
-            program.release()
-        self._executor = None
-        self._programs = dict(self._eager_programs)
+        self.drop_graphs()
         self._tied.close()
         if self._shard_groups is not None:
             self._shard_groups.close()

@@ -36,14 +36,22 @@ class Reschedule:
         self.cuda_graphs = choice
         self._executor = None
 
+    def drop_graphs(self) -> None:
+        """Free the stages' CUDA graphs and the executor; the stages run their eager programs from the next step.
+        NCCL destroys no communicator while a graph that captured its collectives lives, and a caller may still
+        hold the programs (stage_programs): the graphs go here, not with the last reference."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay still queued when its graphs go
+        for program in self._programs.values():
+            program.release()
+        self._executor = None
+        self._programs = dict(self._eager_programs)
+
     def run_eagerly(self, why: str) -> GraphChoice:
         """Drop the stages' CUDA graphs, their pools back to the device, and run every stage eagerly from the next
         step (train/graph_fallback.py: capturing them ran out of memory). Returns the new choice, which says why."""
-        for program in self._programs.values():
-            program.release()
-        self._programs = dict(self._eager_programs)
+        self.drop_graphs()
         self.cuda_graphs = GraphChoice(False, why)
-        self._executor = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -14,12 +14,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from decoder_graph_runs import LR, workload_of  # noqa: E402
+from decoder_graph_runs import one_rank_llama  # noqa: E402
 from dist_utils import run_ranks  # noqa: E402
-from engine_builders import make_engine  # noqa: E402
-from hybrid_engine import ProcessGrid  # noqa: E402
-from hybrid_engine.optim import optimizers as optim  # noqa: E402
-from hybrid_engine.parallel.grid import build_groups  # noqa: E402
 from hybrid_engine.parallel.pipeline.graphs import GraphChoice  # noqa: E402
 from hybrid_engine.train.graph_fallback import capture_ran_out, step_or_run_eagerly  # noqa: E402
 
@@ -31,13 +27,7 @@ def train(rank: int, world: int, graphs: str) -> dict:
     first two steps (warm-up, then capture and replay) and then without its graphs (Engine.run_eagerly, what the
     fallback calls), "dropped"."""
     torch.set_num_threads(1)
-    workload = workload_of({})
-    groups = build_groups(ProcessGrid(1, 1, 1), rank)
-    engine = make_engine(workload.model, groups, loss=workload.loss, micro_batches=2, optimizer=optim.SGD(LR, 0.9),
-                         cuda_graphs="off", **workload.engine_kwargs(1))
-    if graphs == "dropped":
-        engine._programs = engine.graphed_programs(GraphChoice(True, "auto: test"), host_rerun=True)
-        engine.cuda_graphs = GraphChoice(True, "auto: test")
+    workload, groups, engine = one_rank_llama(rank, "host" if graphs == "dropped" else "off")
     losses, captures, said = [], [], []
     for at in range(STEPS):
         if graphs == "dropped" and at == 2:
