@@ -204,17 +204,17 @@ def mp_collectives_s(card: Card, s: Setting, layer, nbytes: float, native: bool)
     used on a sequence chunk (LayerShape.sequence_params: a few kB each, their latency and synchronisation)."""
     mp = s.mp
     slow = 1.0 if native else AUTOGRAD_MP_SLOWDOWN
-    sync = (mp - 1) * card.mp_sync_s
+    forward_wait, backward_wait = mp_waits(card, s, layer)
     if not s.sequence_parallel:
         one = card.collective_s(nbytes, mp) * slow
         # native: the all-reduce's transfer hidden under the W GEMMs, never its synchronisation
-        backward = layer.mp_allreduces * (one / (2 if native else 1) + sync)
-        return (layer.mp_allreduces * (one + sync), backward, layer.mp_allreduces * (1.5 * one + 2 * sync),
-                round(2 * layer.mp_allreduces))
+        backward = layer.mp_allreduces * one / (2 if native else 1) + backward_wait
+        return (layer.mp_allreduces * one + forward_wait, backward,
+                1.5 * layer.mp_allreduces * one + forward_wait + backward_wait, round(2 * layer.mp_allreduces))
     half = card.collective_s(nbytes, mp, 1.0) * slow + card.compute_scale * 2.0 * nbytes / card.hbm_bytes_s
-    forward = 2 * layer.mp_allreduces * (half + sync)
-    params = layer.sequence_params * (card.collective_s(0.0, mp) * slow + sync)
-    backward = 2 * layer.mp_allreduces * (half / (2 if native else 1) + sync) + params
+    forward = 2 * layer.mp_allreduces * half + forward_wait
+    params = layer.sequence_params * card.collective_s(0.0, mp) * slow
+    backward = 2 * layer.mp_allreduces * half / (2 if native else 1) + params + backward_wait
     return forward, backward, forward + backward, round(4 * layer.mp_allreduces) + layer.sequence_params
 
 
