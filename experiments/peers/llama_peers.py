@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The Llama's peers: what a user would run instead of the engine, one JSON line per run.
 
-    torchrun --nproc_per_node=1 experiments/peers/llama_peers.py --mode torch|torch-compile|megatron --data TOKENS
+    torchrun --nproc_per_node=1 experiments/peers/llama_peers.py --mode torch|torch-compile|hf|hf-compile|megatron \
+        --data TOKENS
     torchrun --nproc_per_node=4 experiments/peers/llama_peers.py --mode megatron-pp-tp --data TOKENS
 
 torch / torch-compile: the plain Llama of plain_llama.py (nn.RMSNorm, RoPE, SDPA with enable_gqa, SwiGLU), the
 engine's initial weights, bf16 autocast over fp32 weights, fused AdamW with the engine's recipe (weight decay on the
 matrices only, betas 0.9/0.95, clipping at 1.0), gradient accumulation over the micro-batches; torch-compile
-compiles the model with its loss whole. megatron: Megatron-core's GPTModel as a Llama, local spec
+compiles the model with its loss whole. hf / hf-compile: Hugging Face transformers' LlamaForCausalLM (SDPA
+attention, untied head; its own initial weights) under the same recipe, its loss (labels) compiled with the model
+in hf-compile: what a team that takes the model from transformers trains. megatron: Megatron-core's GPTModel as a Llama, local spec
 (megatron_llama.py: what it refuses without TE/apex), tp = pp = 1; megatron-pp-tp: tp 2 x pp (ranks / 2).
 The engine's draw of every step is every peer's data (gpt_peer_run.py); the torch peers' per-step losses compare
 with the engine's (same weights), Megatron's only in size (its own initial weights). MFU: model FLOPs
@@ -31,7 +34,7 @@ from hybrid_engine.models.llama.config import LlamaConfig
 from hybrid_engine.models.llama.flops import llama_flops_per_token, llama_param_count
 from plain_llama import PlainLlama, decay_groups, load_engine_init
 
-MODES = ("torch", "torch-compile", "megatron", "megatron-pp-tp")
+MODES = ("torch", "torch-compile", "hf", "hf-compile", "megatron", "megatron-pp-tp")
 RECIPE = {"weight_decay": 0.1, "betas": (0.9, 0.95), "clip_grad": 1.0}  # the device pass gives the engine these
 
 
@@ -60,13 +63,35 @@ def parse() -> argparse.Namespace:
     return a
 
 
+def hf_llama(cfg: LlamaConfig, device: torch.device) -> tuple[torch.nn.Module, object, list[dict]]:
+    """transformers' LlamaForCausalLM of the same shape, its loss of (inputs, next tokens) and AdamW's groups as the
+    engine forms them (decay on the matrices but the embedding)."""
+    import transformers  # only here: the other modes never import it
+
+    config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.seq_len, rope_theta=cfg.rope_theta, tie_word_embeddings=False,
+        attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).to(device).train()
+    decayed = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_tokens" not in n]
+    kept = [p for n, p in model.named_parameters() if p.dim() < 2 or "embed_tokens" in n]
+    groups = [{"params": decayed, "weight_decay": RECIPE["weight_decay"]}, {"params": kept, "weight_decay": 0.0}]
+    # x and y are the engine's shifted pair; the model's own loss would shift labels again, so the logits' loss
+    return model, lambda x, y: next_token_loss(model(input_ids=x).logits, y), groups
+
+
 def torch_step(a: argparse.Namespace, cfg: LlamaConfig, device: torch.device):
     if dist.get_world_size() != 1:
         common.fail(f"--mode {a.mode} runs on one process (torchrun --nproc_per_node=1)")
-    model = load_engine_init(PlainLlama(cfg).to(device))
-    loss_of = lambda x, y: next_token_loss(model(x), y)  # noqa: E731  (compiled whole, model and loss)
-    forward = torch.compile(loss_of) if a.mode == "torch-compile" else loss_of
-    optimizer = torch.optim.AdamW(decay_groups(model, RECIPE["weight_decay"]), lr=a.lr, betas=RECIPE["betas"],
+    if a.mode.startswith("hf"):
+        model, loss_of, groups = hf_llama(cfg, device)
+    else:
+        model = load_engine_init(PlainLlama(cfg).to(device))
+        loss_of = lambda x, y: next_token_loss(model(x), y)  # noqa: E731  (compiled whole, model and loss)
+        groups = decay_groups(model, RECIPE["weight_decay"])
+    forward = torch.compile(loss_of) if a.mode.endswith("-compile") else loss_of
+    optimizer = torch.optim.AdamW(groups, lr=a.lr, betas=RECIPE["betas"],
                                   fused=device.type == "cuda")
     dtype = torch.bfloat16 if a.precision == "bf16" else None
 
@@ -84,11 +109,11 @@ def torch_step(a: argparse.Namespace, cfg: LlamaConfig, device: torch.device):
 
     return step, {"system": a.mode, "pp": 1, "tp": 1, "params_m": round(llama_param_count(cfg) / 1e6, 1),
                   "optimizer": "AdamW (fused on CUDA), decay 0.1 on matrices, betas 0.9/0.95, clipping 1.0",
-                  "init": "the engine's initial weights"}
+                  "init": "its own (transformers')" if a.mode.startswith("hf") else "the engine's initial weights"}
 
 
 def build(a: argparse.Namespace, cfg: LlamaConfig, device: torch.device):
-    if a.mode.startswith("torch"):
+    if a.mode.startswith(("torch", "hf")):
         return torch_step(a, cfg, device)
     if device.type != "cuda":
         common.fail(f"--mode {a.mode}: Megatron-core runs on CUDA only")

@@ -47,6 +47,18 @@ def test_the_plain_llama_trains_what_the_engine_trains(tmp_path):
     assert losses[-1] != pytest.approx(losses[0], rel=1e-4)  # the steps do train
 
 
+def test_the_hugging_face_llama_trains_under_the_same_recipe(tmp_path):
+    tokens = str(tmp_path / "tokens.bin")
+    write_token_file(tokens, np.random.default_rng(0).integers(0, 96, 20_000), 96)
+    peer = subprocess.run([sys.executable, str(EXPERIMENTS / "peers" / "llama_peers.py"), "--mode", "hf",
+                           "--data", tokens, *SHAPE, "--precision", "fp32", "--device", "cpu"], cwd=REPO,
+                          env=_one_rank_env(), capture_output=True, text=True, timeout=180)
+    assert peer.returncode == 0, launch.worker_stderr(peer.stderr)
+    rec = json.loads([ln for ln in peer.stdout.splitlines() if ln.startswith("{")][-1])
+    assert rec["system"] == "hf" and rec["kv_heads"] == 2 and rec["timed_steps"] == 2
+    assert rec["losses"][-1] < rec["losses"][0]  # lr 3e-3 from a near-uniform start: the loss falls
+
+
 def test_the_results_table_has_mfu_in_every_row_and_judges_the_targets(tmp_path, capsys):
     def engine(name: str, tokens_s: float, tflops: float) -> None:
         (tmp_path / f"{name}.cmd").write_text("torchrun hybrid_engine.py --warmup 1")
@@ -65,7 +77,9 @@ def test_the_results_table_has_mfu_in_every_row_and_judges_the_targets(tmp_path,
 
     engine("llama_1gpu", 66000.0, 500.0)
     engine("llama_1gpu_compile", 70000.0, 530.0)
+    engine("llama_1gpu_m4", 90000.0, 680.0)  # other micro-batches than the peers': a row, not the engine's best
     peer("torch_compile_1gpu", 60000.0, 455.0)
+    peer("hf_compile_1gpu", 56000.0, 425.0)
     peer("megatron_1gpu", 30000.0, 227.0)
     (tmp_path / "skipped.txt").write_text("torch_1gpu\n")
     out = tmp_path / "result.json"
@@ -73,10 +87,12 @@ def test_the_results_table_has_mfu_in_every_row_and_judges_the_targets(tmp_path,
     assert llama_results.main() == 0
     result = json.loads(out.read_text())
     goals = result["targets"]
-    assert goals[">= 1.1x plain PyTorch compiled"] == {"engine": "llama_1gpu_compile", "peer": "torch_compile_1gpu",
-                                                      "value": round(70000 / 60000, 3), "target": 1.1, "met": True}
+    assert goals[">= 1.15x plain PyTorch compiled"] == {"engine": "llama_1gpu_compile", "peer": "torch_compile_1gpu",
+                                                       "value": round(70000 / 60000, 3), "target": 1.15, "met": True}
+    assert goals[">= 1.3x Hugging Face compiled"] == {"engine": "llama_1gpu_compile", "peer": "hf_compile_1gpu",
+                                                     "value": round(70000 / 56000, 3), "target": 1.3, "met": False}
     assert goals[">= 2x Megatron-core (local spec)"]["met"] is True
     assert goals["beside plain PyTorch eager"]["value"] is None  # skipped by the budget: no ratio, no verdict
     table = capsys.readouterr().out.splitlines()
     rows = [ln for ln in table if ln.split()[0] in result["runs"] and "skipped" not in ln]
-    assert len(rows) == 4 and all(ln.split()[5].startswith("0.") for ln in rows)  # MFU in every timed row
+    assert len(rows) == 6 and all(ln.split()[5].startswith("0.") for ln in rows)  # MFU in every timed row
