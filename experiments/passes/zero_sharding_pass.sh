@@ -18,7 +18,9 @@
 #    MICRO: micro-batches, default 4; TITAN_ARGS: more flags for the torchtitan runs, e.g. "--no-cuda-graphs";
 #    PLANS="auto pp4": after the levels, the planner's own choice under the cap (auto: the plan command's first row)
 #    and the named plans, of auto, auto_eager (auto's with --cuda-graphs off), pp4 (interleaved v4 x 16), pp2tp2
-#    (interleaved v4 x 8), tp4 (1f1b x 8))
+#    (interleaved v4 x 8), tp4 (1f1b x 8), dp2pp2 (zero 1, interleaved v4 x 8: auto's plan under 78 GiB, named, so
+#    that CAP= runs it on the card's own memory) and dp2pp2_graphed (the same with --cuda-graphs on: its graphed
+#    peak measured where 78 GiB ran out))
 #   SMOKE=1 bash experiments/passes/zero_sharding_pass.sh      # a tiny shape on 2 CPU ranks (gloo), ~1-2 minutes
 #
 # Expected on 4 GPUs: ~1.5 min to build, then ~1.5-2 min per engine run (model build on the meta device, 6 steps of
@@ -88,7 +90,10 @@ plan_flags() {  # plan: the driver flags of a named plan of the 8B shape on 4 ra
     pp4)    echo "--dp 1 --pp 4 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 16" ;;
     pp2tp2) echo "--dp 1 --pp 2 --mp 2 --zero 0 --schedule interleaved --virtual-stages 4 --micro-batches 8" ;;
     tp4)    echo "--dp 1 --mp 4 --zero 0 --schedule 1f1b --micro-batches 8" ;;
-    *) echo "PLANS takes auto, auto_eager, pp4, pp2tp2, tp4, got $1" >&2; return 2 ;;
+    dp2pp2) echo "--dp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 4 --micro-batches 8 --lookahead 0 \
+--no-merge-wgrad --cuda-graphs off" ;;
+    dp2pp2_graphed) echo "$(plan_flags dp2pp2) --cuda-graphs on" ;;
+    *) echo "PLANS takes auto, auto_eager, pp4, pp2tp2, tp4, dp2pp2, dp2pp2_graphed, got $1" >&2; return 2 ;;
   esac
 }
 for plan in ${PLANS:-}; do  # the planner's choice and the plans that ran out of memory on 80 GB cards, under the cap
