@@ -11,6 +11,9 @@
 # WITH_TESTS=1 first runs the transformers' graph tests (tests/parallel/test_cuda_graphs_decoders_gpu.py on 1, 2 and
 # 4 GPUs; SMOKE=1: their host-replayed CPU form, tests/parallel/test_graphed_decoders.py) within the same budget.
 #
+# ON=auto runs the graphed runs under --cuda-graphs auto (what a run that leaves the choice to the engine gets: the
+# results' CUDA-graphs line says what auto chose); RUNS="tp4_off tp4_on" runs only the runs named.
+#
 #   bash experiments/passes/graphs_llama_pass.sh                # device kind nvidia-h100-x4
 #   SMOKE=1 bash experiments/passes/graphs_llama_pass.sh        # tiny, on this CPU (gloo ranks; graphs auto: off)
 set -uo pipefail
@@ -34,7 +37,7 @@ else
   SHAPE="--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn-hidden 5632 --seq-len 2048 --vocab-size 32000"
   RUN="--batch-size 16 --micro-batches 8 --steps 8 --warmup 3"
   AMP="--amp bf16"
-  ON="on"
+  ON=${ON:-on}  # ON=auto: the graphed runs under auto, what a run that leaves the choice to the engine gets
   TESTS="tests/parallel/test_cuda_graphs_decoders_gpu.py"
 fi
 if [[ ${WITH_TESTS:-0} == 1 ]]; then
@@ -47,6 +50,7 @@ COMMON="--model llama --seed 0 --lr 3e-4 --optimizer adamw --weight-decay 0.1 --
 
 run() {  # name nproc limit_s driver-args...
   local name=$1 n=$2 limit=$3; shift 3
+  [[ -z "${RUNS:-}" || " $RUNS " == *" $name "* ]] || return 0  # RUNS="tp4_off tp4_on": only those runs
   budget_run "$name" "$limit" $PY -m hybrid_engine.launch --nproc_per_node="$n" hybrid_engine.py --quiet \
       --metrics "$RES/$name.jsonl" $COMMON $SHAPE $RUN "$@" \
     && echo "$name: $(grep -o 'median step.*' "$RES/$name.log") | $(grep -m1 '^CUDA graphs ' "$RES/$name.log")"

@@ -59,12 +59,9 @@ class Reschedule:
 
     def graph_choice(self, schedule: ScheduleConfig, mode: str) -> GraphChoice:
         """Whether this engine's stages run CUDA-graphed under `schedule` (parallel/pipeline/graphs.py)."""
-        # a run given `on` keeps its autograd stages graphed across GPUs when it reschedules (auto's own rule
-        # is for runs that left the choice to the engine)
-        ranks = 1 if self.stage_cfg.cuda_graphs == "on" else self.grid.world_size
         return resolve(mode, self.device.type, [p.native for p in self.plans], schedule, self.pp_size,
                        self.stage_cfg, self.data_parallel, losses.is_builtin(self.loss), self._trace,
-                       self.grid.cp_size, ranks)
+                       self.grid.cp_size)
 
     def graphed_programs(self, choice: GraphChoice, host_rerun: bool = False) -> dict[int, object]:
         """This rank's stage programs under `choice` (host_rerun: the graphs' plumbing replayed by the host, for

@@ -17,7 +17,7 @@ from .choose import NoPlanFits, Prediction
 from .context import cp_sizes
 from .memory import usable_bytes
 from .model_shape import shape_of
-from .run_plan import plan_for
+from .run_plan import plan_for, run_cap
 
 
 def divisors(n: int) -> list[int]:
@@ -187,7 +187,7 @@ def grid_table(cfg, world: int, device_type: str, model_rules: Callable, card: C
         device_type = "cuda"
     rows = rank_grids(cfg, world, card, device_type, model_rules, user_flags)
     shape = shape_of(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, cp=1)))  # whole sequences
-    cap = cfg.parallel.memory_cap_gib * GIB if cfg.parallel.memory_cap_gib is not None else card.memory_bytes
+    cap = run_cap(cfg, card)
     per = "GPU" if device_type == "cuda" else "rank"
     head = (f"plans for {world} rank{'s' if world > 1 else ''} of {card.name} ({plain(cap / GIB)} GiB each, a plan "
             f"may need {plain(usable_bytes(cap) / GIB)} with the allocator's overhead), model {shape.name}, batch "

@@ -16,6 +16,12 @@ from .model_shape import ModelShape, shape_of
 from .setting import Setting
 
 
+def run_cap(cfg, card: Card) -> float:
+    """The memory a rank of the run may use: --memory-cap-gib, else the card's (the plan's choice, the plan
+    command's table and auto's CUDA graphs are all held to it)."""
+    return cfg.parallel.memory_cap_gib * GIB if cfg.parallel.memory_cap_gib is not None else card.memory_bytes
+
+
 def with_plan(cfg, plan: Plan):
     """cfg (a RunConfig) running `plan`."""
     return dataclasses.replace(cfg, schedule=ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages,
@@ -54,9 +60,8 @@ def plan_for(cfg, grid, card: Card, device_type: str, model_rules: Callable,
     """The choice for cfg on `grid` and `card`, keeping every schedule field cfg fixes; NoPlanFits when none fits."""
     shape = shape or shape_of(cfg)
     setting = Setting.of(cfg, grid.dp_size, grid.pp_size, grid.mp_size)
-    cap = cfg.parallel.memory_cap_gib * GIB if cfg.parallel.memory_cap_gib is not None else None
     return choose(shape, card, setting, Request.of(cfg.schedule),
-                  legality(cfg, grid.world_size, device_type, model_rules), cap)
+                  legality(cfg, grid.world_size, device_type, model_rules), run_cap(cfg, card))
 
 
 def plan_run(cfg, grid, device_type: str, model_rules: Callable) -> tuple[object, Choice]:

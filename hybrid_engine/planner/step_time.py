@@ -20,7 +20,7 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
 
 from .candidates import Plan
 from hybrid_engine.config.engine import ScheduleConfig
-from hybrid_engine.parallel.pipeline.graphs import GraphFacts, auto_keeps_eager, why_not
+from hybrid_engine.parallel.pipeline.graphs import GraphFacts, why_not
 
 from .card import ATTENTION_BACKWARD, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
@@ -81,7 +81,7 @@ class StepTime:
 
 def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     """Whether the plan's stages may replay as CUDA graphs: what the run asks of the same facts
-    (parallel/pipeline/graphs.py's why_not, and auto_keeps_eager under --cuda-graphs auto; --cuda-graphs not off).
+    (parallel/pipeline/graphs.py's why_not; --cuda-graphs not off).
     Each F and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an
     autograd stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives
     start after the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
@@ -91,7 +91,7 @@ def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     schedule = ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages, plan.lookahead)
     facts = GraphFacts(card.gpu, native, schedule, s.pp, s.full_recompute, s.selective_recompute, s.zero, s.cp,
                        shape.builtin_loss, s.trace)
-    return not why_not(facts) and not (s.cuda_graphs == "auto" and auto_keeps_eager(native, s.world))
+    return not why_not(facts)
 
 
 def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool | None = None

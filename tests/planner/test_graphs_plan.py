@@ -220,8 +220,31 @@ def test_auto_leaves_a_transformer_eager_where_its_graphs_do_not_fit_and_says_bo
     assert "ms a step replayed" in tight.why and tight.why.endswith(" eager on H100")
 
 
-def test_auto_keeps_a_transformer_eager_across_gpus_and_on_graphs_it():
-    """auto graphs autograd stages on one GPU only; across GPUs it says so, and the planner times them eager too."""
+def test_auto_holds_the_graphs_to_the_memory_cap_not_the_cards_memory():
+    """--memory-cap-gib is what a rank may use (an 80 GB card's share on a 141 GB one): auto leaves a transformer
+    eager where its graphs fit the card but not the cap, and says the cap."""
+    from hybrid_engine.config.checks import resolve_grid
+    from hybrid_engine.models import registry
+    from hybrid_engine.parallel.pipeline.graphs import check_run
+    from hybrid_engine.planner.memory import peak_bytes
+
+    flags = LLAMA_1B + ["--batch-size", "16", "--schedule", "gpipe", "--micro-batches", "8",
+                        "--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"]
+    shape, s = llama_1b(["--batch-size", "16"])
+    plan = Plan("gpipe", 8)
+    eager = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes))
+    replayed = max(p.needed for p in peak_bytes(shape, s, plan, H100.workspace_bytes, replayed=True))
+    between_gib = (eager + replayed) / 2 / 0.97 / 2**30
+    cfg = parse_config(flags + ["--memory-cap-gib", f"{between_gib:.3f}"])
+    grid = resolve_grid(None, 1, 1, cfg.parallel.order, 1)
+    capped = check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100.with_memory(4 * replayed))
+    assert not capped.on and capped.why.startswith("auto: the replayed stages' graphs need "), capped.why
+    assert " GiB of --memory-cap-gib, predicted " in capped.why
+
+
+def test_auto_graphs_a_transformer_across_gpus_as_the_planner_times_it():
+    """auto graphs autograd stages across GPUs as on one GPU (the GPU test's two- and four-GPU grids train graphed as
+    eagerly), where the planner predicts the replay faster and its pools fit; the planner times them replayed."""
     from hybrid_engine.config.checks import resolve_grid
     from hybrid_engine.models import registry
     from hybrid_engine.parallel.pipeline.graphs import check_run
@@ -231,15 +254,13 @@ def test_auto_keeps_a_transformer_eager_across_gpus_and_on_graphs_it():
                         "--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"]
     grid = resolve_grid(None, 2, 1, "mp-dp-pp", 2)
     auto = check_run(parse_config(flags), registry.build_workload(parse_config(flags)), grid, "cuda", card=H100)
-    assert not auto.on and auto.why == ("auto: autograd stages across GPUs are graphed with --cuda-graphs on only "
-                                        "(auto graphs them on one GPU)")
-    on = parse_config(flags + ["--cuda-graphs", "on"])
-    assert check_run(on, registry.build_workload(on), grid, "cuda", card=H100).on
+    assert auto.on and auto.why.startswith("auto: every stage's forward and backward replayed"), auto.why
+    assert " ms a step replayed, " in auto.why and auto.why.endswith(" eager on H100")
+    off = parse_config(flags + ["--cuda-graphs", "off"])
+    assert not check_run(off, registry.build_workload(off), grid, "cuda", card=H100).on
     shape, s = llama_1b(["--batch-size", "16"], pp=2)
-    assert not graphed(shape, H100, s, Plan("1f1b", 8))
-    assert graphed(shape, H100, dataclasses.replace(s, cuda_graphs="on"), Plan("1f1b", 8))
-    one_shape, one = llama_1b(["--batch-size", "16"])
-    assert graphed(one_shape, H100, one, Plan("1f1b", 8))
+    assert graphed(shape, H100, s, Plan("1f1b", 8))
+    assert not graphed(shape, H100, dataclasses.replace(s, cuda_graphs="off"), Plan("1f1b", 8))
 
 
 @pytest.mark.parametrize("flags,why", [

@@ -24,8 +24,7 @@ def engine_graphs(mode: str, gpu: bool, native: bool, schedule: str, v: int, rec
     pp = 2
     try:
         choice = resolve(mode, "cuda" if gpu else "cpu", [native] * (pp * v), ScheduleConfig(schedule, 4, v, 0), pp,
-                         StageConfig(recompute=recompute), DataParallelConfig(zero=zero), builtin_loss, trace, cp,
-                         ranks=dp * pp * cp)
+                         StageConfig(recompute=recompute), DataParallelConfig(zero=zero), builtin_loss, trace, cp)
     except ConfigError:
         return False
     return choice.on
@@ -62,12 +61,13 @@ def test_each_fact_alone_keeps_the_planner_eager_as_it_keeps_the_run():
     assert engine_graphs(**base) and planner_graphs(**base)
     for change in ({"gpu": False}, {"recompute": "full"}, {"recompute": "selective", "native": False},
                    {"schedule": "zb1"}, {"schedule": "zbv", "v": 2}, {"zero": 2}, {"cp": 2},
-                   {"builtin_loss": False}, {"trace": True}, {"mode": "off"},
-                   {"mode": "auto", "native": False}):  # auto keeps autograd stages eager across GPUs
+                   {"builtin_loss": False}, {"trace": True}, {"mode": "off"}):
         args = {**base, **change}
         assert not engine_graphs(**args) and not planner_graphs(**args), change
-    # a native stage's selective recompute (the decoders' option) and a decoder's own loss leave the graphs on
-    for change in ({"recompute": "selective"}, {"native": False, "builtin_loss": False}):
+    # a native stage's selective recompute (the decoders' option), a decoder's own loss, and auto for autograd
+    # stages across GPUs leave the graphs on
+    for change in ({"recompute": "selective"}, {"native": False, "builtin_loss": False},
+                   {"mode": "auto", "native": False}):
         assert engine_graphs(**{**base, **change}) and planner_graphs(**{**base, **change}), change
 
 

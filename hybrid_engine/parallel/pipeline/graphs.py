@@ -94,18 +94,6 @@ def why_not(facts: GraphFacts) -> str:
     return ""
 
 
-def auto_keeps_eager(native_stages: Sequence[bool], ranks: int) -> str:
-    """auto's own rule beyond `why_not` ('' where it graphs): autograd stages are graphed by auto on one GPU only.
-    Across GPUs they train graphed as eagerly (tests/parallel/test_cuda_graphs_decoders_gpu.py on 2 and 4 GPUs) and
-    save the host's work where it sets the pace, but their graphs' pools are not yet predicted safely: the 8B
-    shape's plan under a 78 GiB cap (dp2 x pp2, interleaved v4 x 8), which trains eagerly at 68.5 GiB and was
-    predicted to fit graphed, ran out of memory capturing its first stages' graphs. So auto keeps them eager
-    there and `on` graphs them."""
-    if ranks > 1 and not all(native_stages):
-        return "autograd stages across GPUs are graphed with --cuda-graphs on only (auto graphs them on one GPU)"
-    return ""
-
-
 def replays(native_stages: Sequence[bool]) -> str:
     """What a run of these stages replays, as the choice's line says it."""
     if all(native_stages):
@@ -118,9 +106,8 @@ def replays(native_stages: Sequence[bool]) -> str:
 
 def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule: ScheduleConfig, pp: int,
             stages: StageConfig, data_parallel: DataParallelConfig, builtin_loss: bool,
-            trace: bool = False, cp: int = 1, ranks: int = 1) -> GraphChoice:
-    """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed. ranks: the run's
-    processes (auto_keeps_eager)."""
+            trace: bool = False, cp: int = 1) -> GraphChoice:
+    """The run's GraphChoice; ConfigError (one line) for `on` where the run cannot be graphed."""
     if mode not in GRAPH_MODES:
         raise ConfigError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
@@ -131,7 +118,6 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
         if why:
             raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
         return GraphChoice(True, f"--cuda-graphs on: {replays(native_stages)}")
-    why = why or auto_keeps_eager(native_stages, ranks)
     if why:
         return GraphChoice(False, f"auto: {why}")
     return GraphChoice(True, f"auto: {replays(native_stages)}")
@@ -199,7 +185,7 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     native = [p.native for p in plans]
     choice = resolve(cfg.stages.cuda_graphs, device_type, native, cfg.schedule, grid.pp_size, cfg.stages,
                      cfg.data_parallel, losses.is_builtin(workload.loss), cfg.reporting.trace is not None,
-                     grid.cp_size, grid.world_size)
+                     grid.cp_size)
     if not choice.on or cfg.stages.cuda_graphs != "auto":
         return choice
     return planned(cfg, grid, card or this_device(cfg.plan.card, device_type)) or choice
@@ -208,11 +194,12 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
 def planned(cfg, grid, card) -> GraphChoice | None:
     """auto: replayed if the planner predicts the run's plan faster so (each action one launch instead of one per
     layer, against the DP gradient collectives a replayed backward no longer hides) and its replayed stages' memory
-    (graph pools held through the run) fits the card, else eager; both predictions said. None where the planner
-    times no replay on `card`."""
+    (graph pools held through the run) fits what a rank may use (--memory-cap-gib, else the card's memory), else
+    eager; both predictions said. None where the planner times no replay on `card`."""
     from hybrid_engine.planner.candidates import Plan
     from hybrid_engine.planner.memory import fits, peak_bytes
     from hybrid_engine.planner.model_shape import shape_of
+    from hybrid_engine.planner.run_plan import run_cap
     from hybrid_engine.planner.setting import Setting
     from hybrid_engine.planner.step_time import step_time
 
@@ -230,8 +217,10 @@ def planned(cfg, grid, card) -> GraphChoice | None:
         hid = " (the eager backward hides the DP gradient collectives)" if hides else ""
         return GraphChoice(False, f"auto: the eager step is predicted faster, {times}{hid}")
     peaks = peak_bytes(shape, s, plan, card.workspace_bytes, replayed=True)
-    if not fits(peaks, card.memory_bytes) and fits(peak_bytes(shape, s, plan, card.workspace_bytes), card.memory_bytes):
+    cap = run_cap(cfg, card)
+    if not fits(peaks, cap) and fits(peak_bytes(shape, s, plan, card.workspace_bytes), cap):
         need = max(p.needed for p in peaks) / 2**30
+        of = "--memory-cap-gib" if cfg.parallel.memory_cap_gib is not None else card.name
         return GraphChoice(False, f"auto: the replayed stages' graphs need {need:.3g} GiB of the "
-                                  f"{card.memory_bytes / 2**30:.3g} GiB of {card.name}, predicted {times}")
+                                  f"{cap / 2**30:.3g} GiB of {of}, predicted {times}")
     return GraphChoice(True, f"auto: {replays([shape.native])}, predicted {times}")
