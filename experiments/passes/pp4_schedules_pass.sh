@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on 4 GPUs (~9 min): the GPT of the 4-GPU grids pass (hidden 2560, 12 layers, 20 heads, seq 1024,
 # vocabulary 32000, 32 sequences in 8 micro-batches, AdamW, bf16) at pp=4 under every pipeline schedule:
-#   engine  zbv, dualpipev, 1f1b, zb1 + merged W, zbv + merged W, interleaved (v2), and zbv / dualpipev / 1f1b with
-#           --compile (its stages under torch.compile)
+#   engine  zbv, dualpipev, 1f1b, zb1 + merged W, zbv + merged W, interleaved (v2, v3), the planner's own choice
+#           (no schedule flags), and zbv / dualpipev / 1f1b with --compile (its stages under torch.compile); each
+#           under the default --cuda-graphs auto (1f1b and interleaved may replay as graphs; the log's line says)
 #   torch   torch.distributed.pipelining ZBV, DualPipeV, 1F1B and interleaved 1F1B with each block compiled
 #           (experiments/peers/torch_pp_peer.py), and ZBV, DualPipeV and 1F1B eager
 # Runs go in that priority order, interleaved engine / torch, under one time budget (PASS_BUDGET_S, default 520 s): a
@@ -69,6 +70,8 @@ engine engine_pp4_zb1m --schedule zb1 --merge-wgrad
 engine engine_pp4_zbvm --schedule zbv --merge-wgrad
 peer torch_pp4_interleaved_compile torch-pp-compile interleaved 240
 engine engine_pp4_interleaved --schedule interleaved --virtual-stages 2
+engine engine_pp4_interleaved_v3 --schedule interleaved --virtual-stages 3
+engine engine_pp4_auto
 engine engine_pp4_zbv_compile --schedule zbv --compile
 peer torch_pp4_zbv torch-pp zbv
 engine engine_pp4_dualpipev_compile --schedule dualpipev --compile
