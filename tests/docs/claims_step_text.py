@@ -14,7 +14,9 @@ KERNELS_1B = "2026-11-27-1xH200-kernels-1b.json"
 FUSED_AB = "2026-11-27-4xH200-engine-ab-llama-fused-{}.json"
 GRAPHS = "2026-11-27-4xH100-graphs.json"
 GRAPHS_LLAMA = "2026-11-28-4xH200-graphs-llama.json"
-PLAN_GRAPHS = "2026-11-28-4xH200-zero-sharding-plan-graphs.json"
+GRAPHS_AUTO = "2026-11-28-4xH200-graphs-llama-auto.json"  # the same grids, graphed where auto chose to
+PLAN_UNCAPPED = "2026-11-28-4xH200-zero-sharding-plan-graphed-uncapped.json"  # the 8B's 78 GiB plan, graphed, no cap
+PLAN_AUTO_CAP = "2026-11-28-4xH200-zero-sharding-plan-auto-cap.json"  # the same plan under auto and the cap
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
@@ -27,6 +29,8 @@ LINEAR_BENCH = "2026-11-27-1xH200-fp8-linear-bench.jsonl"
 LONG_SEQ_DOC = "docs/long_sequences.md"
 LONG_SEQ4_LATER = "2026-11-28-4xH200-long-seq-one-gpu-128k.json"  # one GPU at 32k and 64k, cp2 x tp2 at 128k
 LONG_SEQ4_LATER_LOGS = "2026-11-28-4xH200-long-seq-one-gpu-128k-logs.tgz"
+LONG_SEQ_64K = "2026-11-28-4xH200-long-seq-one-gpu-64k-graphed.json"  # one GPU at 64k, its graphs captured
+LONG_SEQ_64K_LOGS = "2026-11-28-4xH200-long-seq-one-gpu-64k-graphed-logs.tgz"
 CP_SHORT = "2026-11-28-4xH200-cp4-16k-ring-gather.json"  # cp4 at 16k over 10 steps, and each rank's profile
 
 
@@ -35,6 +39,21 @@ def _first_step_peak(run: str) -> float:
     with tarfile.open(os.path.join(RESULTS, "raw", LONG_SEQ4_LATER_LOGS)) as logs:
         first = logs.extractfile(f"./{run}.jsonl").read().decode().splitlines()[0]
     return json.loads(first)["peak_mem_gib"][0]
+
+
+def _reserved_peak(logs_file: str, run: str) -> float:
+    """The most GiB a run's allocator reserved on any rank and step (a graphed run's pools show there, not in its
+    allocated peak), from its metrics file in the job's logs."""
+    with tarfile.open(os.path.join(RESULTS, "raw", logs_file)) as logs:
+        lines = logs.extractfile(f"./{run}.jsonl").read().decode().splitlines()
+    return max(p for line in lines for p in json.loads(line).get("peak_reserved_gib") or [])
+
+
+def _summary(logs_file: str, run: str) -> dict:
+    """A run's closing summary record (its predictions beside what it measured), from the job's logs."""
+    with tarfile.open(os.path.join(RESULTS, "raw", logs_file)) as logs:
+        lines = logs.extractfile(f"./{run}.jsonl").read().decode().splitlines()
+    return [json.loads(line)["summary"] for line in lines if '"summary"' in line][-1]
 
 
 def _cp_short(variant: str) -> dict:
@@ -109,7 +128,15 @@ STEP_CLAIMS = [
       for label, run in (("cp2 × tp2, 128k", "cp2tp2_128k"), ("one GPU, 32k", "gpu1_32k"))],
     (LONG_SEQ_DOC, "eager step at {} GiB and ran out of memory capturing its CUDA graphs at the second",
      lambda: fixed(1)(_first_step_peak("gpu1_64k"))),
-    (LONG_SEQ_DOC, "cp4 at 32k moves {}× its tokens a second",
+    (LONG_SEQ_DOC, "| one GPU, 64k † | {} | {}% | {}% | {} |",
+     lambda: comma(long_seq4("gpu1_64k", LONG_SEQ_64K)["tokens_s"]),
+     lambda: pct()(long_seq4("gpu1_64k", LONG_SEQ_64K)["mfu"]),
+     lambda: pct()(long_seq4("gpu1_64k", LONG_SEQ_64K)["mfu_causal"]),
+     lambda: fixed(1)(max(long_seq4("gpu1_64k", LONG_SEQ_64K)["peak_gib_per_gpu"]))),
+    (LONG_SEQ_DOC, "graphs a single GPU's stages): {} GiB reserved, where the planner predicts {}.",
+     lambda: fixed(1)(_reserved_peak(LONG_SEQ_64K_LOGS, "gpu1_64k")),
+     lambda: fixed(1)(_summary(LONG_SEQ_64K_LOGS, "gpu1_64k")["predicted_peak_mem_gib"])),
+    (LONG_SEQ_DOC, "cp4 at 32k moves {}× the tokens a second of one GPU at 32k",
      lambda: ratio(long_seq4("cp4_32k")["tokens_s"], long_seq4("gpu1_32k", LONG_SEQ4_LATER)["tokens_s"])),
     (LONG_SEQ_DOC, "the ring took {} ms a step ({} to {}) and the all-gather {} ms: {}×",
      lambda: fixed(1)(_cp_short("ring")["step_ms"]), lambda: fixed(1)(_cp_short("ring")["min_ms"]),
@@ -188,8 +215,20 @@ STEP_CLAIMS = [
     (PERF, "bf16) on 4 × H200 ran {}× graphed against eager on one GPU, {}× at tp4, {}× at pp4 and {}× at "
            "pp2 × tp2", *[lambda g=g: fixed(2)(results(GRAPHS_LLAMA)["ratios"][g]["on_vs_off"])
                           for g in ("gpu1", "tp4", "pp4", "pp2tp2")]),
-    (PERF, "trains eagerly at {} GiB and ran out of memory capturing its first stage's graphs",
-     lambda: fixed(1)(results(PLAN_GRAPHS)["runs"]["plan_auto_eager"]["peak_gib"])),
+    (PERF, "tp4 ran {}× the eager run of the same job ({} against {} tokens/s), pp4 {} and pp2 × tp2 {} tokens/s",
+     lambda: fixed(2)(results(GRAPHS_AUTO)["ratios"]["tp4"]["on_vs_off"]),
+     *[lambda r=r: comma(results(GRAPHS_AUTO)["runs"][r]["per_s"]) for r in ("tp4_on", "tp4_off", "pp4_on",
+                                                                               "pp2tp2_on")]),
+    (PERF, "graphed on the H200s' own memory reserved {} GiB on its first stage (the planner predicts {}) against {} "
+     "eagerly, at the eager run's speed ({} against {} tokens/s",
+     lambda: fixed(1)(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2_graphed"]["reserved_gib"]),
+     lambda: fixed(1)(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2_graphed"]["predicted_peak_gib"]),
+     lambda: fixed(1)(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2"]["reserved_gib"]),
+     lambda: comma(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2_graphed"]["tokens_s"]),
+     lambda: comma(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2"]["tokens_s"])),
+    (PERF, "and it trains at {} tokens/s", lambda: comma(results(PLAN_AUTO_CAP)["runs"]["plan_auto"]["tokens_s"])),
+    (PERF, "one GPU at 64k tokens captures and trains graphed ({} GiB reserved",
+     lambda: fixed(1)(_reserved_peak(LONG_SEQ_64K_LOGS, "gpu1_64k"))),
     (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",
      lambda: ratio(_graphs("mp4", "C")["off_ms"], _graphs("mp4", "C")["on_ms"])),
     (PERF, "at dp4, L's replayed backward exposes the gradient all-reduce that its eager layers hid ({}×)",

@@ -117,6 +117,7 @@ def ratio(a: float, b: float, digits: int = 2) -> str:
 
 
 LLAMA1 = "2026-11-27-1xH200-llama-1gpu.json"
+LLAMA1_GRAPHED = "2026-11-28-1xH200-llama-1gpu.json"  # the same shape with CUDA graphs auto, beside HF compiled
 GPT1 = "2026-11-26-1xH200-gpt.json"
 PPTP = "2026-11-26-2xH100-gpt-pp-tp.json"
 GRIDS_GPT, GRIDS_MLP = "2026-11-27-4xH200-grids-gpt.json", "2026-11-27-4xH200-grids-mlp.json"
@@ -128,8 +129,8 @@ ZERO_SCALING, ZERO_OVERLAP = "2026-11-26-2xH100-zero-scaling-logs.tgz", "2026-11
 PROFILE = "2026-11-26-1xH100-profile-gpt-logs.tgz"
 
 
-def llama(run: str) -> float:
-    return results(LLAMA1)["runs"][run]["per_s"]
+def llama(run: str, file: str = LLAMA1) -> float:
+    return results(file)["runs"][run]["per_s"]
 
 
 def pptp(run: str) -> float:

@@ -17,9 +17,9 @@ import sys
 import pytest
 
 from claims_text import CLAIMS as TEXT_CLAIMS
-from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA4, PERF, PLAN1, PLAN4, PLANNING, PPTP,
-                         PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed, gpt1_ratio, grid_gpt,
-                         grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
+from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA1_GRAPHED, LLAMA4, PERF, PLAN1, PLAN4,
+                         PLANNING, PPTP, PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed,
+                         gpt1_ratio, grid_gpt, grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
                          pptp, profile_calls, profile_cuda_percent, profile_host_us_per_call, ratio, results,
                          summary_ms, summary_rate, zero_head, zero_scaling, long_seq4)
 
@@ -96,15 +96,14 @@ CLAIMS = [
      lambda: fixed(2)(results(GRIDS_MLP)["runs"]["L_1gpu_m1"]["step_ms"]),
      lambda: ratio(results(GRIDS_MLP)["runs"]["L_mp2"]["per_s"], results(GRIDS_MLP)["runs"]["L_1gpu_m1"]["per_s"]),
      lambda: ratio(results(GRIDS_MLP)["runs"]["L_mp4"]["per_s"], results(GRIDS_MLP)["runs"]["L_1gpu_m1"]["per_s"])),
-    ("README.md", "| 1 × H200 | 8 micro-batches (the peers' setting) {} tokens/s; tuned (4) {} ({}% MFU) | plain "
-     "PyTorch compiled {}; Megatron-core {} (both at 8) | at 8: {}×, {}×; tuned: {}×, {}× |",
-     lambda: comma(llama("llama_1gpu")), lambda: comma(llama("llama_1gpu_m4")),
-     lambda: pct()(results(LLAMA1)["runs"]["llama_1gpu_m4"]["mfu"]),
-     lambda: comma(llama("torch_compile_1gpu")), lambda: comma(llama("megatron_1gpu")),
-     lambda: ratio(llama("llama_1gpu"), llama("torch_compile_1gpu")),
-     lambda: ratio(llama("llama_1gpu"), llama("megatron_1gpu")),
-     lambda: ratio(llama("llama_1gpu_m4"), llama("torch_compile_1gpu")),
-     lambda: ratio(llama("llama_1gpu_m4"), llama("megatron_1gpu"))),
+    ("README.md", "| 1 × H200 | {} tokens/s ({}% MFU; CUDA graphs, auto) | plain PyTorch compiled {}; Hugging Face "
+     "transformers compiled {} | {}×; {}× |",
+     lambda: comma(llama("llama_1gpu", LLAMA1_GRAPHED)),
+     lambda: pct()(results(LLAMA1_GRAPHED)["runs"]["llama_1gpu"]["mfu"]),
+     lambda: comma(llama("torch_compile_1gpu", LLAMA1_GRAPHED)),
+     lambda: comma(llama("hf_compile_1gpu", LLAMA1_GRAPHED)),
+     lambda: ratio(llama("llama_1gpu", LLAMA1_GRAPHED), llama("torch_compile_1gpu", LLAMA1_GRAPHED)),
+     lambda: ratio(llama("llama_1gpu", LLAMA1_GRAPHED), llama("hf_compile_1gpu", LLAMA1_GRAPHED))),
     ("README.md", "| 4 × H200 | {} tokens/s | Megatron-core pp2 × tp2 {} | {}× |",
      lambda: comma(results(LLAMA4)["runs"]["llama_pp2tp2"]["per_s"]),
      lambda: comma(results(LLAMA4)["runs"]["megatron_pp2tp2"]["per_s"]),
