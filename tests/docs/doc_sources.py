@@ -117,7 +117,7 @@ def ratio(a: float, b: float, digits: int = 2) -> str:
 
 
 LLAMA1 = "2026-11-27-1xH200-llama-1gpu.json"
-LLAMA1_GRAPHED = "2026-11-28-1xH200-llama-1gpu.json"  # the same shape with CUDA graphs auto, beside HF compiled
+LLAMA1_GRAPHED = "2026-11-28-1xH200-llama-1gpu-graphed-peers.json"  # graphs auto, beside HF compiled
 GPT1 = "2026-11-26-1xH200-gpt.json"
 PPTP = "2026-11-26-2xH100-gpt-pp-tp.json"
 GRIDS_GPT, GRIDS_MLP = "2026-11-27-4xH200-grids-gpt.json", "2026-11-27-4xH200-grids-mlp.json"

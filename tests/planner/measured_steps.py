@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
+import tarfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
@@ -196,6 +198,28 @@ def pp4_schedule_runs():
             yield name, key, flags + f"--virtual-stages {v} --lookahead 0 --no-merge-wgrad".split(), ranks, step_ms
 
 
+def logged_runs(name: str, step_ms_of=lambda run: run["step_ms"], runs: tuple[str, ...] = (), vocab=VOCAB):
+    """The engine runs of a results file whose logs (raw/<date>-<name>-logs.tgz) hold each run's command, its plan
+    line ("as flags: ...") and its CUDA-graphs line: each planned with that plan and its stages as the run chose
+    them (`auto` resolved to what it printed). runs: only these (default: every engine run the logs hold); vocab:
+    the vocabulary flags of a Llama whose command takes it from its data."""
+    data = load(name)
+    logs = next(p for day in (28, 27) if (p := RESULTS / "raw" / f"2026-11-{day}-{name}-logs.tgz").exists())
+    with tarfile.open(logs) as tar:
+        texts = {m.name[2:]: tar.extractfile(m).read().decode() for m in tar.getmembers()
+                 if m.isfile() and m.name.endswith((".cmd", ".log"))}
+    for key, run in data["runs"].items():
+        log, cmd = texts.get(f"{key}.log", ""), texts.get(f"{key}.cmd", "")
+        if (runs and key not in runs) or "hybrid_engine.py" not in cmd or "summary:" not in log:
+            continue
+        plan = re.search(r"\(as flags: ([^)]*)\)", log)  # none where the command fixed every schedule flag
+        graphs = "on" if re.search(r"^CUDA graphs on ", log, re.M) else "off"
+        flags = engine_flags(cmd) + (plan[1].split() if plan else []) + ["--cuda-graphs", graphs]
+        flags += vocab if "llama" in flags and "--vocab-size" not in flags else []
+        ranks = math.prod(int(flags[flags.index(f) + 1]) for f in ("--dp", "--pp", "--mp", "--cp") if f in flags)
+        yield name, key, flags, ranks, step_ms_of(run)
+
+
 def measured_steps():
     """Every point: (results file, run, flags, ranks, measured step ms), each planned eager or graphed as it ran (every
     run before the graphs pass predates CUDA-graphed stages)."""
@@ -204,6 +228,16 @@ def measured_steps():
     yield from graph_runs()
     # the Llama-1B class on one GPU, tp4, pp4 and pp2 x tp2, each --cuda-graphs off and on (named in its commands)
     yield from grid_runs("4xH200-graphs-llama", (), [])
+    # the same grids again, graphed where auto chose it, and tp4 eager beside them
+    yield from logged_runs("4xH200-graphs-llama-auto")
+    # the Llama-1B class on one GPU under auto (graphed) and eager, beside its peers (its compiled run not timed)
+    yield from logged_runs("1xH200-llama-1gpu-graphed-peers", runs=("llama_1gpu", "llama_1gpu_eager"))
+    # the GPT at pp4: zbv (eager: its W actions), 1f1b and interleaved graphed by auto, and auto's own plan
+    yield from logged_runs("4xH200-pp4-schedules-graphs-auto")
+    # the 8B's plan for a 78 GiB card graphed and eager on the H200s' own memory, and under auto with the cap
+    vocab_8b = ["--vocab-size", "128256"]
+    yield from logged_runs("4xH200-zero-sharding-plan-graphed-uncapped", _step_ms_8b, vocab=vocab_8b)
+    yield from logged_runs("4xH200-zero-sharding-plan-auto-cap", _step_ms_8b, vocab=vocab_8b)
 
 
 def _measured_steps():
