@@ -266,3 +266,54 @@ def test_fp8_counts_its_weight_cache_and_keeps_the_projections_inputs_in_fp8():
     assert bf16.dynamic - cached.dynamic == pytest.approx((layers + 1) * (4096 + 14336) / 2 * 2 * tokens, rel=1e-9)
     zero3 = [predicted(flags + ["--zero", "3"] + extra, (2, 1, 1), plan).ranks[0].static for extra in ([], ["--fp8"])]
     assert zero3[0] == zero3[1]
+
+
+# CUDA-graphed runs, against the most their allocator reserved on any rank (a graph's pool holds its blocks through
+# the run, which shows as reserved memory, not allocated): the Llama-1B class on one GPU, tp4, pp4 and pp2 x tp2
+# (2026-11-28-1xH200-llama-1gpu-graphed-peers.json, 2026-11-28-4xH200-graphs-llama-auto.json), the GPT at pp4
+# (2026-11-28-4xH200-pp4-schedules-graphs-auto.json), the 8B's plan for a 78 GiB card on the H200s' own memory
+# (2026-11-28-4xH200-zero-sharding-plan-graphed-uncapped.json) and one GPU at 64k tokens
+# (2026-11-28-4xH200-long-seq-one-gpu-64k-graphed.json); each run's peak_reserved_gib in its logs.
+GPT_PP4 = ["--model", "gpt", "--hidden", "2560", "--layers", "12", "--heads", "20", "--seq-len", "1024", "--batch-size",
+           "32", "--amp", "bf16", "--optimizer", "adamw"]
+LLAMA_64K = ["--model", "llama", "--hidden", "2048", "--layers", "16", "--heads", "32", "--kv-heads", "8",
+             "--ffn-hidden", "5632", "--seq-len", "65536", "--vocab-size", "32000", "--batch-size", "1", "--amp", "bf16",
+             "--optimizer", "adamw", "--rope-theta", "500000", "--max-positions", "131072"]
+GRAPHED = {
+    "llama_1gpu": (LLAMA_1B, (1, 1, 1), Plan("1f1b", 8), 0, 19.521),
+    "llama_tp4": (LLAMA_1B + ["--mp", "4"], (1, 1, 4), Plan("1f1b", 8), 0, 6.334),
+    "llama_pp4": (LLAMA_1B, (1, 4, 1), Plan("1f1b", 8), 0, 8.82),
+    "llama_pp2tp2": (LLAMA_1B + ["--mp", "2"], (1, 2, 2), Plan("1f1b", 8), 0, 7.805),
+    "gpt_pp4_1f1b": (GPT_PP4, (1, 4, 1), Plan("1f1b", 8), 0, 10.514),
+    "gpt_pp4_interleaved_v2": (GPT_PP4, (1, 4, 1), Plan("interleaved", 8, 2), 0, 13.205),
+    "gpt_pp4_interleaved_v3": (GPT_PP4, (1, 4, 1), Plan("interleaved", 8, 3), 0, 15.615),
+    "llama8b_dp2pp2": (LLAMA_8B, (2, 2, 1), Plan("interleaved", 8, 4), 1, 81.947),
+    "llama_64k": (LLAMA_64K, (1, 1, 1), Plan("1f1b", 1), 0, 80.109),
+}
+# peak within 10% over and 3% under, but for these (why):
+GRAPHED_OFF = {
+    "llama_tp4": "6% under: 0.38 GiB more reserved than the model's one slot and pools hold, not yet explained",
+    "gpt_pp4_interleaved_v2": "18% over (the safe side): the virtual stages' graphs reserved less than the model's "
+                              "pools a slot and stage, not yet explained",
+    "gpt_pp4_interleaved_v3": "23% over, as v2",
+}
+
+
+def predicted_graphed(flags, grid, plan, zero):
+    cfg = parse_config(flags + ["--plan-card", "h200", "--cuda-graphs", "on"])
+    return predict(shape_of(cfg), H200, dataclasses.replace(Setting.of(cfg, *grid), zero=zero), plan)
+
+
+@pytest.mark.parametrize("run", sorted(GRAPHED))
+def test_a_graphed_plan_is_held_to_more_than_it_reserved(run):
+    """What the planner holds a plan to under a cap (its peak and the allocator's share) covers what the graphed run
+    reserved: a plan taken under a cap the run could not fit in is the failure this guards against."""
+    flags, grid, plan, zero, reserved = GRAPHED[run]
+    assert predicted_graphed(flags, grid, plan, zero).needed / GIB >= reserved
+
+
+@pytest.mark.parametrize("run", sorted(GRAPHED))
+def test_a_graphed_peak_is_within_10_percent_over_and_3_under_or_named(run):
+    flags, grid, plan, zero, reserved = GRAPHED[run]
+    error = predicted_graphed(flags, grid, plan, zero).peak / GIB / reserved - 1
+    assert (-0.03 <= error <= 0.10) != (run in GRAPHED_OFF), (run, error)
