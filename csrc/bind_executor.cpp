@@ -229,6 +229,8 @@ void bind_executor(py::module_& m) {
            "replay by running the recorded host code again (tests without a GPU).")
       .def_property_readonly("captures", &GraphedAutogradStage::captures)
       .def_property_readonly("replays", &GraphedAutogradStage::replays)
+      .def_property_readonly("stashed", &GraphedAutogradStage::stashed,
+                             "Weight-gradient stashes its I replays left for the W actions (zero-bubble).")
       .def_property_readonly("slots", &GraphedAutogradStage::slots)
       .def_property_readonly("slot_of_micro", &GraphedAutogradStage::slot_of_micro,
                              "The slot each micro-batch of the latest step took, by micro-batch index.");

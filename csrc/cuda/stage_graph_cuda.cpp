@@ -34,7 +34,7 @@ class CudaStageGraph : public StageGraph {
       // pool).
       at::cuda::getCurrentCUDABlasHandle();
       at::cuda::getCurrentCUDABlasLtHandle();
-      // A pool of its own ({0, 0}) or the stage's shared one. Thread-local: the NCCL watchdog may query the
+      // A pool of its own ({0, 0}), the stage's shared one, or the one of the graph this one follows. Thread-local: the NCCL watchdog may query the
       // events of the P2P and DP collectives still in flight while this thread captures.
       graph_.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
       try {
@@ -55,6 +55,8 @@ class CudaStageGraph : public StageGraph {
 
   // On the caller's current stream (the executor's compute stream), after the static inputs' copies.
   void replay() override { graph_.replay(); }
+
+  GraphPool pool() override { return graph_.pool(); }
 
  private:
   c10::cuda::CUDAStream stream_;

@@ -3,15 +3,23 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 namespace hybrid {
 
+namespace {
+
+// What an I's capture stashes under, taken back at once into its slot: no schedule's stage is negative.
+const WgradKey kCaptureKey{-1, 0};
+
+}  // namespace
+
 bool GraphedAutogradStage::Shapes::operator==(const Shapes& o) const {
   return input == o.input && target == o.target && output_grad == o.output_grad && input_dtype == o.input_dtype &&
          target_dtype == o.target_dtype && output_grad_dtype == o.output_grad_dtype && first == o.first &&
-         last == o.last;
+         last == o.last && deferred == o.deferred;
 }
 
 GraphedAutogradStage::GraphedAutogradStage(std::shared_ptr<AutogradStage> eager, GradBufferPtr grads,
@@ -144,8 +152,17 @@ at::Tensor GraphedAutogradStage::backward(MicroState& s, int micro, const at::Te
     throw std::runtime_error("CUDA-graphed stage: backward of micro-batch " + std::to_string(micro) +
                              " with no forward");
   }
+  if (it->second.awaiting_w) {
+    throw std::runtime_error("CUDA-graphed stage: a second backward of micro-batch " + std::to_string(micro));
+  }
   const InFlight flight = it->second;
-  in_flight_.erase(it);
+  // An I's stashes read the slot's buffers until its W (after_weight_grads gives the slot back then).
+  const bool deferred = grads_->wgrad().defer();
+  if (deferred) {
+    it->second.awaiting_w = true;
+  } else {
+    in_flight_.erase(it);
+  }
   Slot& slot = *flight.slot;
   if (flight.eager) {
     if (loss == nullptr) s.output = s.saved.at(0);
@@ -154,13 +171,15 @@ at::Tensor GraphedAutogradStage::backward(MicroState& s, int micro, const at::Te
       slot.seen.output_grad = output_grad.sizes().vec();
       slot.seen.output_grad_dtype = output_grad.scalar_type();
     }
+    slot.seen.deferred = slot.seen.deferred || deferred;  // an I graph serves the slot's B too, not the reverse
     slot.recorded = true;
     return eager_->backward(s, micro, output_grad, first_stage, loss);
   }
-  if (grads_->wgrad().defer()) {
-    throw std::runtime_error("CUDA-graphed stage: deferred weight gradients (zero-bubble I and W) are not graphed");
-  }
   const Shapes& c = slot.captured;
+  if (deferred && !c.deferred) {
+    throw std::runtime_error("CUDA-graphed stage: micro-batch " + std::to_string(micro) +
+                             "'s I in a slot whose backward was captured whole (B)");
+  }
   if (!c.last && (c.output_grad != output_grad.sizes().vec() || c.output_grad_dtype != output_grad.scalar_type())) {
     throw std::runtime_error("CUDA-graphed stage: micro-batch " + std::to_string(micro) +
                              "'s output gradient is not of the shape and dtype its graphs were captured for");
@@ -172,8 +191,19 @@ at::Tensor GraphedAutogradStage::backward(MicroState& s, int micro, const at::Te
   slot.backward->replay();
   ++replays_;
   for (const at::Tensor& p : slot.finals) grads_->grad_final(p);
+  if (deferred) {
+    for (const WgradEntry& e : slot.stash) grads_->wgrad().stash(e);  // under the I's (stage, micro), for its W
+    stashed_ += static_cast<int64_t>(slot.stash.size());
+  } else if (c.deferred) {
+    grads_->flush_entries(slot.stash);  // a whole B replayed as its I: the weight gradients now
+  }
   s = MicroState{};
   return first_stage ? at::Tensor() : slot.input_grad.clone();  // a send may still read it at the slot's next B
+}
+
+void GraphedAutogradStage::after_weight_grads(int micro) {
+  auto it = in_flight_.find(micro);
+  if (it != in_flight_.end() && it->second.awaiting_w) in_flight_.erase(it);
 }
 
 void GraphedAutogradStage::capture(Slot& slot) {
@@ -181,6 +211,7 @@ void GraphedAutogradStage::capture(Slot& slot) {
   // What the old graphs wrote goes first, then the graphs and their pools.
   slot.output = slot.loss = slot.root = slot.input_grad = at::Tensor();
   slot.finals.clear();
+  slot.stash.clear();
   slot.backward.reset();
   slot.forward.reset();
   slot.captured = shapes;
@@ -210,12 +241,15 @@ void GraphedAutogradStage::capture(Slot& slot) {
     slot.loss = loss_->unrecorded_loss(slot.index, out, slot.target);
     slot.root = slot.loss * multiplier_;
   });
-  // The slots' B graphs share one pool: they replay one at a time, and what one keeps (the input gradient) stays
-  // referenced; F graphs keep their saved activations until their B, each in a pool of its own.
-  std::unique_ptr<StageGraph> backward = graphs_.make(/*shared=*/true);
+  // The slots' B graphs share one pool: they replay one at a time, and what one keeps (the input gradient) is
+  // copied before the next replays; F graphs keep their saved activations until their B, each in a pool of its
+  // own. An I keeps its stashes until its W, while other slots replay: it captures into its F's pool.
+  std::unique_ptr<StageGraph> backward = shapes.deferred ? graphs_.make_after(*forward) : graphs_.make(true);
   backward->capture([this, &slot] {
     slot.finals.clear();
     {
+      std::optional<DeferWeightGrads> defer;
+      if (slot.captured.deferred) defer.emplace(grads_->wgrad(), kCaptureKey);
       MutedGradFinal muted(*grads_, &slot.finals);  // made again after each replay
       if (slot.root.requires_grad()) {
         if (slot.target.defined()) {
@@ -225,6 +259,7 @@ void GraphedAutogradStage::capture(Slot& slot) {
         }
       }
     }
+    if (slot.captured.deferred) slot.stash = grads_->wgrad().take({kCaptureKey});
     at::Tensor input_grad;
     if (slot.input.requires_grad()) {
       input_grad = slot.input.grad();

@@ -315,6 +315,7 @@ at::Tensor PipelineExecutor::take_local_output_grad(const Action& a) {
 void PipelineExecutor::weight_grads(const Action& a) {
   if (!config_.merge_weight_grads) {
     grads_->flush(WgradKey{a.stage, a.micro});
+    program(a).after_weight_grads(a.micro);
     return;
   }
   // Merged: every W of this stage but the last is a no-op; the last computes all micro-batches at once.
@@ -324,6 +325,7 @@ void PipelineExecutor::weight_grads(const Action& a) {
     if (other.type == ActionType::W && other.stage == a.stage) keys.push_back(WgradKey{a.stage, other.micro});
   }
   grads_->flush_merged(keys, config_.overwrite_weight_grads);
+  for (const WgradKey& key : keys) program(a).after_weight_grads(key.micro);
 }
 
 std::shared_ptr<c10::Event> PipelineExecutor::record_event() {

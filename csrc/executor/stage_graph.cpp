@@ -52,4 +52,13 @@ std::unique_ptr<StageGraph> StageGraphs::make(bool shared) const {
   return std::make_unique<HostRerunGraph>();
 }
 
+std::unique_ptr<StageGraph> StageGraphs::make_after(StageGraph& first) const {
+#ifdef HYBRID_WITH_CUDA
+  if (capture_stream_) return make_cuda_stage_graph(*capture_stream_, first.pool());
+#else
+  (void)first;
+#endif
+  return std::make_unique<HostRerunGraph>();
+}
+
 }  // namespace hybrid

@@ -1,5 +1,6 @@
 // A stage program: what the pipeline executor runs for one stage's F, B and I actions (W, the deferred weight
-// gradients, is the GradBuffer's flush and the same for every program). Two implementations:
+// gradients, is the GradBuffer's flush and the same for every program; the program hears when it is done). Two
+// implementations:
 //
 //   NativeChainStage  a chain of Linear (+ ReLU) layers run by C++ with no autograd (tp/linear_chain.h), on one
 //                     rank or tensor-parallel over the MP group; with the built-in MSE on the last stage the
@@ -55,6 +56,9 @@ class StageProgram {
   // process to finish, and a pipeline peer's operations posted ahead could wait for this rank). `loss`: the
   // step's, on the rank that holds the last stage (a graphed last stage captures its loss), else null.
   virtual void before_step(StepLoss* /*loss*/) {}
+  // Called by the executor once micro-batch `micro`'s deferred weight gradients (its I's stashes) are computed:
+  // what the stashes read may be reused from here (a CUDA-graphed stage's slot, whose buffers they are).
+  virtual void after_weight_grads(int /*micro*/) {}
   // Frees what the program recorded to replay (a CUDA-graphed stage's graphs, their memory pools and static
   // buffers); the next micro-batch runs eagerly and records afresh. NCCL does not destroy a communicator while a
   // graph that captured its collectives lives, so a graphed stage is released before its groups are destroyed,

@@ -129,8 +129,9 @@ std::vector<at::Tensor> GradBuffer::write_weight_grads(size_t count, const Write
   return touched.params;
 }
 
-std::vector<at::Tensor> GradBuffer::flush(WgradKey key) {
-  std::vector<WgradEntry> entries = wgrad_.take({key});
+std::vector<at::Tensor> GradBuffer::flush(WgradKey key) { return flush_entries(wgrad_.take({key})); }
+
+std::vector<at::Tensor> GradBuffer::flush_entries(std::vector<WgradEntry> entries) {
   return write_weight_grads(
       entries.size(),
       [&entries](size_t i, bool just_params) {

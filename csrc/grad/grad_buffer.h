@@ -70,6 +70,8 @@ class GradBuffer : public torch::CustomClassHolder {
   // announcing each after its last write.
   // The key's stashes one by one, in stash order; frees them. An unknown key is a no-op.
   std::vector<at::Tensor> flush(WgradKey key);
+  // Stashes that no key holds (a graphed stage's recorded ones, for a whole B): the same writes, in their order.
+  std::vector<at::Tensor> flush_entries(std::vector<WgradEntry> entries);
   // All stashes of several keys with one GEMM per parameter: rows of input and grad_output concatenated, so the
   // GEMM's reduction dimension is the sum of the micro-batches' rows. Equal to flushing the keys one by one up to
   // floating-point rounding order. overwrite: the keys hold every contribution of the step, so each gradient is
