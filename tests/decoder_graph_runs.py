@@ -83,6 +83,7 @@ def _train_one(rank: int, run: dict, device: str) -> dict:
     record = {"losses": losses, "scales": scales, "launches": launches, "graphs": engine.cuda_graphs.on,
               "kinds": sorted({type(p).__name__ for p in programs}),
               "counts": [(p.captures, p.replays, p.slots) for p in programs if hasattr(p, "slots")],
+              "stashed": [p.stashed for p in programs if hasattr(p, "slots")],
               "slot_of_micro": {s: list(p.slot_of_micro) for s, p in engine.stage_programs.items()
                                 if hasattr(p, "slots")},
               "actions": [(a.type.name, a.stage, a.micro) for a in engine.actions],
@@ -139,8 +140,8 @@ class Action:
 
 
 def compute_actions(result: dict) -> list[Action]:
-    """The F and B actions of the rank's action list, in order."""
-    return [Action(*a) for a in result["actions"] if a[0] in ("F", "B")]
+    """The compute actions (F, B, I, W) of the rank's action list, in order."""
+    return [Action(*a) for a in result["actions"] if a[0] in ("F", "B", "I", "W")]
 
 
 if __name__ == "__main__":  # one rank of a GPU run under torchrun: OUT RUNS_JSON

@@ -159,10 +159,12 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
             activations = m * sum(held[st] for st in stages)
             backward *= m * len(stages)
         elif replayed:
-            # autograd stages: each slot (a micro-batch in flight) keeps its activations through the run, and its
-            # forward pool a layer's temporaries beside them; the slots' backward graphs share one pool a stage
+            # autograd stages: each slot (a micro-batch in flight, to its W after an I) keeps its activations
+            # through the run, and its forward pool a layer's temporaries beside them (an I captures into that
+            # pool, its temporaries and stashes beside the activations it frees); the slots' B graphs share one
+            # pool a stage that has B actions
             kept_slots = {st: slots(programs[r], st) for st in stages}
             activations = sum(kept_slots[st] * held[st] for st in stages) + sum(kept_slots.values()) * backward
-            backward *= len(stages)
+            backward *= sum(1 for st in stages if any(a.stage == st and a.type.name == "B" for a in programs[r]))
         out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out

@@ -20,7 +20,7 @@ from hybrid_engine.parallel.pipeline.schedule import (Costs, SimResult, make_sch
 
 from .candidates import Plan
 from hybrid_engine.config.engine import ScheduleConfig
-from hybrid_engine.parallel.pipeline.graphs import GraphFacts, why_not
+from hybrid_engine.parallel.pipeline.graphs import GraphFacts, splits_backward, why_not
 
 from .card import ATTENTION_BACKWARD, Card
 from .context_comm import CommChoice, KvTraffic, choose_comm
@@ -79,18 +79,23 @@ class StepTime:
     """The stages replay as CUDA graphs (--cuda-graphs auto: where that is predicted faster)."""
 
 
+def schedule_of(plan: Plan) -> ScheduleConfig:
+    """The run's schedule configuration that a plan names."""
+    return ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages, plan.lookahead, plan.merge_wgrad)
+
+
 def graphed(shape: ModelShape, card: Card, s: Setting, plan: Plan) -> bool:
     """Whether the plan's stages may replay as CUDA graphs: what the run asks of the same facts
     (parallel/pipeline/graphs.py's why_not; --cuda-graphs not off).
-    Each F and B then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an
+    Each F, B and I then costs one launch, card.action_overhead_s, instead of the host's work for every layer (an
     autograd stage's Python and launches, AUTOGRAD_ACTION_S a layer, included), and the DP gradient collectives
-    start after the last backward's replay instead of under it. The kernels' own time is the eager stage's."""
+    start after the last backward's replay instead of under it (under a zero-bubble schedule, under its last W,
+    which stays eager). The kernels' own time is the eager stage's."""
     if s.cuda_graphs == "off":
         return False
     native = (shape.native,) * (s.pp * plan.virtual_stages)
-    schedule = ScheduleConfig(plan.schedule, plan.micro_batches, plan.virtual_stages, plan.lookahead)
-    facts = GraphFacts(card.gpu, native, schedule, s.pp, s.full_recompute, s.selective_recompute, s.zero, s.cp,
-                       shape.builtin_loss, s.trace)
+    facts = GraphFacts(card.gpu, native, schedule_of(plan), s.pp, s.full_recompute, s.selective_recompute, s.zero,
+                       s.cp, shape.builtin_loss, s.trace)
     return not why_not(facts)
 
 
@@ -98,12 +103,23 @@ def stage_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed:
                 ) -> tuple[list[Costs], list[float], float, int]:
     """Per stage (pp x v of them): the costs of one micro-batch's F, B, I, W; its merged weight gradient (all
     micro-batches at once, under --merge-wgrad); the MP time a step exposes; the MP all-reduces per step.
-    replayed: the stages run as CUDA graphs (None: wherever they may, `graphed`)."""
+    replayed: the stages run as CUDA graphs (None: wherever they may, `graphed`): F, B and I replayed, W (a
+    zero-bubble schedule's weight gradients, computed from the I's stashes) eager as ever."""
+    replayed = graphed(shape, card, s, plan) if replayed is None else replayed
+    costs, merged, mp_s, mp_count = action_costs(shape, card, s, plan, replayed)
+    if replayed:
+        eager, merged, _, _ = action_costs(shape, card, s, plan, replayed=False)
+        costs = [Costs(F=c.F, B=c.B, I=c.I, W=e.W) for c, e in zip(costs, eager)]
+    return costs, merged, mp_s, mp_count
+
+
+def action_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool
+                 ) -> tuple[list[Costs], list[float], float, int]:
+    """stage_costs with every action replayed or every action eager."""
     m, mp, e = plan.micro_batches, s.mp, s.elem
     slow = 1.0 if shape.native else AUTOGRAD_SLOWDOWN
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
-    replayed = graphed(shape, card, s, plan) if replayed is None else replayed
     kernel = card.blocks_kernel(s.cp_kernel) if s.cp > 1 else None  # None: one SDPA call a layer
     block_forward, block_backward = BLOCK_BYTES.get(kernel, BLOCK_BYTES["flash"])
     for layers in shape.cut(s.pp * plan.virtual_stages):
@@ -272,6 +288,7 @@ def timed(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool)
     tokens = s.per_dp / plan.micro_batches * shape.tokens_per_sample
     latency = card.hop_s(tokens * shape.hidden * s.elem) if s.pp > 1 else 0.0
     schedule = make_schedule(plan.schedule, s.pp, plan.micro_batches, plan.virtual_stages, plan.lookahead)
+    split = splits_backward(schedule_of(plan), s.pp)
     placement = schedule_placement(plan.schedule)
     sim = simulate(schedule, Costs(latency=latency), stage_costs=costs, placement=placement)
     held = [rank_stages(r, s.pp, s.pp * plan.virtual_stages, placement) for r in range(s.pp)]
@@ -281,8 +298,12 @@ def timed(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool)
     worst = 0.0
     dp_worst = update_worst = 0.0
     for r in range(s.pp):
-        # what of the DP collectives the last backward hides: nothing of a replayed one (announced after it)
-        last_backward = 0.0 if replayed else sum(costs[st].B for st in held[r]) + per_rank_merged[r]
+        # what of the DP collectives the last backward hides: nothing of a replayed one (announced after it), the
+        # eager W after a replayed I
+        if not replayed:
+            last_backward = sum(costs[st].B for st in held[r]) + per_rank_merged[r]
+        else:
+            last_backward = sum(costs[st].W for st in held[r]) if split else 0.0
         dp_s, dp_exposed = 0.0, 0.0
         if s.replicas > 1:  # the gradients summed over dp x cp
             nbytes = params[r] * s.grad_wire_bytes

@@ -3,9 +3,11 @@ trained with their stages' F and B recorded and replayed by the host in place of
 slots reused by micro-batches not in flight together, the last stage's loss multiplied by a device scalar, the
 final-gradient announcements recorded at capture and made after every B -- must train bit for bit like the eager
 stages, on 1 rank, pp 2 (1F1B and interleaved), tp 2 (with and without sequence parallelism), dp 2 (ZeRO-1, whose
-gathers are waited for before each replay) and pp 2 x tp 2; each stage keeps exactly as many slots as its
-action list has micro-batches in flight at once; and closing the engine frees every graph, though the run still
-holds the programs (NCCL destroys no group whose collectives a living graph captured)."""
+gathers are waited for before each replay) and pp 2 x tp 2; under the zero-bubble schedules (zb1, zbv, dualpipev)
+the replayed I leaves its weight-gradient stashes for the eager W, and a slot captured as I replays a dualpipev B
+as its I with the stashes flushed at once; each stage keeps exactly as many slots as its action list has
+micro-batches in flight at once (to the W after an I); and closing the engine frees every graph, though the run
+still holds the programs (NCCL destroys no group whose collectives a living graph captured)."""
 from __future__ import annotations
 
 import pytest
@@ -29,7 +31,13 @@ TWO_RANK_GRIDS = {
     "gpt tp2 sequence parallel": {"model": "gpt", "mp": 2, "sp": True},
     "llama tp2 sequence parallel": {"mp": 2, "sp": True},
     "llama dp2 ZeRO-1": {"dp": 2, "zero": 1},
+    "gpt pp2 zbv tied": {"model": "gpt", "pp": 2, "schedule": "zbv", "v": 2, "tied": True},
+    "llama pp2 zb1": {"pp": 2, "schedule": "zb1"},
+    "llama pp2 zbv bf16 AdamW": {"pp": 2, "schedule": "zbv", "v": 2, "amp": "bf16", "optimizer": "adamw"},
+    "llama pp2 dualpipev (B and I in one slot)": {"pp": 2, "schedule": "dualpipev", "v": 2},
+    "llama dp2 ZeRO-1 zb1": {"dp": 2, "zero": 1, "schedule": "zb1"},
 }
+ZERO_BUBBLE = ("zb1", "zbv", "dualpipev")
 FOUR_RANK_GRIDS = {
     "llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
     "gpt pp2 x tp2 interleaved": {"model": "gpt", "pp": 2, "mp": 2, "schedule": "interleaved", "v": 2},
@@ -60,6 +68,9 @@ def check(grids: dict, per_rank: list[list[dict]]) -> None:
                 assert kept == want and captures == 2 * want, (name, stage)
                 assert replays == 2 * m * (steps - 1), (name, stage)
                 assert sorted(set(slot_of)) == list(range(want)) and len(slot_of) == m, (name, stage)
+            # the replayed I stashes its weight gradients for the W, as the eager I does; no B stashes any
+            split = grids[name].get("schedule") in ZERO_BUBBLE
+            assert all((stashed > 0) == split for stashed in replayed["stashed"]), (name, replayed["stashed"])
             # the engine's close freed every graph of the programs the run still held
             assert replayed["slots_after_close"] == [0] * len(replayed["counts"]), name
 

@@ -34,6 +34,10 @@ def test_auto_is_on_for_native_chains_on_cuda_and_off_on_the_cpu_with_its_reason
     decoders = choose("on", native=(False, False), builtin_loss=False)
     assert decoders.why == ("--cuda-graphs on: every stage's forward and backward replayed, one slot of graphs per "
                             "micro-batch in flight")
+    # a zero-bubble schedule's autograd stages replay their I, their W eager
+    zbv = choose("auto", native=(False, False), schedule=ScheduleConfig("zbv", 4, 2))
+    assert zbv.on and zbv.why == ("auto: every stage's forward and input gradient (I) replayed, one slot of graphs "
+                                  "per micro-batch in flight until its W, the weight gradients (W) eager")
 
 
 @pytest.mark.parametrize("why,kwargs", [
@@ -43,13 +47,15 @@ def test_auto_is_on_for_native_chains_on_cuda_and_off_on_the_cpu_with_its_reason
      {"stages": StageConfig(recompute="full"), "native": (False, False)}),
     ("selective recompute reruns the attention core inside the backward",
      {"stages": StageConfig(recompute="selective"), "native": (False, False)}),
-    ("schedule zb1 defers weight gradients to W actions, which are not graphed",
+    ("schedule zb1 defers weight gradients to W actions, which native chain stages' graphs do not split off",
      {"schedule": ScheduleConfig("zb1", 4)}),
+    ("schedule zbv defers weight gradients to W actions, which native chain stages' graphs do not split off",
+     {"schedule": ScheduleConfig("zbv", 4, 2), "native": (False, True)}),
     ("ZeRO-2 moves the gradient buckets between writes", {"zero": 2}),
     ("ZeRO-3 moves the gradient buckets between writes", {"zero": 3, "native": (False, False)}),
     ("context parallelism runs its attention's K/V transfers from a host loop", {"cp": 2, "native": (False, False)}),
-    ("schedule zbv defers weight gradients to W actions, which are not graphed",
-     {"schedule": ScheduleConfig("zbv", 4, 2), "native": (False, False)}),
+    ("--merge-wgrad holds every micro-batch's graphs (activations and stashes) until the step's one W",
+     {"schedule": ScheduleConfig("zbv", 4, 2, 0, True), "native": (False, False)}),
     ("the last stage's loss is not the built-in MSE", {"builtin_loss": False}),
     ("--trace times every tensor-parallel collective as it launches", {"trace": True}),
     ("--trace times every tensor-parallel collective as it launches",

@@ -105,7 +105,8 @@ def run_choice(flags: list[str], world: int):
     from hybrid_engine.models import registry
     from hybrid_engine.parallel.pipeline.graphs import check_run
 
-    cfg = parse_config(flags + ["--virtual-stages", "1", "--lookahead", "0", "--no-merge-wgrad"])  # the plan, whole
+    merge = [] if "--merge-wgrad" in flags else ["--no-merge-wgrad"]
+    cfg = parse_config(flags + ["--virtual-stages", "1", "--lookahead", "0"] + merge)  # the plan, whole
     p = cfg.parallel
     grid = resolve_grid(p.dp, p.pp, p.mp, p.order, world, p.cp)
     return check_run(cfg, registry.build_workload(cfg), grid, "cuda", card=H100)
@@ -266,7 +267,8 @@ def test_auto_graphs_a_transformer_across_gpus_as_the_planner_times_it():
 @pytest.mark.parametrize("flags,why", [
     (["--recompute", "selective"], "selective recompute reruns the attention core inside the backward"),
     (["--cp", "2"], "context parallelism runs its attention's K/V transfers from a host loop"),
-    (["--schedule", "zb1"], "schedule zb1 defers weight gradients to W actions, which are not graphed"),
+    (["--schedule", "zb1", "--merge-wgrad"],
+     "--merge-wgrad holds every micro-batch's graphs (activations and stashes) until the step's one W"),
 ])
 def test_on_for_a_transformer_the_run_cannot_graph_is_one_line_before_any_process_group(flags, why):
     from hybrid_engine.config.engine import ConfigError

@@ -15,15 +15,18 @@ from hybrid_engine.planner.setting import Setting
 from hybrid_engine.planner.step_time import graphed
 
 MLP = mlp_shape(64, 8)
-SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zb1", 1), ("zbv", 2))  # (name, virtual stages)
+# (name, virtual stages, merged W): merging applies to the schedules that split every backward
+SCHEDULES = (("1f1b", 1, False), ("interleaved", 2, False), ("zb1", 1, False), ("zbv", 2, False), ("zb1", 1, True),
+             ("zbv", 2, True), ("dualpipev", 2, False))
 
 
 def engine_graphs(mode: str, gpu: bool, native: bool, schedule: str, v: int, recompute: str, zero: int, cp: int,
-                  builtin_loss: bool, trace: bool, dp: int) -> bool:
+                  builtin_loss: bool, trace: bool, dp: int, merge: bool = False) -> bool:
     """Whether the run replays its stages: its choice, or False where `on` is refused."""
     pp = 2
     try:
-        choice = resolve(mode, "cuda" if gpu else "cpu", [native] * (pp * v), ScheduleConfig(schedule, 4, v, 0), pp,
+        choice = resolve(mode, "cuda" if gpu else "cpu", [native] * (pp * v), ScheduleConfig(schedule, 4, v, 0, merge),
+                         pp,
                          StageConfig(recompute=recompute), DataParallelConfig(zero=zero), builtin_loss, trace, cp)
     except ConfigError:
         return False
@@ -31,24 +34,24 @@ def engine_graphs(mode: str, gpu: bool, native: bool, schedule: str, v: int, rec
 
 
 def planner_graphs(mode: str, gpu: bool, native: bool, schedule: str, v: int, recompute: str, zero: int, cp: int,
-                   builtin_loss: bool, trace: bool, dp: int) -> bool:
+                   builtin_loss: bool, trace: bool, dp: int, merge: bool = False) -> bool:
     shape = dataclasses.replace(MLP, native=native, builtin_loss=builtin_loss)
     s = Setting(dp, 2, 1, 64, zero=zero, full_recompute=recompute == "full", cp=cp, cuda_graphs=mode,
                 selective_recompute=recompute == "selective", trace=trace)
-    return graphed(shape, CARDS["h100" if gpu else "cpu"], s, Plan(schedule, 4, v))
+    return graphed(shape, CARDS["h100" if gpu else "cpu"], s, Plan(schedule, 4, v, 0, merge))
 
 
 def test_the_planner_and_the_run_agree_on_every_combination_of_the_rules_facts():
     facts = itertools.product(("auto", "on", "off"), (True, False), (True, False), SCHEDULES,
                               ("none", "full", "selective"), (0, 1, 2, 3), (1, 2), (True, False), (True, False), (1, 2))
     outcomes, disagreements = [], []
-    for mode, gpu, native, (schedule, v), recompute, zero, cp, builtin_loss, trace, dp in facts:
-        args = (mode, gpu, native, schedule, v, recompute, zero, cp, builtin_loss, trace, dp)
+    for mode, gpu, native, (schedule, v, merge), recompute, zero, cp, builtin_loss, trace, dp in facts:
+        args = (mode, gpu, native, schedule, v, recompute, zero, cp, builtin_loss, trace, dp, merge)
         run = engine_graphs(*args)
         outcomes.append(run)
         if planner_graphs(*args) != run:
             disagreements.append(args)
-    assert len(outcomes) == 3 * 2 * 2 * 4 * 3 * 4 * 2 * 2 * 2 * 2
+    assert len(outcomes) == 3 * 2 * 2 * 7 * 3 * 4 * 2 * 2 * 2 * 2
     assert not disagreements, disagreements[:5]
     # neither side is constant: both replay and both stay eager somewhere
     assert 0 < sum(outcomes) < len(outcomes)
@@ -60,14 +63,18 @@ def test_each_fact_alone_keeps_the_planner_eager_as_it_keeps_the_run():
                 builtin_loss=True, trace=False, dp=2)
     assert engine_graphs(**base) and planner_graphs(**base)
     for change in ({"gpu": False}, {"recompute": "full"}, {"recompute": "selective", "native": False},
-                   {"schedule": "zb1"}, {"schedule": "zbv", "v": 2}, {"zero": 2}, {"cp": 2},
-                   {"builtin_loss": False}, {"trace": True}, {"mode": "off"}):
+                   {"schedule": "zb1"}, {"schedule": "zbv", "v": 2}, {"schedule": "dualpipev", "v": 2}, {"zero": 2},
+                   {"cp": 2}, {"builtin_loss": False}, {"trace": True}, {"mode": "off"},
+                   {"native": False, "schedule": "zb1", "merge": True},
+                   {"native": False, "schedule": "zbv", "v": 2, "merge": True}):
         args = {**base, **change}
         assert not engine_graphs(**args) and not planner_graphs(**args), change
-    # a native stage's selective recompute (the decoders' option), a decoder's own loss, and auto for autograd
-    # stages across GPUs leave the graphs on
+    # a native stage's selective recompute (the decoders' option), a decoder's own loss, auto for autograd stages
+    # across GPUs, and autograd stages under the zero-bubble schedules (their I replayed, W eager) leave the graphs
+    # on
     for change in ({"recompute": "selective"}, {"native": False, "builtin_loss": False},
-                   {"mode": "auto", "native": False}):
+                   {"mode": "auto", "native": False}, {"native": False, "schedule": "zb1"},
+                   {"native": False, "schedule": "zbv", "v": 2}, {"native": False, "schedule": "dualpipev", "v": 2}):
         assert engine_graphs(**{**base, **change}) and planner_graphs(**{**base, **change}), change
 
 

@@ -5,14 +5,18 @@ what the course MLP's steps at 4 GPUs paid for (the measured step 2-3x its GEMMs
 stage pays again in Python and launches for every operation. Native chain stages
 (csrc/executor/graphed_stage.h) keep graphs per micro-batch index; autograd stages, the GPT's and the Llama's
 (csrc/executor/graphed_autograd_stage.h), keep one slot of graphs per micro-batch in flight at once (`slots`),
-reused by micro-batches whose lifetimes do not overlap. The tensor-parallel and sequence-parallel collectives run
-inside the graphs; the P2P transfers and the DP collectives outside. What a run must be for it, each a rule here
-and nowhere else:
+reused by micro-batches whose lifetimes do not overlap. Under a zero-bubble schedule an autograd stage replays its
+I (the input gradient, its weight gradients stashed over the slot's buffers) and runs W eagerly from those
+stashes; the slot is held from F to W. The tensor-parallel and sequence-parallel collectives run inside the graphs;
+the P2P transfers and the DP collectives outside. What a run must be for it, each a rule here and nowhere else:
 
   CUDA              the CPU has no graphs (auto: off; on: refused).
   no recompute      a recomputed stage reruns its forward (full) or its attention core (selective) inside its
                     backward: nothing to keep static.
-  no I and W        a zero-bubble schedule defers weight gradients to W actions that stash the B's tensors.
+  I and W: autograd a zero-bubble schedule's I is graphed and its W runs eagerly from the I's stashes; a native
+    stages only     chain stage's graphs compute the whole backward, so its I and W are refused.
+  no merged W       --merge-wgrad computes every micro-batch's weight gradients at the step's end, so every
+                    micro-batch would hold a slot of graphs (its activations and stashes) until then.
   ZeRO 0 or 1       ZeRO-2 and 3 release and restore gradient buckets (their addresses move) between writes.
   no context        context parallelism's attention runs its ring of K/V transfers from a host loop.
     parallelism
@@ -62,6 +66,7 @@ class GraphFacts:
     native_stages: tuple[bool, ...]
     """Per stage: a native chain stage (else an autograd one)."""
     schedule: ScheduleConfig
+    """Whether it splits the backwards into I and W (zero-bubble), and merges the W (merge_weight_grads)."""
     pp: int
     full_recompute: bool = False
     selective_recompute: bool = False
@@ -82,7 +87,12 @@ def why_not(facts: GraphFacts) -> str:
     if facts.selective_recompute and not all(facts.native_stages):
         return "selective recompute reruns the attention core inside the backward"
     if splits_backward(facts.schedule, facts.pp):
-        return f"schedule {facts.schedule.name} defers weight gradients to W actions, which are not graphed"
+        if any(facts.native_stages):
+            return (f"schedule {facts.schedule.name} defers weight gradients to W actions, which native chain "
+                    "stages' graphs do not split off")
+        if facts.schedule.merge_weight_grads:
+            return ("--merge-wgrad holds every micro-batch's graphs (activations and stashes) until the step's "
+                    "one W")
     if facts.zero >= 2:
         return f"ZeRO-{facts.zero} moves the gradient buckets between writes"
     if facts.cp > 1:
@@ -94,11 +104,14 @@ def why_not(facts: GraphFacts) -> str:
     return ""
 
 
-def replays(native_stages: Sequence[bool]) -> str:
-    """What a run of these stages replays, as the choice's line says it."""
+def replays(native_stages: Sequence[bool], split: bool = False) -> str:
+    """What a run of these stages replays, as the choice's line says it (split: the schedule has I and W)."""
     if all(native_stages):
         return "native chain stages' forward and backward replayed per micro-batch"
     if not any(native_stages):
+        if split:
+            return ("every stage's forward and input gradient (I) replayed, one slot of graphs per micro-batch in "
+                    "flight until its W, the weight gradients (W) eager")
         return "every stage's forward and backward replayed, one slot of graphs per micro-batch in flight"
     return ("native chain stages' forward and backward replayed per micro-batch, autograd stages' one slot of "
             "graphs per micro-batch in flight")
@@ -114,19 +127,20 @@ def resolve(mode: str, device_type: str, native_stages: Sequence[bool], schedule
         return GraphChoice(False, "--cuda-graphs off")
     why = why_not(GraphFacts(device_type == "cuda", tuple(native_stages), schedule, pp, stages.full_recompute,
                              stages.recompute == "selective", data_parallel.zero, cp, builtin_loss, trace))
-    if mode == "on":
-        if why:
-            raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
-        return GraphChoice(True, f"--cuda-graphs on: {replays(native_stages)}")
+    if mode == "on" and why:
+        raise ConfigError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
     if why:
         return GraphChoice(False, f"auto: {why}")
-    return GraphChoice(True, f"auto: {replays(native_stages)}")
+    what = replays(native_stages, splits_backward(schedule, pp))
+    return GraphChoice(True, f"--cuda-graphs on: {what}" if mode == "on" else f"auto: {what}")
 
 
 def slots(actions: Sequence, stage: int) -> int:
     """The slots of graphs a graphed autograd stage keeps on the rank whose compute actions (F, B, I, W, in order)
-    these are: the most of its micro-batches in flight at once, each from its F to its B. The executor's stage takes
-    the lowest free slot at each F (csrc/executor/graphed_autograd_stage.h), which needs exactly this many."""
+    these are: the most of its micro-batches in flight at once, each from its F to its B, or to its W after an I
+    (the W reads the stashes the slot's buffers hold). The executor's stage takes the lowest free slot at each F
+    (csrc/executor/graphed_autograd_stage.h), which needs exactly this many. A merged W (the step's last) is
+    refused (`why_not`), so each W here ends its own micro-batch's lifetime."""
     in_flight = most = 0
     for a in actions:
         if a.stage != stage:
@@ -134,7 +148,7 @@ def slots(actions: Sequence, stage: int) -> int:
         if a.type.name == "F":
             in_flight += 1
             most = max(most, in_flight)
-        elif a.type.name in ("B", "I"):
+        elif a.type.name in ("B", "W"):
             in_flight -= 1
     return most
 
@@ -223,4 +237,4 @@ def planned(cfg, grid, card) -> GraphChoice | None:
         of = "--memory-cap-gib" if cfg.parallel.memory_cap_gib is not None else card.name
         return GraphChoice(False, f"auto: the replayed stages' graphs need {need:.3g} GiB of the "
                                   f"{cap / 2**30:.3g} GiB of {of}, predicted {times}")
-    return GraphChoice(True, f"auto: {replays([shape.native])}, predicted {times}")
+    return GraphChoice(True, f"auto: {replays([shape.native], splits_backward(c, grid.pp_size))}, predicted {times}")
