@@ -1,8 +1,9 @@
 """CUDA-graphed autograd stages on GPUs (skipped without CUDA, or without enough GPUs for a grid): the tiny Llama and
 GPT trained with --cuda-graphs on and off, the same steps, on 1, 2 and 4 GPUs (NCCL, one process per GPU under
 torchrun, tests/decoder_graph_runs.py): tp2 (with sequence parallelism), pp2 under 1F1B and interleaved, dp2 with
-ZeRO-1, pp2 x tp2 under both, and fp8 (its Triton casts and cached weight forms inside the graphs) on one GPU and at
-pp2. The graphs replay the kernels the eager stages launch, so the losses and weights agree
+ZeRO-1, pp2 x tp2 under both, fp8 (its Triton casts and cached weight forms inside the graphs) on one GPU and at
+pp2, and the zero-bubble schedules (zb1, zbv, dualpipev) at pp2 and zbv at pp4, whose replayed I leaves its
+weight-gradient stashes, the I graph's own buffers in its slot's pool, for the eager W. The graphs replay the kernels the eager stages launch, so the losses and weights agree
 to fp32 rounding (atomics in the embedding's backward may sum in another order) and to a bf16 / fp16 rounding step
 in half precision, where the fp16 loss scale moves through the same values; every step after the first replays
 every micro-batch's F and B, in as many slots as the stage has micro-batches in flight; and closing the engine frees
@@ -38,12 +39,19 @@ JOBS = {
                          "llama pp2 1f1b bf16 AdamW": {"pp": 2, "amp": "bf16", "optimizer": "adamw"},
                          "llama dp2 ZeRO-1": {"dp": 2, "zero": 1},
                          "llama pp2 1f1b fp8": {"pp": 2, "amp": "bf16", "fp8": True}}),
+    "2gpu_zero_bubble": (2, {"llama pp2 zb1": {"pp": 2, "schedule": "zb1"},
+                              "gpt pp2 zbv tied": {"model": "gpt", "pp": 2, "schedule": "zbv", "v": 2, "tied": True},
+                              "llama pp2 zbv bf16 AdamW": {"pp": 2, "schedule": "zbv", "v": 2, "amp": "bf16",
+                                                           "optimizer": "adamw"},
+                              "llama pp2 dualpipev": {"pp": 2, "schedule": "dualpipev", "v": 2},
+                              "llama dp2 ZeRO-1 zb1": {"dp": 2, "zero": 1, "schedule": "zb1"}}),
     "4gpu": (4, {"llama pp2 x tp2 1f1b": {"pp": 2, "mp": 2},
                    "llama pp2 x tp2 interleaved bf16": {"pp": 2, "mp": 2, "schedule": "interleaved", "v": 2,
                                                         "amp": "bf16"},
                    "gpt pp2 x tp2 interleaved sequence parallel": {"model": "gpt", "pp": 2, "mp": 2,
                                                                    "schedule": "interleaved", "v": 2, "sp": True},
-                   "llama pp4 1f1b": {"pp": 4, "m": 8}}),
+                   "llama pp4 1f1b": {"pp": 4, "m": 8},
+                   "gpt pp4 zbv bf16": {"model": "gpt", "pp": 4, "schedule": "zbv", "v": 2, "m": 8, "amp": "bf16"}}),
 }
 
 
@@ -73,6 +81,8 @@ def test_graphed_decoder_stages_train_like_eager_ones(job, tmp_path):
             for (captures, replays, kept), stage in zip(graphed["counts"], graphed["slot_of_micro"]):
                 assert kept == slots(compute, stage) and captures == 2 * kept, (name, stage)
                 assert replays == 2 * m * (steps - 1), (name, stage)  # the first step is the warm-up
+            split = grid.get("schedule") in ("zb1", "zbv", "dualpipev")
+            assert all((n > 0) == split for n in graphed["stashed"]), (name, graphed["stashed"])
             assert graphed["slots_after_close"] == [0] * len(graphed["counts"]), name
             assert graphed["scales"] == eager["scales"], name
             tolerance = dict(rtol=2e-2, atol=2e-3) if half else dict(rtol=1e-4, atol=1e-5)
