@@ -132,6 +132,37 @@ def train_changing_shapes(rank: int, world: int, graphs: str) -> dict:
     return out
 
 
+def train_rescheduled(rank: int, world: int, graphs: str) -> dict:
+    """The Llama at pp2: two steps of 1F1B, then three of zb1 (the planner's switch in place), with the stages graphed
+    and replayed by the host throughout where graphs == "host" (the choice held on, as a GPU's would be): the new
+    schedule's I is captured afresh, not replayed from 1F1B's B graphs."""
+    from hybrid_engine.config.engine import ScheduleConfig
+
+    workload = workload_of({})
+    groups = build_groups(ProcessGrid(1, 2, 1), rank)
+    engine = make_engine(workload.model, groups, loss=workload.loss, micro_batches=4, optimizer=optim.SGD(LR, 0.9),
+                         cuda_graphs="off", **workload.engine_kwargs(2))
+    if graphs == "host":
+        engine.graph_choice = lambda schedule, mode: GraphChoice(True, "auto: test")
+        host_programs = engine.graphed_programs
+        engine.graphed_programs = lambda choice: host_programs(choice, host_rerun=True)
+        engine.cuda_graphs = GraphChoice(True, "auto: test")
+        engine._programs = engine.graphed_programs(engine.cuda_graphs)
+    losses, stashed = [], []
+    for step in range(5):
+        if step == 2:
+            engine.reschedule(ScheduleConfig("zb1", 4, 1, 0, False))
+        x, y = workload.draw(step, 0, BATCH, inputs=engine.holds_first_stage, targets=engine.holds_last_stage)
+        losses.append(engine.train_step(x, y).loss)
+        stashed.append([getattr(p, "stashed", None) for p in engine.stage_programs.values()])
+    out = {"losses": losses, "stashed": stashed,
+           "kinds": sorted({type(p).__name__ for p in engine.stage_programs.values()}),
+           "state": {k: t.numpy() for k, t in engine.full_state_dict().items()}}
+    engine.close()
+    groups.destroy()
+    return out
+
+
 class Action:
     """A compute action of a run's result as graphs.slots reads it (type.name, stage)."""
 

@@ -31,8 +31,11 @@ class Reschedule:
         choice = self.graph_choice(schedule, "off" if self.stage_cfg.cuda_graphs == "off" else "auto")
         if choice.on != self.cuda_graphs.on and self.groups.rank == 0:
             print(f"schedule {schedule.name}: {choice.describe()}", flush=True)
-        if choice.on != self.cuda_graphs.on:
-            self._programs = self.graphed_programs(choice)
+        if self.cuda_graphs.on:
+            # graphs are captured afresh for a new schedule: its micro-batches in flight, and whether each backward
+            # is a B or an I (zero-bubble), decide what a slot of an autograd stage's graphs holds
+            self.drop_graphs()
+        self._programs = self.graphed_programs(choice)
         self.cuda_graphs = choice
         self._executor = None
 

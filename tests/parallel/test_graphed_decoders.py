@@ -105,5 +105,20 @@ def test_replayed_decoder_stages_train_bit_for_bit_on_two_rank_grids():
 
 
 @pytest.mark.multiprocess
+def test_a_switch_from_1f1b_to_zb1_captures_the_new_schedules_i_afresh():
+    from decoder_graph_runs import train_rescheduled
+
+    replayed, eager = (run_ranks(2, train_rescheduled, graphs, timeout=120) for graphs in ("host", "off"))
+    for r, e in zip(replayed, eager):
+        assert r["losses"] == e["losses"]
+        for key in e["state"]:
+            assert (r["state"][key] == e["state"][key]).all(), key
+        assert r["kinds"] == ["GraphedAutogradStage"] and e["kinds"] == ["AutogradStage"]
+        # 1F1B's B stashes nothing; zb1's first step runs eagerly, the next two replay its I, which stash
+        [before], [warm_up], [replayed_i], [again] = r["stashed"][1:]
+        assert before == warm_up == 0 < replayed_i < again
+
+
+@pytest.mark.multiprocess
 def test_replayed_decoder_stages_train_bit_for_bit_on_pp2_x_tp2():
     check(FOUR_RANK_GRIDS, run_ranks(4, train, runs_of(FOUR_RANK_GRIDS), timeout=600))
