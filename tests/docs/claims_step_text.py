@@ -17,6 +17,7 @@ GRAPHS_LLAMA = "2026-11-28-4xH200-graphs-llama.json"
 GRAPHS_AUTO = "2026-11-28-4xH200-graphs-llama-auto.json"  # the same grids, graphed where auto chose to
 PLAN_UNCAPPED = "2026-11-28-4xH200-zero-sharding-plan-graphed-uncapped.json"  # the 8B's 78 GiB plan, graphed, no cap
 PLAN_AUTO_CAP = "2026-11-28-4xH200-zero-sharding-plan-auto-cap.json"  # the same plan under auto and the cap
+ZBV_GRAPHED = "2026-11-28-4xH200-pp4-schedules-zbv-graphed.json"  # the GPT's zbv at pp4, its I graphed and eager
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
@@ -226,6 +227,9 @@ STEP_CLAIMS = [
      lambda: fixed(1)(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2"]["reserved_gib"]),
      lambda: comma(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2_graphed"]["tokens_s"]),
      lambda: comma(results(PLAN_UNCAPPED)["runs"]["plan_dp2pp2"]["tokens_s"])),
+    (PERF, "ran zbv at {} ms a step graphed against {} eager in one job",
+     lambda: fixed(2)(results(ZBV_GRAPHED)["runs"]["engine_pp4_zbv"]["step_ms"]),
+     lambda: fixed(2)(results(ZBV_GRAPHED)["runs"]["engine_pp4_zbv_eager"]["step_ms"])),
     (PERF, "and it trains at {} tokens/s", lambda: comma(results(PLAN_AUTO_CAP)["runs"]["plan_auto"]["tokens_s"])),
     (PERF, "one GPU at 64k tokens captures and trains graphed ({} GiB reserved",
      lambda: fixed(1)(_reserved_peak(LONG_SEQ_64K_LOGS, "gpu1_64k"))),

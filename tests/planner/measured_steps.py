@@ -234,6 +234,8 @@ def measured_steps():
     yield from logged_runs("1xH200-llama-1gpu-graphed-peers", runs=("llama_1gpu", "llama_1gpu_eager"))
     # the GPT at pp4: zbv (eager: its W actions), 1f1b and interleaved graphed by auto, and auto's own plan
     yield from logged_runs("4xH200-pp4-schedules-graphs-auto")
+    # zbv with its I actions graphed by auto beside zbv eager, a later job
+    yield from logged_runs("4xH200-pp4-schedules-zbv-graphed")
     # the 8B's plan for a 78 GiB card graphed and eager on the H200s' own memory, and under auto with the cap
     vocab_8b = ["--vocab-size", "128256"]
     yield from logged_runs("4xH200-zero-sharding-plan-graphed-uncapped", _step_ms_8b, vocab=vocab_8b)
