@@ -145,7 +145,10 @@ def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
 # --- hangs and orphans: bounded by a small --comm-timeout, every process killed in a finally ---
 
 HANG_MODEL = ("--dim", "32", "--depth", "4", "--batch-size", "16", "--micro-batches", "2", "--steps", "100000")
-TIMEOUT = 8  # --comm-timeout of the tests below
+# --comm-timeout of the tests below: what a survivor waits for a frozen peer before it looks, so the frozen-rank
+# tests each wait that long. 4 s is well above a collective's wait for a live peer of these tiny models (the ranks
+# start together and do the same work); they passed with 12 busy loops beside them on 2 cores
+TIMEOUT = 4
 SLACK = 20  # a loaded CI machine: the bound only catches a hang, it is not a timing
 LOST_FROZEN = "lost rank 1 (no heartbeat and no exit note: killed, crashed, out of memory or frozen)"
 
@@ -316,10 +319,11 @@ def test_silent_listener_on_master_port_ends_both_ranks_with_one_line_each():
         silent.listen(64)
         port = silent.getsockname()[1]
         env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-        procs = [subprocess.Popen([sys.executable, str(DRIVER), *HANG_MODEL, "--comm-timeout", "5"], cwd=REPO,
+        # nothing there ever answers, so any --comm-timeout ends the wait the same way: a short one
+        procs = [subprocess.Popen([sys.executable, str(DRIVER), *HANG_MODEL, "--comm-timeout", "2"], cwd=REPO,
                                   text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-        results = _finish(procs, timeout=5 + 40)
+        results = _finish(procs, timeout=2 + 40)
     for rank, (code, err) in enumerate(results):
         assert code == 1, err
         lines = [ln for ln in err.splitlines() if ln.startswith("hybrid_engine:")]
