@@ -127,11 +127,12 @@ def test_ranks_started_by_hand_say_a_shared_mistake_once_and_all_exit_2():
 
 
 def test_a_mistake_only_one_rank_makes_is_said_by_that_rank_naming_itself():
-    results = _by_hand((*SMALL, "--comm-timeout", "8"), [{}, {"LOCAL_RANK": "x"}])
+    # rank 1 never joins, so rank 0 waits out the whole --comm-timeout: a short one
+    results = _by_hand((*SMALL, "--comm-timeout", "3"), [{}, {"LOCAL_RANK": "x"}])
     code, err = results[1]
     assert code == 2
     assert err.splitlines() == ["hybrid_engine: rank 1: error: environment variable LOCAL_RANK='x' is not an integer"]
     assert results[0][0] != 0  # rank 0 waited for rank 1 in vain, and said so in its own line
     assert [line for line in results[0][1].splitlines() if line.startswith("hybrid_engine")] == [
-        "hybrid_engine: rank 0: not every one of the 2 ranks joined the process group within --comm-timeout 8 s: a "
+        "hybrid_engine: rank 0: not every one of the 2 ranks joined the process group within --comm-timeout 3 s: a "
         "rank was not started, failed before joining, or was given another MASTER_ADDR, MASTER_PORT or WORLD_SIZE"]
