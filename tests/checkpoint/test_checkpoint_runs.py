@@ -4,11 +4,13 @@ refuses a shard names the cause and leaves nothing behind. Each failure is one l
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from checkpoint_fakes import sha256_of, shards_match_their_checksums
@@ -21,6 +23,15 @@ ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 def _one_rank(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DRIVER), *MODEL, *args], cwd=REPO, env=ENV, capture_output=True,
                           text=True, timeout=90, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """A --save directory after two steps of one rank, as _one_rank writes it: the start of two tests, each of
+    which works on its own copy."""
+    root = tmp_path_factory.mktemp("two_steps") / "ckpt"
+    assert _one_rank("--steps", "2", "--save", str(root)).returncode == 0
+    return root
 
 
 def _error_lines(run: subprocess.CompletedProcess) -> list[str]:
@@ -75,9 +86,8 @@ def _blow_up_last_layer(root) -> None:
     (step / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_a_diverged_update_never_replaces_the_good_checkpoint(tmp_path):
-    root = tmp_path / "ckpt"
-    assert _one_rank("--steps", "2", "--save", str(root)).returncode == 0
+def test_a_diverged_update_never_replaces_the_good_checkpoint(tmp_path, two_steps):
+    root = shutil.copytree(two_steps, tmp_path / "ckpt")
     _blow_up_last_layer(root)
     # step 2's loss is finite, its update makes the weights infinite; saving step 3 must not publish them
     run = torchrun(2, "--pp", "2", *MODEL, "--steps", "4", "--save", str(root), "--save-every", "1",
@@ -95,11 +105,10 @@ def _file_size_limit(limit: int):
     return apply
 
 
-def test_a_refused_write_is_named_and_leaves_the_previous_checkpoint(tmp_path):
+def test_a_refused_write_is_named_and_leaves_the_previous_checkpoint(tmp_path, two_steps):
     # a disk that takes no more than 4 KiB per file (RLIMIT_FSIZE): torch's zip writer fails as on a full disk
     # (a RuntimeError whose context is the OSError); the line names the OS error, the temporary is removed
-    root = tmp_path / "ckpt"
-    assert _one_rank("--steps", "2", "--save", str(root)).returncode == 0
+    root = shutil.copytree(two_steps, tmp_path / "ckpt")
     for _ in range(2):  # each failed save cleans up after itself
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                str(DRIVER), "--pp", "2", *MODEL, "--steps", "4", "--save", str(root), "--resume"]
