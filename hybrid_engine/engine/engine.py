@@ -37,6 +37,7 @@ from .stage_specs import probe_stage_specs
 from .update import UpdateStep
 from hybrid_engine.parallel.pipeline.graphs import GraphChoice
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
+from hybrid_engine.parallel.pipeline.units import unit_sequence
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
 from hybrid_engine.planner.card import this_device
@@ -64,7 +65,8 @@ class Engine(EngineState, UpdateStep, Reschedule):
     parallelize: the model's tensor-parallel transformation of one materialized stage, (stage, mp group) ->
         stage (`tp_layers.parallelize_mlp`, the default, or e.g. a GPT's `parallelize_gpt` with its options).
     layout: the module indices of every stage (pp x virtual stages lists, contiguous, covering the model), e.g.
-        `balance.balanced_partition(costs, n)`; None cuts by layer count (`partition.partition`).
+        `balance.balanced_partition(costs, n)`, where a block may be named by its two halves on two stages
+        (`units.Half`, e.g. `units.place`); None cuts by layer count (`partition.partition`).
         Parameters tagged `param.tied` (a tied embedding) get their gradients summed between the first and
         the last stage before every update (hybrid_engine/parallel/data_parallel/tied.py).
     optimizer: a factory params -> torch.optim.Optimizer (`optim.SGD(lr)`, `optim.AdamW(...)`, or any callable).
@@ -100,14 +102,18 @@ class Engine(EngineState, UpdateStep, Reschedule):
         self.context = context_of(groups, rule, self._comm_trace, cp_kernel)
         self.num_stages, self.placement = self.pp_size * schedule.virtual_stages, schedule.placement
 
-        # Stages: partition the whole model, plan every stage's program, build only this rank's chunks.
+        # Stages: partition the whole model, plan every stage's program, build only this rank's chunks. A layout
+        # that cuts inside blocks (units.Half) is a layout of the model's units: those blocks' halves in their place.
+        model, layout, module_index = (unit_sequence(model, layout) if layout is not None
+                                       else (model, None, list(range(len(model)))))
         layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
                                                                                        self.num_stages)
         self.layout = layout
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages,
                                  tp_chains=parallelize is parallelize_mlp)
         self.stage_ids = stages_of_rank(self.pp_rank, self.pp_size, schedule.virtual_stages, self.placement)
-        self.stage_layer_indices = {s: layout[s] for s in self.stage_ids}
+        # each unit's module index: what a checkpoint's names start with
+        self.stage_layer_indices = {s: [module_index[u] for u in layout[s]] for s in self.stage_ids}
         self._stages: dict[int, nn.Sequential] = {}
         # Parallelized while still on the meta device, then built layer by layer in the weights' dtype: a rank
         # allocates only its slices, and the model's own (meta) layers never take memory.

@@ -202,6 +202,9 @@ class Block(nn.Module):
     # Context parallelism (parallel/context): attention over the whole sequence from this rank's tokens; None:
     # the block holds whole sequences. (The embedding's position lookup is made context-parallel from outside.)
     context_parallel = None
+    # The residual branches, in forward order, and what each reads: a pipeline may cut between them
+    # (parallel/pipeline/units.py)
+    RESIDUAL_HALVES = {"attention": ("ln1", "attn_qkv", "attn_proj"), "mlp": ("ln2", "mlp_fc1", "mlp_fc2")}
 
     def __init__(self, cfg: GPTConfig, index: int, *, device=None, dtype=None):
         super().__init__()
@@ -302,3 +305,11 @@ def layer_costs(cfg: GPTConfig) -> list[float]:
     block = 24.0 * s * h * h + 4.0 * s * s * h
     head = 2.0 * s * h * v
     return [0.02] + [1.0] * cfg.layers + [head / block]
+
+
+def half_costs(cfg: GPTConfig) -> tuple[float, float]:
+    """The shares of a Block's cost (layer_costs) of its attention half (QKV and output projections, 8 s h^2, and
+    the scores and weighted sum) and of its MLP half (16 s h^2), in RESIDUAL_HALVES' order."""
+    s, h = cfg.seq_len, cfg.hidden
+    attention, mlp = 8.0 * s * h * h + 4.0 * s * s * h, 16.0 * s * h * h
+    return attention / (attention + mlp), mlp / (attention + mlp)

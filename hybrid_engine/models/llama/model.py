@@ -123,6 +123,10 @@ class Block(_Layer):
     # Context parallelism (parallel/context): this rank's tokens' global positions and attention over the whole
     # sequence; None: the block holds whole sequences.
     context_parallel = None
+    # The residual branches, in forward order, and what each reads: a pipeline may cut between them
+    # (parallel/pipeline/units.py)
+    RESIDUAL_HALVES = {"attention": ("norm_attn", "attn_q", "attn_kv", "attn_out", "rope", "rope_cos", "rope_sin"),
+                       "mlp": ("norm_mlp", "mlp_gate", "mlp_up", "mlp_down", "swiglu")}
 
     def __init__(self, cfg: LlamaConfig, index: int, *, device=None, dtype=None):
         super().__init__()
@@ -237,3 +241,12 @@ def layer_costs(cfg: LlamaConfig) -> list[float]:
     block = 2.0 * s * h * d * (2 * cfg.heads + 2 * cfg.kv_heads) + 6.0 * s * h * cfg.ffn_hidden
     block += 4.0 * s * s * cfg.heads * d
     return [0.02] + [1.0] * cfg.layers + [2.0 * s * h * v / block]
+
+
+def half_costs(cfg: LlamaConfig) -> tuple[float, float]:
+    """The shares of a Block's cost (layer_costs) of its attention half (q, kv and output projections, the scores
+    and weighted sum) and of its MLP half (SwiGLU's three projections), in RESIDUAL_HALVES' order."""
+    s, h, d = cfg.seq_len, cfg.hidden, cfg.head_dim
+    attention = 2.0 * s * h * d * (2 * cfg.heads + 2 * cfg.kv_heads) + 4.0 * s * s * cfg.heads * d
+    mlp = 6.0 * s * h * cfg.ffn_hidden
+    return attention / (attention + mlp), mlp / (attention + mlp)

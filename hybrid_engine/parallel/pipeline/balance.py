@@ -69,15 +69,24 @@ def stage_costs(costs: Sequence[float], stages: list[list[int]]) -> list[float]:
     return [sum(costs[i] for i in stage) for stage in stages]
 
 
-def describe_layout(names: Sequence[str], costs: Sequence[float], stages: list[list[int]]) -> str:
+def describe_layout(names: Sequence[str], costs: Sequence[float], stages: list[list], shares: dict | None = None
+                    ) -> str:
     """One line per stage: the model's modules it holds, by index (the indices Engine(layout=) takes and a
-    checkpoint's names start with) and by name, and its cost relative to the mean stage (what rank 0 prints)."""
-    totals = stage_costs(costs, stages)
+    checkpoint's names start with) and by name, and its cost relative to the mean stage (what rank 0 prints).
+    A block cut between two stages (units.Half) is named with its half; shares: each half's share of its cost."""
+    def name(u) -> str:
+        return names[u] if isinstance(u, int) else f"{names[u.module]}'s {u.part}"
+
+    def index(u) -> str:
+        return str(u) if isinstance(u, int) else f"{u.module} ({u.part})"
+
+    totals = [sum(costs[u] if isinstance(u, int) else costs[u.module] * shares[u.part] for u in stage)
+              for stage in stages]
     mean = sum(totals) / len(totals) if totals else 1.0
     lines = []
     for s, (stage, total) in enumerate(zip(stages, totals)):
-        first, last = names[stage[0]], names[stage[-1]]
-        which = f"module {stage[0]}, {first}" if len(stage) == 1 else (
-            f"modules {stage[0]}-{stage[-1]}, {first} .. {last}")
+        first, last = stage[0], stage[-1]
+        which = f"module {index(first)}, {name(first)}" if len(stage) == 1 else (
+            f"modules {index(first)}-{index(last)}, {name(first)} .. {name(last)}")
         lines.append(f"stage {s}: {which} (cost {total / mean:.2f}x the mean stage)")
     return "\n".join(lines)

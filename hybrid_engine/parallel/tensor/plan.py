@@ -153,10 +153,14 @@ def _matches(layer: nn.Module, named, pattern: str, what: str) -> list[str]:
 def parallelize_module(layer: nn.Module, plan: dict, mp_group: Optional[dist.ProcessGroup],
                        sequence_parallel: bool = False, trace_layer: int = 0) -> nn.Module:
     """A copy of `layer` (dense: no parameter split) made parallel over `mp_group` by `plan`, holding this
-    rank's slices of its weights; same parameter names. Every pattern must match. trace_layer: the label of its
+    rank's slices of its weights; same parameter names. Every pattern must match (of a block's residual half: every
+    pattern of that half's modules). trace_layer: the label of its
     MP collectives on an engine's CommTrace. Parameters no style places are marked replicated."""
     size = _rank_and_size(mp_group)[1]
     place = _Placement(mp_group, size, sequence_parallel and size > 1, trace_layer)
+    halves = getattr(layer, "RESIDUAL_HALVES", {})
+    if getattr(layer, "part", None) in halves:  # one residual half of a block (parallel/pipeline/units.py)
+        plan = {k: v for k, v in plan.items() if k.split(".")[0] in halves[layer.part]}
     split = [name for name, p in layer.named_parameters() if is_mp_split(p)]
     if split:
         raise ValueError(f"parallelize: {type(layer).__name__} is already split over MP ({split[0]})")
