@@ -127,7 +127,7 @@ def shape(cfg) -> ModelShape:
     layer = LayerShape(params=4 * w * w + 3 * w, matmul_params=4 * w * w, act_split=4 * w, act_whole=w,
                        stash=6 * w, mp_allreduces=1)
     return ModelShape(cfg.model.name, (layer,) * m.blocks, w, 1, data_bytes=2 * w,
-                      flops_per_sample=24.0 * w * w * m.blocks, cut=lambda n: block_cut(m.blocks, n))
+                      flops_per_sample=24.0 * w * w * m.blocks, cut=lambda n, pp=None, placement="loop": block_cut(m.blocks, n))
 
 
 ENTRY = ModelEntry(options=TinyOptions, build=build, check=check, parallelize=parallelize_mlp, shape=shape)

@@ -19,6 +19,7 @@ STAGE_IMPLS = ("auto", "native", "autograd")
 RECOMPUTE = ("none", "selective", "full")
 AMP_MODES = ("off", "fp16", "bf16")
 GRAPH_MODES = ("auto", "on", "off")
+SPLIT_MODES = ("auto", "on", "off")
 AMP_IMPLS = ("half-weights", "autocast")
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DP_GRAD_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
@@ -142,6 +143,11 @@ class StageConfig:
     kernel (native chains: graphs per micro-batch; autograd stages: one slot per micro-batch in flight; auto: on
     CUDA where the run allows it and the planner predicts it faster and fitting, said once at start; on:
     required, or one line and exit 2; off: eager)."""
+    split_blocks: str = field(default="auto", metadata=flag(choices=SPLIT_MODES))
+    """Let a pipeline stage end inside a transformer block, between its attention and MLP halves (each takes and
+    returns the residual stream), where whole blocks leave the pipeline ranks' work uneven: auto where that
+    lowers the busiest rank's work by more than parallel/pipeline/units.py's AUTO_GAIN; on: cut over halves
+    always; off: whole blocks."""
 
     def __post_init__(self):
         if isinstance(self.recompute, bool):  # StageConfig(impl, True): the engine's whole-stage recompute
@@ -156,6 +162,7 @@ class StageConfig:
         _choice(self.impl, STAGE_IMPLS, "stages.impl (--stage-impl)")
         _choice(self.recompute, RECOMPUTE, "stages.recompute (--recompute)")
         _choice(self.cuda_graphs, GRAPH_MODES, "stages.cuda_graphs (--cuda-graphs)")
+        _choice(self.split_blocks, SPLIT_MODES, "stages.split_blocks (--split-blocks)")
         if self.tp_chunks < 0:
             raise ConfigError(f"stages.tp_chunks (--tp-chunks) must be >= 0 (0: auto), got {self.tp_chunks}")
 

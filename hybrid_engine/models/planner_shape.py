@@ -9,6 +9,7 @@ of which the part before and after the MP region (LayerNorms, residual: 5 h elem
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -101,7 +102,15 @@ class ModelShape:
     builtin_loss: bool = False
     """The run's loss is the engine's built-in MSE (models/losses.py), which a native last stage computes in C++
     (and a CUDA graph captures with its forward)."""
-    cut: Callable[[int], list[list[int]]] = field(repr=False, compare=False, default=None)
+    cut: Callable[..., list[list[int]]] = field(repr=False, compare=False, default=None)
+    """(num stages, pipeline ranks, placement) -> each stage's layers: indices, or units.Half for a block's half
+    (the engine's own layout rule: the workload's)."""
+    halves: dict = field(repr=False, compare=False, default_factory=dict)
+    """A block's residual half, by part (units.Half.part): its LayerShape (halved)."""
+
+    def layer(self, unit) -> LayerShape:
+        """The LayerShape of a stage's entry (cut): a layer by index, or a block's half."""
+        return self.layers[unit] if isinstance(unit, int) else self.halves[unit.part]
 
     @property
     def unit(self) -> str:
@@ -170,7 +179,8 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
                   ffn_hidden: int, tied: bool, costs: list[float], flops_per_token: float,
                   positions: int = 0, block_acts: tuple[float, float] | None = None,
                   kv_width: int | None = None, fused_loss: bool = False, fp8: Fp8Gemms | None = None,
-                  sequence_params: int = 0, host_ops: tuple[int, int, int] = (0, 0, 0)) -> ModelShape:
+                  sequence_params: int = 0, host_ops: tuple[int, int, int] = (0, 0, 0),
+                  half_shares: tuple[float, float] = (0.5, 0.5), split_blocks: str = "off") -> ModelShape:
     """A decoder (the GPT or the Llama): embedding, blocks, head; stages cut by balanced_partition(costs).
     positions: rows of a learned position table beside the token embedding (the GPT's; 0: none, RoPE).
     block_acts: (split over MP, whole) activation elements a block keeps per token (default Megatron's 12 h, 5 h).
@@ -178,8 +188,10 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     fused_loss: the run's loss is the chunked linear + cross-entropy (loss_memory).
     fp8: a block's linear layers in float8 (fp8_gemms; None: none).
     sequence_params: a block's parameter tensors used on a sequence chunk under sequence parallelism.
-    host_ops: a block's aten operators a micro-batch (LayerShape.host_ops)."""
-    from hybrid_engine.parallel.pipeline.balance import balanced_partition
+    host_ops: a block's aten operators a micro-batch (LayerShape.host_ops).
+    half_shares: the shares of a block's cost of its attention and MLP halves; split_blocks: the run's
+    StageConfig.split_blocks (stages may end between them: parallel/pipeline/units.py)."""
+    from hybrid_engine.parallel.pipeline.units import place
 
     h = hidden
     act_split, act_whole = block_acts or (12 * h, 5 * h)
@@ -192,5 +204,28 @@ def decoder_shape(name: str, layers: int, hidden: int, seq_len: int, vocab: int,
     per_token, fixed = loss_memory(vocab, h, fused_loss)
     head = LayerShape(params=0 if tied else vocab * h, matmul_params=vocab * h, act_whole=2 * h,
                       stash=h + vocab, loss_bytes=per_token, loss_fixed=fixed)
+    parts = dict(zip(("attention", "mlp"), half_shares))
+    halves = {i: tuple(parts) for i in range(1, layers + 1)}
     return ModelShape(name, (embedding, *(block,) * layers, head), h, seq_len, data_bytes=16.0 * seq_len,
-                      flops_per_sample=flops_per_token * seq_len, cut=lambda n: balanced_partition(costs, n))
+                      flops_per_sample=flops_per_token * seq_len,
+                      cut=lambda n, pp=None, placement="loop": place(costs, halves, half_shares, n, pp, placement,
+                                                                   split_blocks),
+                      halves={part: halved(block, part, share) for part, share in parts.items()})
+
+
+def halved(block: LayerShape, part: str, share: float) -> LayerShape:
+    """One residual half of a block (parallel/pipeline/units.py): its share of the block's cost (half_costs) of
+    everything it holds and keeps, the attention core's FLOPs and K/V on the attention half only, one MP
+    all-reduce each, and its own fp8 GEMMs."""
+    attention = part == "attention"
+    fp8 = block.fp8
+    if fp8 is not None:  # each half closes with its row-parallel GEMM; the MLP's column GEMMs feed its own
+        mlp_width = fp8.row[-1][0]
+        fp8 = dataclasses.replace(fp8, column=tuple(g for g in fp8.column if (g[1] == mlp_width) != attention),
+                                  row=fp8.row[:1] if attention else fp8.row[1:])
+    return dataclasses.replace(
+        block, params=round(block.params * share), matmul_params=round(block.matmul_params * share),
+        attention_flops=block.attention_flops if attention else 0.0, kv_width=block.kv_width if attention else 0.0,
+        act_split=block.act_split * share, act_whole=block.act_whole * share, stash=block.stash * share,
+        mp_allreduces=block.mp_allreduces / 2, sequence_params=round(block.sequence_params / 2),
+        host_ops=tuple(round(n * share) for n in block.host_ops), fp8=fp8)

@@ -24,6 +24,7 @@ import torch.nn as nn
 from hybrid_engine.data import TokenDataset
 from hybrid_engine.parallel.pipeline.balance import describe_layout
 from hybrid_engine.parallel.pipeline.partition import partition
+from hybrid_engine.parallel.pipeline.units import LayoutRule
 
 from . import losses
 
@@ -37,7 +38,9 @@ class Workload:
     model: nn.Sequential
     loss: losses.LossSpec
     parallelize: Callable[[nn.Sequential, object], nn.Sequential]
-    layout_fn: Optional[Callable[[int], list[list[int]]]]  # num_stages -> module indices per stage; None: by count
+    # num_stages -> module indices per stage, or a units.LayoutRule (which also takes the pipeline ranks and the
+    # placement, and may cut blocks into halves); None: by count
+    layout_fn: Optional[Callable[..., list[list]]]
     data: object
     flops_per_sample: float  # model FLOPs of one training sample (forward + backward)
     tokens_per_sample: int  # 1 for the MLP, seq_len for the token models
@@ -47,6 +50,7 @@ class Workload:
     layer_costs: list[float]
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[object] = None  # the model's shape (GPTConfig, LlamaConfig; None for the MLP)
+    half_shares: Optional[dict] = None  # a block's half (units.Half.part) -> its share of the block's cost
     checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
 
     @property
@@ -61,17 +65,27 @@ class Workload:
         """One line for rank 0: the model, its data and its options."""
         return self.summary
 
-    def layout(self, num_stages: int) -> list[list[int]]:
-        """Module indices of each stage."""
-        return self.layout_fn(num_stages) if self.layout_fn is not None else partition(self.model, num_stages)
+    def layout(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> list[list]:
+        """Module indices of each of `num_stages` stages over `pp` pipeline ranks (None: one stage a rank) placed
+        by `placement` (the schedule's); a block cut between two stages is named by its halves (units.Half)."""
+        if self.layout_fn is None:
+            return partition(self.model, num_stages)
+        if isinstance(self.layout_fn, LayoutRule):
+            return self.layout_fn(num_stages, pp, placement)
+        return self.layout_fn(num_stages)
 
-    def describe_layout(self, num_stages: int) -> str:
-        return describe_layout(self.layer_names, self.layer_costs, self.layout(num_stages))
+    def describe_layout(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> str:
+        """A line per stage, and one that says which blocks the stages cut (where they cut any)."""
+        lines = [describe_layout(self.layer_names, self.layer_costs, self.layout(num_stages, pp, placement),
+                                 self.half_shares)]
+        split = getattr(self.layout_fn, "describe", None)
+        note = split(num_stages, pp, placement) if split is not None else None
+        return "\n".join(lines + ([note] if note else []))
 
-    def engine_kwargs(self, num_stages: int) -> dict:
+    def engine_kwargs(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> dict:
         """Engine(..., **this): the model's parallelize function and its stage layout."""
         return {"parallelize": self.parallelize,
-                "layout": self.layout_fn(num_stages) if self.layout_fn is not None else None}
+                "layout": self.layout(num_stages, pp, placement) if self.layout_fn is not None else None}
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter's full shape (the meta model's state_dict): what checkpoint.check_compatible takes."""

@@ -129,13 +129,13 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
     replayed: the stages run as CUDA graphs, step_time.graphed)."""
     e, mp, m, v = s.elem, s.mp, plan.micro_batches, plan.virtual_stages
     tokens = s.per_dp / m * shape.tokens_per_sample  # a cp rank's share of each sequence (context.py)
-    cut = shape.cut(s.pp * v)
     placement = schedule_placement(plan.schedule)
+    cut = shape.cut(s.pp * v, s.pp, placement)
     first_rank, last_rank = (stage_rank(st, s.pp, s.pp * v, placement) for st in (0, s.pp * v - 1))
     # a stage's activations per micro-batch: what its layers keep, and the loss's logits and their fp32 copies
-    kept = [(sum(shape.layers[i].act_split / mp + shape.layers[i].act_whole for i in chunk) * e +
-             sum(shape.layers[i].loss_bytes / mp for i in chunk)) * tokens +
-            sum(shape.layers[i].loss_fixed / mp for i in chunk) for chunk in cut]
+    kept = [(sum(shape.layer(i).act_split / mp + shape.layer(i).act_whole for i in chunk) * e +
+             sum(shape.layer(i).loss_bytes / mp for i in chunk)) * tokens +
+            sum(shape.layer(i).loss_fixed / mp for i in chunk) for chunk in cut]
     if s.full_recompute:  # only each stage's input is kept; one micro-batch's chain is rebuilt in the backward
         held = [shape.hidden * e * tokens] * len(cut)
     else:
@@ -144,7 +144,7 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
     out = []
     for r in range(s.pp):
         stages = rank_stages(r, s.pp, s.pp * v, placement)
-        layers = [shape.layers[i] for st in stages for i in cut[st]]
+        layers = [shape.layer(i) for st in stages for i in cut[st]]
         params = sum(layer.params for layer in layers) / mp
         weights, working = weight_bytes(params, [layer.params / mp for layer in layers], s)
         weights += sum(layer.fp8_cache for layer in layers) / mp  # fp8's weight cache, through the step

@@ -122,13 +122,13 @@ def action_costs(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed
     costs, merged, mp_s, mp_count = [], [], 0.0, 0
     kernel = card.blocks_kernel(s.cp_kernel) if s.cp > 1 else None  # None: one SDPA call a layer
     block_forward, block_backward = BLOCK_BYTES.get(kernel, BLOCK_BYTES["flash"])
-    for layers in shape.cut(s.pp * plan.virtual_stages):
+    for layers in shape.cut(s.pp * plan.virtual_stages, s.pp, schedule_placement(plan.schedule)):
         # replayed: one graph launch an action, no host work a layer
         f = i = card.action_overhead_s if replayed else 0.0
         w = wm = 0.0
         for index in layers:
             before = (f, i, w, wm)
-            layer = shape.layers[index]
+            layer = shape.layer(index)
             flops = 2.0 * layer.matmul_params / mp * tokens
             gemm = sum(gemm_pass_s(card, layer, s, tokens, reads_weights=True))
             attention = card.attention_s(layer.attention_flops / mp * tokens, s.half, kernel)
@@ -264,8 +264,8 @@ def rank_params(shape: ModelShape, s: Setting, virtual_stages: int, placement: s
     """Parameters held by each pipeline rank (its share of MP)."""
     out = [0.0] * s.pp
     num_stages = s.pp * virtual_stages
-    for stage, layers in enumerate(shape.cut(num_stages)):
-        out[stage_rank(stage, s.pp, num_stages, placement)] += sum(shape.layers[i].params for i in layers) / s.mp
+    for stage, layers in enumerate(shape.cut(num_stages, s.pp, placement)):
+        out[stage_rank(stage, s.pp, num_stages, placement)] += sum(shape.layer(i).params for i in layers) / s.mp
     return out
 
 
@@ -294,7 +294,7 @@ def timed(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool)
     held = [rank_stages(r, s.pp, s.pp * plan.virtual_stages, placement) for r in range(s.pp)]
     per_rank_merged = [sum(merged[st] for st in held[r]) for r in range(s.pp)]
     params = rank_params(shape, s, plan.virtual_stages, placement)
-    cut = shape.cut(s.pp * plan.virtual_stages)
+    cut = shape.cut(s.pp * plan.virtual_stages, s.pp, placement)
     worst = 0.0
     dp_worst = update_worst = 0.0
     for r in range(s.pp):
@@ -325,7 +325,7 @@ def timed(shape: ModelShape, card: Card, s: Setting, plan: Plan, replayed: bool)
         total = sim.makespan + per_rank_merged[r] + dp_exposed + update + card.step_host_s
         if total > worst:
             worst, dp_worst, update_worst = total, dp_exposed, update
-    attending = max(sum(1 for st in held[r] for i in cut[st] if shape.layers[i].attention_flops) for r in range(s.pp))
+    attending = max(sum(1 for st in held[r] for i in cut[st] if shape.layer(i).attention_flops) for r in range(s.pp))
     kv, kv_s = context_exposed(shape, card, s, plan, tokens, attending)
     return StepTime(worst, sim.makespan + max(per_rank_merged), sim.bubble, dp_worst, mp_count, mp_s, update_worst,
                     sim, kv, kv_s, replayed)

@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None, *, heartbeat: faults.Heartbeat | None = 
         if asked.unset:  # said with the other start-up lines, after the checks that may still refuse the run
             print(plan.line())
         print(workload.describe())
-        print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages), flush=True)
+        print(workload.describe_layout(grid.pp_size * cfg.schedule.virtual_stages, grid.pp_size,
+                                       cfg.schedule.placement), flush=True)
     predicted, fallback = plan.chosen, bool(asked.unset)  # a plan the user gave is not the planner's to change
     while True:
         engine = build_engine(cfg, workload, groups, device, cuda_graphs)

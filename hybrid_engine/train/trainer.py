@@ -85,7 +85,8 @@ def build_engine(cfg: RunConfig, workload: Workload, groups: GridGroups, device:
                   stages=cfg.stages, precision=precision, data_parallel=cfg.data_parallel, device=device,
                   trace=cfg.reporting.trace is not None, cp_comm=cfg.parallel.cp_comm, plan_card=cfg.plan.card,
                   cuda_graphs=cuda_graphs, cp_kernel=cfg.parallel.cp_kernel,
-                  **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages))
+                  **workload.engine_kwargs(groups.grid.pp_size * cfg.schedule.virtual_stages, groups.grid.pp_size,
+                                           cfg.schedule.placement))
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -14,6 +14,7 @@ from hybrid_engine import ProcessGrid
 from hybrid_engine.models import losses
 from hybrid_engine.data import MAGIC, MarkovChain, TokenDataset, write_token_file
 from hybrid_engine.parallel.pipeline.partition import check_layout
+from hybrid_engine.parallel.pipeline.units import Half, unit_module
 from hybrid_engine.config.engine import ConfigError
 from hybrid_engine.models.gpt.flops import gpt_flops_per_token
 from hybrid_engine.models.gpt.model import GPTConfig
@@ -49,8 +50,12 @@ def test_gpt_workload_builds_a_meta_model_with_the_datas_vocabulary_and_a_balanc
     assert wl.cfg.vocab_size == 67 and wl.loss == losses.VocabParallelCrossEntropy(67)
     assert all(p.is_meta for p in wl.model.parameters()) and len(wl.model) == CFG.layers + 2
     assert wl.parallelize == ParallelizeGPT(sequence_parallel=True, selective_recompute=True)
-    kwargs = wl.engine_kwargs(3)
-    assert [i for s in kwargs["layout"] for i in s] == list(range(6)) and len(kwargs["layout"]) == 3
+    kwargs = wl.engine_kwargs(3)  # 4 blocks and a light head over 3 stages: one block cut between its halves
+    flat = [unit_module(u) for stage in kwargs["layout"] for u in stage]
+    assert sorted(set(flat)) == list(range(6)) and flat == sorted(flat) and len(kwargs["layout"]) == 3
+    assert [sum(isinstance(u, Half) for u in stage) for stage in kwargs["layout"]] == [1, 1, 0]
+    whole = gpt_workload(CFG, data, split_blocks="off").engine_kwargs(3)["layout"]
+    assert [i for s in whole for i in s] == list(range(6))
     assert wl.tokens_per_sample == 16 and wl.flops_per_token == gpt_flops_per_token(wl.cfg)
     assert not wl.full_recompute and gpt_workload(CFG, data, recompute="full").full_recompute
     assert "GPT, 4 layers" in wl.describe() and wl.describe_layout(2).count("\n") == 1

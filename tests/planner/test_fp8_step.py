@@ -33,7 +33,7 @@ def llama(hidden: int, *flags: str, layers: int = 2, batch: int = 2) -> list[str
     return ["--model", "llama", "--hidden", str(hidden), "--layers", str(layers), "--heads", str(heads), "--kv-heads",
             str(max(1, heads // 4)), "--ffn-hidden", str(int(3.5 * hidden)), "--seq-len", "4096", "--vocab-size",
             "32000", "--batch-size", str(batch), "--amp", "bf16", "--plan-card", "h100", "--cuda-graphs", "off",
-            *flags]
+            "--split-blocks", "off", *flags]  # whole blocks: a layout balanced by FLOPs, not by fp8's faster GEMMs
 
 
 def step_ms(flags: list[str], plan: Plan = Plan("1f1b", 2), grid=(1, 1, 1)) -> float:

@@ -22,11 +22,11 @@ from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_d
 from hybrid_engine.models.planner_shape import (ModelShape, decoder_shape, fp8_gemms, planned_for_gpu,
                                                  planned_kernels)
 from hybrid_engine.models.workload import Workload
-from hybrid_engine.parallel.pipeline.balance import balanced_partition
+from hybrid_engine.parallel.pipeline.units import LayoutRule
 from hybrid_engine.parallel.tensor.plan import sequence_param_count
 
 from .flops import gpt_flops_per_token, gpt_param_count
-from .model import Block, Embedding, GPTConfig, layer_costs
+from .model import Block, Embedding, GPTConfig, half_costs, layer_costs
 from .parallelize import build_gpt, gpt_plan, parallelize_gpt
 
 RECOMPUTE = ("none", "full", "selective")
@@ -69,7 +69,7 @@ def gpt_config_of(model: dict) -> GPTConfig:
 
 def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
                  recompute: str = "none", fp32_residual: bool = False,
-                 kernels: KernelOptions = KernelOptions()) -> Workload:
+                 kernels: KernelOptions = KernelOptions(), split_blocks: str = "auto") -> Workload:
     """A GPT of shape `cfg` on `data`: a text or token file path, a ready TokenDataset, or None for the built-in
     Markov corpus of seed cfg.seed (vocabulary 256, known entropy rate). The vocabulary is the data's:
     cfg.vocab_size is replaced by it. Windows are cfg.seq_len + 1 tokens drawn from (cfg.seed, step).
@@ -92,15 +92,15 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
                f"{'; residual stream fp32' if fp32_residual else ''}; "
                f"{kernels.describe('', '(LayerNorm and GELU are one kernel each already)')}")
     return Workload(
-        name="gpt", model=build_gpt(cfg, "meta"),
+        name="gpt", model=(model := build_gpt(cfg, "meta")),
         loss=loss_for(losses.VocabParallelCrossEntropy(cfg.vocab_size), kernels),
         parallelize=ParallelizeGPT(sequence_parallel, recompute == "selective", fp32_residual, kernels),
-        layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
+        layout_fn=LayoutRule.of(model, costs, half_costs(cfg), split_blocks), data=data,
         flops_per_sample=gpt_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(cfg.layers)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        checkpoint_data=checkpoint_data(data))
+        half_shares=dict(zip(Block.RESIDUAL_HALVES, half_costs(cfg))), checkpoint_data=checkpoint_data(data))
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,
@@ -136,7 +136,7 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     shape = GPTConfig(256, m.layers, m.hidden, m.heads, m.seq_len, m.tie_embeddings, cfg.model.seed)
     kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return gpt_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel, recompute=cfg.stages.recompute,
-                        fp32_residual=m.fp32_residual, kernels=kernels)
+                        fp32_residual=m.fp32_residual, kernels=kernels, split_blocks=cfg.stages.split_blocks)
 
 
 def check(cfg, grid, device_type: str) -> None:
@@ -167,7 +167,7 @@ def shape(cfg) -> ModelShape:
                          fp8=fp8_gemms(kernels, [(h, 3 * h), (h, 4 * h)], [(h, h), (4 * h, h)]),
                          sequence_params=sequence_param_count(block, gpt_plan(block, True)),
                          host_ops=block_ops(g.heads, kernels, cfg.precision.amp != "off") if planned_for_gpu(cfg)
-                         else (0, 0, 0))
+                         else (0, 0, 0), half_shares=half_costs(g), split_blocks=cfg.stages.split_blocks)
 
 
 @lru_cache(maxsize=32)

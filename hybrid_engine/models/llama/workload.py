@@ -22,12 +22,12 @@ from hybrid_engine.models.token_workload import (check_stage_count, checkpoint_d
 from hybrid_engine.models.planner_shape import (ModelShape, decoder_shape, fp8_gemms, planned_for_gpu,
                                                  planned_kernels)
 from hybrid_engine.models.workload import Workload
-from hybrid_engine.parallel.pipeline.balance import balanced_partition
+from hybrid_engine.parallel.pipeline.units import LayoutRule
 from hybrid_engine.parallel.tensor.plan import sequence_param_count
 
 from .config import Llama3Scaling, LlamaConfig
 from .flops import llama_flops_per_token, llama_matmul_params, llama_param_count
-from .model import Block, check_split, layer_costs
+from .model import Block, check_split, half_costs, layer_costs
 from .parallelize import ParallelizeLlama, build_llama, llama_plan
 
 RECOMPUTE = ("none", "full", "selective")
@@ -65,7 +65,7 @@ def llama_weight_bytes(cfg: LlamaConfig) -> float:
 
 def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, sequence_parallel: bool = False,
                    recompute: str = "none", vocab_from_data: bool = True,
-                   kernels: KernelOptions = KernelOptions()) -> Workload:
+                   kernels: KernelOptions = KernelOptions(), split_blocks: str = "auto") -> Workload:
     """A Llama of shape `cfg` on `data` (a text or token file path, a ready TokenDataset, or None for the built-in
     Markov corpus of cfg.seed). vocab_from_data: the vocabulary is the data's (cfg.vocab_size replaced by it);
     else cfg.vocab_size, which must hold the data's ids. recompute: none | full | selective (RoPE and the
@@ -85,14 +85,15 @@ def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, 
                f"{llama_param_count(cfg) / 1e6:.3g}M parameters; data {data.name}; sequence parallel "
                f"{'on' if sequence_parallel else 'off'}; recompute {recompute}; {kernels.describe()}")
     return Workload(
-        name="llama", model=build_llama(cfg, "meta"),
+        name="llama", model=(model := build_llama(cfg, "meta")),
         loss=loss_for(losses.VocabParallelCrossEntropy(cfg.vocab_size), kernels),
         parallelize=ParallelizeLlama(sequence_parallel, recompute == "selective", kernels),
-        layout_fn=lambda num_stages: balanced_partition(costs, num_stages), data=data,
+        layout_fn=LayoutRule.of(model, costs, half_costs(cfg), split_blocks), data=data,
         flops_per_sample=llama_flops_per_token(cfg) * cfg.seq_len, tokens_per_sample=cfg.seq_len,
         checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
-        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg, checkpoint_data=checkpoint_data(data))
+        layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
+        half_shares=dict(zip(Block.RESIDUAL_HALVES, half_costs(cfg))), checkpoint_data=checkpoint_data(data))
 
 
 def config_of_options(m, seed: int, vocab_size: int) -> LlamaConfig:
@@ -109,7 +110,8 @@ def build(cfg, device: torch.device | str = "cpu") -> Workload:
     shape = config_of_options(m, cfg.model.seed, m.vocab_size or 1)
     kernels = m.kernels(torch.device(device).type, mp=cfg.parallel.mp, zero=cfg.data_parallel.zero)
     return llama_workload(shape, cfg.data.path, sequence_parallel=m.sequence_parallel,
-                          recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels)
+                          recompute=cfg.stages.recompute, vocab_from_data=not m.vocab_size, kernels=kernels,
+                          split_blocks=cfg.stages.split_blocks)
 
 
 # The shape's names in LlamaConfig's and check_split's messages (each spelled as its flag, without the dashes).
@@ -162,7 +164,7 @@ def shape(cfg) -> ModelShape:
                          kv_width=2 * c.kv_heads * c.head_dim, fused_loss=kernels.fused,
                          fp8=fp8_gemms(kernels, *block_linears(c)), sequence_params=sequence_params(c),
                          host_ops=block_ops(c, kernels, cfg.precision.amp != "off") if planned_for_gpu(cfg)
-                         else (0, 0, 0))
+                         else (0, 0, 0), half_shares=half_costs(c), split_blocks=cfg.stages.split_blocks)
 
 
 def sequence_params(c: LlamaConfig) -> int:

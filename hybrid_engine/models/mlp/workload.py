@@ -61,7 +61,7 @@ def mlp_shape(dim: int, depth: int) -> ModelShape:
     column-row pairs, one all-reduce per pair."""
     from hybrid_engine.parallel.pipeline.partition import stage_block_counts
 
-    def cut(stages: int) -> list[list[int]]:
+    def cut(stages: int, pp: int | None = None, placement: str = "loop") -> list[list[int]]:  # whole layers
         out, start = [], 0
         for count in stage_block_counts(depth, stages):
             out.append(list(range(start, start + count)))

@@ -191,10 +191,14 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     from hybrid_engine.parallel.tensor.layers import parallelize_mlp
     from hybrid_engine.planner.card import this_device
 
+    from hybrid_engine.parallel.pipeline.units import unit_sequence
+
     num_stages = grid.pp_size * cfg.schedule.virtual_stages
-    model = workload.engine_kwargs(num_stages)
-    layout = model["layout"] if model["layout"] is not None else partition(workload.model, num_stages)
-    plans = plan_stages(workload.model, layout, grid.mp_size, cfg.precision, cfg.stages,
+    model = workload.engine_kwargs(num_stages, grid.pp_size, cfg.schedule.placement)
+    units, layout = workload.model, partition(workload.model, num_stages)
+    if model["layout"] is not None:
+        units, layout, _ = unit_sequence(workload.model, model["layout"])
+    plans = plan_stages(units, layout, grid.mp_size, cfg.precision, cfg.stages,
                         tp_chains=model["parallelize"] is parallelize_mlp)
     native = [p.native for p in plans]
     choice = resolve(cfg.stages.cuda_graphs, device_type, native, cfg.schedule, grid.pp_size, cfg.stages,
