@@ -3,8 +3,9 @@
 # vocabulary 32000, 32 sequences in 8 micro-batches, AdamW, bf16) at pp=4 under every pipeline schedule:
 #   engine  zbv, dualpipev, 1f1b, zb1 + merged W, zbv + merged W, interleaved (v2, v3), the planner's own choice
 #           (no schedule flags), and zbv / dualpipev / 1f1b with --compile (its stages under torch.compile); each
-#           under the default --cuda-graphs auto (the stages may replay as graphs: the log's line says), and zbv
-#           with --cuda-graphs off beside it
+#           under the default --cuda-graphs auto (the stages may replay as graphs: the log's line says) and
+#           --split-blocks auto (stages may end inside a block), zbv with --cuda-graphs off beside it, and zbv and
+#           interleaved with --split-blocks off (whole blocks)
 #   torch   torch.distributed.pipelining ZBV, DualPipeV, 1F1B and interleaved 1F1B with each block compiled
 #           (experiments/peers/torch_pp_peer.py), and ZBV, DualPipeV and 1F1B eager
 # Runs go in that priority order, interleaved engine / torch, under one time budget (PASS_BUDGET_S, default 520 s): a
@@ -62,6 +63,7 @@ peer() {  # name mode schedule [limit]: experiments/peers/gpt_pp_tp_peers.py on 
 }
 
 engine engine_pp4_zbv --schedule zbv
+engine engine_pp4_zbv_whole --schedule zbv --split-blocks off
 engine engine_pp4_zbv_eager --schedule zbv --cuda-graphs off
 peer torch_pp4_zbv_compile torch-pp-compile zbv 240
 engine engine_pp4_dualpipev --schedule dualpipev
@@ -72,6 +74,7 @@ engine engine_pp4_zb1m --schedule zb1 --merge-wgrad
 engine engine_pp4_zbvm --schedule zbv --merge-wgrad
 peer torch_pp4_interleaved_compile torch-pp-compile interleaved 240
 engine engine_pp4_interleaved --schedule interleaved --virtual-stages 2
+engine engine_pp4_interleaved_whole --schedule interleaved --virtual-stages 2 --split-blocks off
 engine engine_pp4_interleaved_v3 --schedule interleaved --virtual-stages 3
 engine engine_pp4_auto
 engine engine_pp4_zbv_compile --schedule zbv --compile

@@ -222,7 +222,15 @@ def logged_runs(name: str, step_ms_of=lambda run: run["step_ms"], runs: tuple[st
 
 def measured_steps():
     """Every point: (results file, run, flags, ranks, measured step ms), each planned eager or graphed as it ran (every
-    run before the graphs pass predates CUDA-graphed stages)."""
+    run before the graphs pass predates CUDA-graphed stages) and with its stages' blocks whole or cut as it ran
+    (every run before the split-blocks pass placed whole blocks)."""
+    for name, run, flags, ranks, step_ms in _graphs_as_run():
+        yield name, run, flags + ["--split-blocks", "off"], ranks, step_ms
+    # the GPT at pp4 with stages ending inside blocks where auto chose it, beside whole blocks
+    yield from logged_runs("4xH200-pp4-schedules-split-blocks")
+
+
+def _graphs_as_run():
     for name, run, flags, ranks, step_ms in _measured_steps():
         yield name, run, flags + ["--cuda-graphs", "off"], ranks, step_ms
     yield from graph_runs()
