@@ -19,6 +19,8 @@ PLAN_UNCAPPED = "2026-11-28-4xH200-zero-sharding-plan-graphed-uncapped.json"  # 
 PLAN_AUTO_CAP = "2026-11-28-4xH200-zero-sharding-plan-auto-cap.json"  # the same plan under auto and the cap
 ZBV_GRAPHED = "2026-11-28-4xH200-pp4-schedules-zbv-graphed.json"  # the GPT's zbv at pp4, its I graphed and eager
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
+SPLIT = "2026-11-28-4xH200-pp4-schedules-split-blocks.json"  # the GPT at pp4, stages ending inside blocks or not
+SPLIT_LOGS = "2026-11-28-4xH200-pp4-schedules-split-blocks-logs.tgz"
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
 HEAD_AB = "2026-11-27-2xH200-transformer-step-head-ab.json"
@@ -96,6 +98,17 @@ def _gate_bench() -> dict:
 
 def _pp4(run: str) -> dict:
     return results(PP4_SCHEDULES)["runs"][f"engine_pp4_{run}"]
+
+
+def _split(run: str) -> dict:
+    return results(SPLIT)["runs"][f"engine_pp4_{run}"]
+
+
+def _planned_ms(logs: str, run: str) -> str:
+    """The step a run's plan line predicted, as it printed it ("plan: ... predicted N ms/step")."""
+    with tarfile.open(os.path.join(RESULTS, "raw", logs)) as tar:
+        text = tar.extractfile(f"./{run}.log").read().decode()
+    return next(line for line in text.splitlines() if line.startswith("plan: ")).split("predicted ")[1].split(" ")[0]
 
 
 def _graphs(grid: str, config: str) -> dict:
@@ -231,6 +244,17 @@ STEP_CLAIMS = [
      lambda: fixed(2)(results(ZBV_GRAPHED)["runs"]["engine_pp4_zbv"]["step_ms"]),
      lambda: fixed(2)(results(ZBV_GRAPHED)["runs"]["engine_pp4_zbv_eager"]["step_ms"])),
     (PERF, "and it trains at {} tokens/s", lambda: comma(results(PLAN_AUTO_CAP)["runs"]["plan_auto"]["tokens_s"])),
+    ("docs/schedules.md", "zbv ran {} tokens/s ({} ms a step, the planner predicted {}) against {} with whole blocks "
+                          "({} ms), {}×; interleaved (v2) {} against {}; auto's own plan, dualpipev, {} ({} of the",
+     lambda: comma(_split("zbv")["tokens_s"]), lambda: fixed(2)(_split("zbv")["step_ms"]),
+     lambda: _planned_ms(SPLIT_LOGS, "engine_pp4_zbv"), lambda: comma(_split("zbv_whole")["tokens_s"]),
+     lambda: fixed(2)(_split("zbv_whole")["step_ms"]),
+     lambda: ratio(_split("zbv")["tokens_s"], _split("zbv_whole")["tokens_s"]),
+     lambda: comma(_split("interleaved")["tokens_s"]), lambda: comma(_split("interleaved_whole")["tokens_s"]),
+     lambda: comma(_split("auto")["tokens_s"]), lambda: ratio(_split("auto")["tokens_s"], _split("zbv")["tokens_s"])),
+    ("docs/schedules.md", "torch pipelining's ZBV on whole blocks ran {}: the engine's best is {}× torch's",
+     lambda: comma(results(SPLIT)["runs"]["torch_pp4_zbv"]["tokens_s"]),
+     lambda: fixed(2)(results(SPLIT)["engine_best_vs_torch_best"]["value"])),
     (PERF, "one GPU at 64k tokens captures and trains graphed ({} GiB reserved",
      lambda: fixed(1)(_reserved_peak(LONG_SEQ_64K_LOGS, "gpu1_64k"))),
     (PERF, "Graphs pay where launches are most of the step: config C's 64 rows at mp4, {}×.",

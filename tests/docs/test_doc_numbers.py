@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from claims_text import CLAIMS as TEXT_CLAIMS
+from claims_step_text import SPLIT
 from doc_sources import (FIRST, GPT1, GPT_DP, GRIDS_MLP, JOB9, LLAMA1, LLAMA1_GRAPHED, LLAMA4, PERF, PLAN1, PLAN4,
                          PLANNING, PPTP, PROFILE, REPO, ZERO_OVERLAP, ZERO_SCALING, comma, first_loss, fixed,
                          gpt1_ratio, grid_gpt, grid_mlp, json_line_field, llama, max_batch, mlp, mlp_ratios, mlp_run, page, pct, peak_errors,
@@ -90,6 +91,11 @@ CLAIMS = [
      lambda: ratio(pptp("engine_tp2"), pptp("dtensor_tp")), lambda: ratio(pptp("engine_tp2"), pptp("megatron_tp"))),
     ("README.md", "| 4 × H200 | {}× one GPU | pp4 {}×, dp4 {}× one GPU |",
      lambda: grid_gpt("gpt_dp2pp2"), lambda: grid_gpt("gpt_pp4"), lambda: grid_gpt("gpt_dp4")),
+    ("README.md", "| 4 × H200 | {} tokens/s ({}% MFU) | torch pipelining ZBV {} | {}× |",
+     lambda: comma(results(SPLIT)["runs"]["engine_pp4_zbv"]["tokens_s"]),
+     lambda: pct()(results(SPLIT)["runs"]["engine_pp4_zbv"]["mfu"]),
+     lambda: comma(results(SPLIT)["runs"]["torch_pp4_zbv"]["tokens_s"]),
+     lambda: fixed(2)(results(SPLIT)["engine_best_vs_torch_best"]["value"])),
     ("README.md", "| 4 × H200 | mp2 {} ms, mp4 {} ms a step | one GPU {} ms | {}×; {}× |",
      lambda: fixed(2)(results(GRIDS_MLP)["runs"]["L_mp2"]["step_ms"]),
      lambda: fixed(2)(results(GRIDS_MLP)["runs"]["L_mp4"]["step_ms"]),
