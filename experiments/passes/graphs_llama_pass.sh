@@ -12,7 +12,8 @@
 # 4 GPUs; SMOKE=1: their host-replayed CPU form, tests/parallel/test_graphed_decoders.py) within the same budget.
 #
 # ON=auto runs the graphed runs under --cuda-graphs auto (what a run that leaves the choice to the engine gets: the
-# results' CUDA-graphs line says what auto chose); RUNS="tp4_off tp4_on" runs only the runs named.
+# results' CUDA-graphs line says what auto chose); RUNS="tp4_off tp4_on" runs only the runs named. pp4w and
+# pp2tp2w are pp4 and pp2 x tp2 with whole blocks on every stage (--split-blocks off), last.
 #
 #   bash experiments/passes/graphs_llama_pass.sh                # device kind nvidia-h100-x4
 #   SMOKE=1 bash experiments/passes/graphs_llama_pass.sh        # tiny, on this CPU (gloo ranks; graphs auto: off)
@@ -59,7 +60,8 @@ run() {  # name nproc limit_s driver-args...
 run gpu1_off 1 110 --pp 1 --mp 1 --cuda-graphs off
 run gpu1_on 1 120 --pp 1 --mp 1 --cuda-graphs "$ON"
 if ((GPUS_SEEN >= 4)); then
-  for grid in "tp4 --pp 1 --mp 4" "pp4 --pp 4 --mp 1" "pp2tp2 --pp 2 --mp 2"; do
+  for grid in "tp4 --pp 1 --mp 4" "pp4 --pp 4 --mp 1" "pp2tp2 --pp 2 --mp 2" \
+              "pp4w --pp 4 --mp 1 --split-blocks off" "pp2tp2w --pp 2 --mp 2 --split-blocks off"; do
     read -r name flags <<< "$grid"
     run "${name}_off" 4 80 $flags --cuda-graphs off
     run "${name}_on" 4 90 $flags --cuda-graphs "$ON"

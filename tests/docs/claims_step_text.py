@@ -21,6 +21,7 @@ ZBV_GRAPHED = "2026-11-28-4xH200-pp4-schedules-zbv-graphed.json"  # the GPT's zb
 PP4_SCHEDULES = "2026-11-27-4xH100-pp4-schedules.json"
 SPLIT = "2026-11-28-4xH200-pp4-schedules-split-blocks.json"  # the GPT at pp4, stages ending inside blocks or not
 SPLIT_LOGS = "2026-11-28-4xH200-pp4-schedules-split-blocks-logs.tgz"
+SPLIT_LLAMA = "2026-11-28-4xH200-graphs-llama-split-blocks.json"  # the Llama-1B class at pp4 and pp2 x tp2, the same
 KERNELS_8B = "2026-11-27-4xH100-kernels-8b-pp4.json"
 STEP_PASS = "2026-11-27-4xH200-transformer-step.json"
 HEAD_AB = "2026-11-27-2xH200-transformer-step-head-ab.json"
@@ -252,6 +253,10 @@ STEP_CLAIMS = [
      lambda: ratio(_split("zbv")["tokens_s"], _split("zbv_whole")["tokens_s"]),
      lambda: comma(_split("interleaved")["tokens_s"]), lambda: comma(_split("interleaved_whole")["tokens_s"]),
      lambda: comma(_split("auto")["tokens_s"]), lambda: ratio(_split("auto")["tokens_s"], _split("zbv")["tokens_s"])),
+    ("docs/schedules.md", "and runs {} tokens/s against {} with whole blocks; at pp2 × tp2 auto keeps whole blocks ({} "
+                          "and {} with `off`)",
+     *[lambda r=r: comma(results(SPLIT_LLAMA)["runs"][r]["per_s"]) for r in ("pp4_on", "pp4w_on", "pp2tp2_on",
+                                                                            "pp2tp2w_on")]),
     ("docs/schedules.md", "torch pipelining's ZBV on whole blocks ran {}: the engine's best is {}× torch's",
      lambda: comma(results(SPLIT)["runs"]["torch_pp4_zbv"]["tokens_s"]),
      lambda: fixed(2)(results(SPLIT)["engine_best_vs_torch_best"]["value"])),

@@ -228,6 +228,8 @@ def measured_steps():
         yield name, run, flags + ["--split-blocks", "off"], ranks, step_ms
     # the GPT at pp4 with stages ending inside blocks where auto chose it, beside whole blocks
     yield from logged_runs("4xH200-pp4-schedules-split-blocks")
+    # the Llama-1B class at pp4 and pp2 x tp2 graphed, the same, beside whole blocks
+    yield from logged_runs("4xH200-graphs-llama-split-blocks")
 
 
 def _graphs_as_run():
