@@ -43,7 +43,8 @@ def dataset() -> TokenDataset:
 
 def _engine(rank: int, run: dict):
     model = run["model"]
-    kw = dict(sequence_parallel=run.get("sp", False), recompute=run.get("recompute", "none"))
+    kw = dict(sequence_parallel=run.get("sp", False), recompute=run.get("recompute", "none"),
+              split_blocks=run.get("split", "auto"))
     workload = (gpt_workload(config(model), dataset(), **kw) if model == "gpt"
                 else llama_workload(config(model), dataset(), vocab_from_data=False, **kw))
     dp, cp, pp, mp = run["grid"]
@@ -128,7 +129,7 @@ TRAIN_4 = [
     dict(model="gpt", grid=(1, 4, 1, 1), comm="all-gather", recompute="selective"),
     dict(model="llama", grid=(1, 2, 1, 2), sp=True, recompute="selective"),
     dict(model="gpt", grid=(1, 2, 1, 2), sp=True),
-    dict(model="gpt", grid=(1, 2, 2, 1), schedule="interleaved", v=2, trace=True),
+    dict(model="gpt", grid=(1, 2, 2, 1), schedule="interleaved", v=2, trace=True, split="off"),  # a block a rank
     dict(model="llama", grid=(1, 2, 2, 1), schedule="zb1", comm="all-gather"),
     dict(model="llama", grid=(2, 2, 1, 1), zero=1, save="cp2dp2"),
     dict(model="gpt", grid=(2, 2, 1, 1), recompute="full"),
