@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from hybrid_engine.metrics import records
 from launch_utils import DRIVER, REPO, free_port, torchrun
 
@@ -72,38 +74,45 @@ def test_python_dash_m_runs_the_same_cli():
     assert bad.stderr.count("\n") == 1
 
 
-def test_a_resumed_run_times_the_steps_its_summary_says_it_timed(tmp_path):
+@pytest.fixture(scope="module")
+def adamw_runs(tmp_path_factory) -> dict:
+    """AdamW from the command line: 8 steps straight, and the same 8 as a run of 4 that saves, resumed to 7 (its
+    first two steps warm-up, the metrics file written) and resumed again to 8 with no warm-up: stdout and the
+    metrics file of each."""
+    root = tmp_path_factory.mktemp("adamw")
+
     def driver(*args: str) -> str:
-        done = subprocess.run([sys.executable, str(DRIVER), *SMALL, "--save", str(tmp_path / "ckpt"), *args],
-                              cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, str(DRIVER), *SMALL, "--optimizer", "adamw", *args], cwd=REPO,
+                              env=_env(), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    driver("--steps", "4")
-    metrics = tmp_path / "m.jsonl"
-    out = driver("--steps", "7", "--resume", "--warmup", "2", "--metrics", str(metrics))
-    times = {r["step"]: r["step_time_s"] for r in records.steps(records.read(metrics))}
+    save = ("--save", str(root / "ckpt"))
+    return {"straight": driver("--steps", "8"), "first": driver("--steps", "4", *save),
+            "resumed": driver("--steps", "7", *save, "--resume", "--warmup", "2", "--metrics", str(root / "m.jsonl")),
+            "last": driver("--steps", "8", *save, "--resume", "--warmup", "0"), "metrics": root / "m.jsonl"}
+
+
+def test_a_resumed_run_times_the_steps_its_summary_says_it_timed(adamw_runs):
+    out = adamw_runs["resumed"]
+    times = {r["step"]: r["step_time_s"] for r in records.steps(records.read(adamw_runs["metrics"]))}
     assert sorted(times) == [4, 5, 6]
     # steps 4 and 5 are this run's warm-up (its first two), so the median is step 6's time: the same number, the
     # summary's rounded to 2 decimals from its own (unrounded) measure, the metrics file's from its record
     said = re.search(r"median step ([0-9.]+) ms after 2 warm-up steps", out)
     assert said is not None, out
     assert abs(float(said.group(1)) - times[6] * 1e3) <= 0.005 + 1e-9, (said.group(1), times[6])
-    out = driver("--steps", "8", "--resume", "--warmup", "0")
-    assert "no warm-up steps left out" in out
+    assert "no warm-up steps left out" in adamw_runs["last"]
 
 
-def test_adamw_from_the_command_line_trains_and_resumes_bit_for_bit(tmp_path):
-    def losses(*args: str) -> list[str]:
-        done = subprocess.run([sys.executable, str(DRIVER), *SMALL, "--optimizer", "adamw", *args], cwd=REPO,
-                              env=_env(), capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return [line.split()[3] for line in done.stdout.splitlines() if line.startswith("step ")]
+def test_adamw_from_the_command_line_trains_and_resumes_bit_for_bit(adamw_runs):
+    def losses(out: str) -> list[str]:
+        return [line.split()[3] for line in out.splitlines() if line.startswith("step ")]
 
-    straight = losses("--steps", "5")
-    first = losses("--steps", "3", "--save", str(tmp_path / "ckpt"))
-    rest = losses("--steps", "5", "--save", str(tmp_path / "ckpt"), "--resume")
-    assert first + rest == straight and len(straight) == 5
+    straight = losses(adamw_runs["straight"])
+    parts = [losses(adamw_runs[run]) for run in ("first", "resumed", "last")]
+    assert [len(part) for part in parts] == [4, 3, 1]
+    assert parts[0] + parts[1] + parts[2] == straight and len(straight) == 8
 
 
 def _by_hand(args: tuple, per_rank_env: list[dict]) -> list[tuple[int, str]]:
