@@ -18,7 +18,9 @@ import torch.nn as nn
 from dist_utils import run_ranks
 from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
+from hybrid_engine.config.engine import ConfigError, StageConfig
 from hybrid_engine.data import MarkovChain, TokenDataset
+from hybrid_engine.models import registry
 from hybrid_engine.models import materialize
 from hybrid_engine.models.gpt.model import GPTConfig, dense_gpt, half_costs, layer_costs
 from hybrid_engine.models.gpt.parallelize import parallelize_gpt
@@ -28,6 +30,7 @@ from hybrid_engine.models.llama.workload import llama_workload
 from hybrid_engine.optim import optimizers as optim
 from hybrid_engine.parallel.grid import build_groups
 from hybrid_engine.parallel.pipeline.units import AUTO_GAIN, Half, LayoutRule, place, unit_sequence
+from hybrid_engine.train.cli import parse_config
 
 VOCAB, SEQ, BATCH, MICRO, LR, MOMENTUM = 67, 16, 8, 4, 0.1, 0.9
 RTOL = 1e-5
@@ -110,6 +113,17 @@ def test_a_layout_must_name_a_split_block_by_its_halves_only():
         unit_sequence(dense_gpt(tiny_gpt(), "meta"), [[0, 1, 2, Half(2, "attention")], [Half(2, "mlp"), 3, 4, 5]])
     with pytest.raises(ValueError, match="no residual halves"):
         unit_sequence(dense_gpt(tiny_gpt(), "meta"), [[Half(0, "attention"), 1, 2], [3, 4, 5]])
+
+
+def test_split_blocks_on_is_refused_for_a_model_without_halves_and_kept_for_the_decoders():
+    with pytest.raises(ConfigError, match="--split-blocks on applies to --model gpt and llama only"):
+        parse_config(["--split-blocks", "on", "--pp", "2", "--depth", "4"]).validate(2, "cpu", registry.check_model)
+    cfg = parse_config(["--model", "gpt", "--layers", "3", "--split-blocks", "on", "--pp", "2"])
+    cfg.validate(2, "cpu", registry.check_model)
+    assert registry.build_workload(cfg).layout_fn.mode == "on"
+    assert StageConfig().split_blocks == "auto"
+    with pytest.raises(ConfigError, match="stages.split_blocks"):
+        StageConfig(split_blocks="maybe").validate()
 
 
 def test_the_layout_line_names_the_cut_blocks():

@@ -52,6 +52,9 @@ def check(cfg, grid, device_type: str) -> None:
     if cfg.stages.recompute == "selective":
         raise ConfigError("--recompute selective applies to --model gpt and llama only (it recomputes the attention core); "
                           "the MLP recomputes whole stages: --recompute full")
+    if cfg.stages.split_blocks == "on":
+        raise ConfigError("--split-blocks on applies to --model gpt and llama only (stages end between a block's "
+                          "attention and MLP halves); the MLP's stages hold whole layers")
     if cfg.training.eval_every:
         raise ConfigError("--eval-every applies to --model gpt and llama only (the MLP's data has no held-out part)")
 
