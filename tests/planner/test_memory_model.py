@@ -275,7 +275,7 @@ def test_fp8_counts_its_weight_cache_and_keeps_the_projections_inputs_in_fp8():
 # (2026-11-28-4xH200-zero-sharding-plan-graphed-uncapped.json) and one GPU at 64k tokens
 # (2026-11-28-4xH200-long-seq-one-gpu-64k-graphed.json); each run's peak_reserved_gib in its logs.
 GPT_PP4 = ["--model", "gpt", "--hidden", "2560", "--layers", "12", "--heads", "20", "--seq-len", "1024", "--batch-size",
-           "32", "--amp", "bf16", "--optimizer", "adamw"]
+           "32", "--amp", "bf16", "--optimizer", "adamw", "--split-blocks", "off"]  # its runs' stages: whole blocks
 LLAMA_64K = ["--model", "llama", "--hidden", "2048", "--layers", "16", "--heads", "32", "--kv-heads", "8",
              "--ffn-hidden", "5632", "--seq-len", "65536", "--vocab-size", "32000", "--batch-size", "1", "--amp", "bf16",
              "--optimizer", "adamw", "--rope-theta", "500000", "--max-positions", "131072"]
