@@ -3,8 +3,8 @@ themselves, and training on grids whose stages cut blocks, against one rank.
 
 A half keeps the block's parameter names and initial weights, and two halves in a row compute what the block
 computes, bit for bit. The GPT and the Llama train on pp2 (1F1B, and zbv's V, whose two middle stages a rank
-holds both), pp2 x tp2 with sequence parallelism and zb1's split backward, every stage boundary inside a block,
-as one rank trains them (fp32, SGD with momentum: relative 1e-5); a state saved by one rank loads into a split
+holds both), pp2 x tp2 with sequence parallelism and zb1's split backward (also with the fused kernels and fp8's
+emulated GEMMs), every stage boundary inside a block, as one rank trains them (fp32, SGD with momentum: relative 1e-5); a state saved by one rank loads into a split
 layout and continues the same curve. Tiny shapes: hidden 32, 4 heads, 4 blocks, seq 16, 3 steps of 8 sequences
 in 4 micro-batches."""
 from __future__ import annotations
@@ -20,6 +20,7 @@ from engine_builders import make_engine
 from hybrid_engine import ProcessGrid
 from hybrid_engine.config.engine import ConfigError, StageConfig
 from hybrid_engine.data import MarkovChain, TokenDataset
+from hybrid_engine.kernels.options import KernelOptions
 from hybrid_engine.models import registry
 from hybrid_engine.models import materialize
 from hybrid_engine.models.gpt.model import GPTConfig, dense_gpt, half_costs, layer_costs
@@ -144,6 +145,8 @@ SPLIT_RUNS = {
     "gpt_pp2_1f1b": ("gpt", (1, 2, 1), "1f1b", 1, False),
     "gpt_pp2_zbv": ("gpt", (1, 2, 1), "zbv", 2, False),
     "llama_pp2_zb1": ("llama", (1, 2, 1), "zb1", 1, False),
+    # the fused kernels' CPU forms and fp8's emulated GEMMs in each half, against one rank with the same kernels
+    "llama_fp8_pp2_zb1": ("llama_fp8", (1, 2, 1), "zb1", 1, False),
 }
 SPLIT_RUNS_4 = {
     "llama_pp2_tp2_sp": ("llama", (1, 2, 2), "1f1b", 1, True),
@@ -154,7 +157,9 @@ SPLIT_RUNS_4 = {
 def _workload(model: str, sp: bool):
     if model == "gpt":
         return gpt_workload(tiny_gpt(), dataset(), sequence_parallel=sp, split_blocks="on")
-    return llama_workload(tiny_llama(), dataset(), sequence_parallel=sp, vocab_from_data=False, split_blocks="on")
+    kernels = KernelOptions(fused=True, fp8="rowwise") if model == "llama_fp8" else KernelOptions()
+    return llama_workload(tiny_llama(), dataset(), sequence_parallel=sp, vocab_from_data=False, split_blocks="on",
+                          kernels=kernels)
 
 
 def _train(rank: int, model: str, grid, schedule: str, v: int, sp: bool, steps: range, load=None):
@@ -229,7 +234,7 @@ def resume_split(rank: int, world: int, loads: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def references():
-    return run_ranks(1, one_rank, ["gpt", "llama"], timeout=300)[0]
+    return run_ranks(1, one_rank, ["gpt", "llama", "llama_fp8"], timeout=300)[0]
 
 
 def _check(result, reference):
@@ -252,7 +257,7 @@ def test_grids_with_blocks_cut_train_as_one_rank(world, runs, references):
 
 
 def test_a_one_rank_state_loads_into_a_split_layout_and_continues_the_curve(references):
-    loads = {model: _merged([ref[2]]) for model, ref in references.items()}
+    loads = {model: _merged([ref[2]]) for model, ref in references.items() if model != "llama_fp8"}
     resumed = run_ranks(2, resume_split, loads, timeout=300)[0]
     for model, losses in resumed.items():
         assert losses == pytest.approx(references[model][0][2:], rel=RTOL)
