@@ -4,9 +4,9 @@ themselves, and training on grids whose stages cut blocks, against one rank.
 A half keeps the block's parameter names and initial weights, and two halves in a row compute what the block
 computes, bit for bit. The GPT and the Llama train on pp2 (1F1B, and zbv's V, whose two middle stages a rank
 holds both), pp2 x tp2 with sequence parallelism and zb1's split backward (also with the fused kernels and fp8's
-emulated GEMMs), every stage boundary inside a block, as one rank trains them (fp32, SGD with momentum: relative 1e-5); a state saved by one rank loads into a split
-layout and continues the same curve. Tiny shapes: hidden 32, 4 heads, 4 blocks, seq 16, 3 steps of 8 sequences
-in 4 micro-batches."""
+emulated GEMMs), every stage boundary inside a block, as one rank trains them (fp32, SGD with momentum: relative
+1e-5); a state saved by one rank loads into a split layout and continues the same curve. Tiny shapes: hidden 32,
+4 heads, 4 blocks, seq 16, 3 steps of 8 sequences in 4 micro-batches."""
 from __future__ import annotations
 
 import numpy as np
