@@ -13,17 +13,19 @@ parallelism the stage's whole half weights, kept gathered from its first forward
 Calibrated against peaks measured by torch.cuda.max_memory_allocated: config L on one H200 10.4 GiB (10 bytes a
 parameter with SGD); the Llama-1B shape on one H200 20.1 GiB at 8 micro-batches and 25.8 at 4 (18 bytes a parameter
 with AdamW, 1.5 MB of activations a token); the Llama-8B shape on 4 x H200 at dp4: zero 1 89.9 GiB, zero 2 69.6,
-zero 3 59.5 (tests/planner/test_memory_model.py pins each, and the points derived from earlier runs).
+zero 3 59.5 (tests/planner/test_memory_model.py pins each, and the points derived from earlier runs). Stages run
+as CUDA graphs hold their graphs' pools instead of the activations in flight: per micro-batch index for native
+chains, per slot for autograd stages (graph_pools.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid_engine.parallel.pipeline.graphs import slots
 from hybrid_engine.parallel.pipeline.schedule import compute_schedule, rank_stages, schedule_placement, stage_rank
 
 from .candidates import Plan
 from .card import GIB
+from .graph_pools import GraphedStage, graphed_bytes
 from .model_shape import ModelShape
 from .setting import Setting
 
@@ -123,6 +125,11 @@ def live_peaks(program: list, per_stage: list[float], free_at_input_grad: bool) 
     return peak
 
 
+def temporaries(layers: list, mp: int, elem: float, tokens: float) -> float:
+    """One backward's temporaries beside what `layers` keep: BACKWARD_TEMPORARIES of the largest layer's."""
+    return BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * elem * tokens
+
+
 def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0,
                replayed: bool = False) -> list[RankPeak]:
     """Predicted peak of each pipeline rank (workspace: what the card's libraries allocate on every rank;
@@ -154,17 +161,20 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
         stash = (sum(layer.stash / mp for layer in layers) * e * tokens * m) if plan.merge_wgrad else 0.0
         first, last = r == first_rank, r == last_rank
         data = s.per_dp * shape.data_bytes / 2 * (first + last)
-        backward = BACKWARD_TEMPORARIES * max(layer.act_split / mp + layer.act_whole for layer in layers) * e * tokens
+        backward = temporaries(layers, mp, e, tokens)
         if replayed and shape.native:  # every micro-batch index keeps its activations and its backward's temporaries
             activations = m * sum(held[st] for st in stages)
             backward *= m * len(stages)
-        elif replayed:
-            # autograd stages: each slot (a micro-batch in flight, to its W after an I) keeps its activations
-            # through the run, and its forward pool a layer's temporaries beside them (an I captures into that
-            # pool, its temporaries and stashes beside the activations it frees); the slots' B graphs share one
-            # pool a stage that has B actions
-            kept_slots = {st: slots(programs[r], st) for st in stages}
-            activations = sum(kept_slots[st] * held[st] for st in stages) + sum(kept_slots.values()) * backward
-            backward *= sum(1 for st in stages if any(a.stage == st and a.type.name == "B" for a in programs[r]))
+        elif replayed:  # autograd stages: their graphs' pools, static buffers and transfers (graph_pools.py)
+            n, by_stage, at = s.pp * v, {}, 0
+            for st in stages:
+                by_stage[st], at = layers[at:at + len(cut[st])], at + len(cut[st])
+            remote = [stage_rank(st, s.pp, n, placement) != r for st in range(n)]
+            graphed = {st: GraphedStage(held[st], temporaries(by_stage[st], mp, e, tokens),
+                                        sum(layer.params / mp * e for layer in by_stage[st] if not layer.matmul_params),
+                                        st == 0, st == n - 1, st > 0 and remote[st - 1], st < n - 1 and remote[st + 1])
+                       for st in stages}
+            boundary = shape.hidden * e * tokens / (mp if s.sequence_parallel else 1)
+            activations, backward = graphed_bytes(programs[r], graphed, boundary, m, workspace), 0.0
         out.append(RankPeak(weights + workspace, working + activations + stash + data + backward))
     return out
