@@ -89,8 +89,6 @@ CLAIMS = [
     ("README.md", "| 2 × H100 | {} tokens/s | DTensor TP {}; Megatron-core {} | {}×; {}× |",
      lambda: comma(pptp("engine_tp2")), lambda: comma(pptp("dtensor_tp")), lambda: comma(pptp("megatron_tp")),
      lambda: ratio(pptp("engine_tp2"), pptp("dtensor_tp")), lambda: ratio(pptp("engine_tp2"), pptp("megatron_tp"))),
-    ("README.md", "| 4 × H200 | {}× one GPU | pp4 {}×, dp4 {}× one GPU |",
-     lambda: grid_gpt("gpt_dp2pp2"), lambda: grid_gpt("gpt_pp4"), lambda: grid_gpt("gpt_dp4")),
     ("README.md", "| 4 × H200 | {} tokens/s ({}% MFU) | torch pipelining ZBV {} | {}× |",
      lambda: comma(results(SPLIT)["runs"]["engine_pp4_zbv"]["tokens_s"]),
      lambda: pct()(results(SPLIT)["runs"]["engine_pp4_zbv"]["mfu"]),
