@@ -61,10 +61,10 @@ def _compiled_block_matches_eager(rank: int, world: int, sequence_parallel: bool
 
 
 def _fresh_graph_cache(root) -> str:
-    """An inductor cache with no graphs in it (fxgraph/, aotautograd/ and locks/ start empty) whose kernel folders
-    are the machine cache's: a kernel is stored by the hash of its source, so loading a built one is what g++ would
-    make of that source, while every graph of the two compiles is looked up and stored by its key here. Building the
-    block's ~20 kernels again costs ~40 s of g++ on one core, and they are the same on every run."""
+    """An inductor cache with no graphs in it (fxgraph/ and aotautograd/ start empty) whose kernel folders and their
+    build locks are the machine cache's: a kernel is stored by the hash of its source, so loading a built one is what
+    g++ would make of that source, while every graph of the two compiles is looked up and stored by its key here.
+    Building the block's ~20 kernels again costs ~40 s of g++ on one core, and they are the same on every run."""
     machine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if machine is None:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -78,6 +78,8 @@ def _fresh_graph_cache(root) -> str:
     for name in (a + b for a in alphabet for b in alphabet):
         os.makedirs(os.path.join(machine, name), exist_ok=True)
         os.symlink(os.path.join(machine, name), os.path.join(cache, name))
+    os.makedirs(os.path.join(machine, "locks"), exist_ok=True)  # one build of a kernel at a time, as elsewhere
+    os.symlink(os.path.join(machine, "locks"), os.path.join(cache, "locks"))
     return cache
 
 
