@@ -20,6 +20,7 @@ inside blocks (asked by the workloads and the planner alike).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -130,9 +131,18 @@ def place(costs: Sequence[float], halves: dict[int, tuple[str, ...]], half_costs
     cut into those parts, costed `half_costs` (shares of the module's cost, in the same order), the cuts moved
     until no single move lowers the costliest rank's work, and a block whose halves land on one stage put back
     whole. A rank's work is the sum of its stages' costs (under virtual stages a rank holds several)."""
+    return [list(stage) for stage in _place(tuple(costs), tuple(sorted(halves.items())), tuple(half_costs),
+                                             num_stages, pp, placement, mode)]
+
+
+# A pure function of its arguments, asked again for every plan the planner times (thousands per table): memoized.
+@functools.lru_cache(maxsize=512)
+def _place(costs: tuple[float, ...], halves_items: tuple, half_costs: tuple[float, ...], num_stages: int,
+           pp: int | None, placement: str, mode: str) -> tuple[tuple[int | Half, ...], ...]:
+    halves = dict(halves_items)
     pp = num_stages if pp is None else pp
     ranks = [_C.schedule.stage_rank(s, pp, num_stages, placement) for s in range(num_stages)]
-    whole = balanced_partition(costs, num_stages)
+    whole = tuple(map(tuple, balanced_partition(costs, num_stages)))
     if mode == "off" or not halves:
         return whole
     units: list[int | Half] = []
@@ -142,10 +152,10 @@ def place(costs: Sequence[float], halves: dict[int, tuple[str, ...]], half_costs
             units.append(i if part is None else Half(i, part))
             unit_costs.append(cost * share)
     cuts = _rank_balanced(unit_costs, balanced_partition(unit_costs, num_stages), ranks, pp)
-    split = [_rejoin([units[k] for k in stage], halves) for stage in cuts]
+    split = tuple(tuple(_rejoin([units[k] for k in stage], halves)) for stage in cuts)
     if mode == "on":
         return split
-    worst_whole = max(_rank_loads(costs, whole, ranks, pp))
+    worst_whole = max(_rank_loads(costs, [list(stage) for stage in whole], ranks, pp))
     worst_split = max(_rank_loads(unit_costs, cuts, ranks, pp))
     return split if worst_split < (1 - AUTO_GAIN) * worst_whole else whole
 
