@@ -24,21 +24,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import runpy
-import sys
 from collections import defaultdict
 
 import torch
 
+import driver_in_process  # this folder: the script's own
+
 GIB = 2**30
-
-
-class _Left(BaseException):
-    """The driver's os._exit, caught."""
-
-
-def _leave(code: int) -> None:
-    raise _Left(code)
 
 
 def site(frames: list[dict]) -> str:
@@ -176,18 +168,8 @@ def stacks_main(out: str, rank: str) -> None:
     Engine.train_step = stepped
 
 
-def main() -> None:
-    out, rank = os.environ["PROBE_OUT"], os.environ.get("RANK", "0")
-    sys.argv = ["hybrid_engine.py"] + sys.argv[1:]
-    sys.path.insert(0, os.getcwd())
-    os._exit = _leave
-    if os.environ.get("PROBE_STACKS") == "1" and torch.cuda.is_available():
-        stacks_main(out, rank)
-        try:
-            runpy.run_path("hybrid_engine.py", run_name="__main__")
-        except (SystemExit, _Left):
-            pass
-        return
+def pools_main(out: str, rank: str) -> None:
+    """Every pool's reserved and allocated bytes over the capture step and the next (the module's docstring)."""
     from hybrid_engine.engine.engine import Engine
     train_step, calls, marks = Engine.train_step, [0], {}
 
@@ -220,10 +202,14 @@ def main() -> None:
         return result
 
     Engine.train_step = stepped
-    try:
-        runpy.run_path("hybrid_engine.py", run_name="__main__")
-    except (SystemExit, _Left):
-        pass
+
+
+def main() -> None:
+    out, rank = os.environ["PROBE_OUT"], os.environ.get("RANK", "0")
+    driver_in_process.enter()
+    stacks = os.environ.get("PROBE_STACKS") == "1" and torch.cuda.is_available()
+    (stacks_main if stacks else pools_main)(out, rank)
+    driver_in_process.run()
 
 
 if __name__ == "__main__":

@@ -8,27 +8,18 @@ where one spends more: an operator called more often, a kernel that got slower, 
 PROFILE_STEPS=S:A records only training steps S+1 .. S+A (the steady state, without the first steps' compiling and
 communicator set-up), and the file then says how many steps it holds ("steps"), so per-step figures divide by it.
 
-Run from the tree to profile (it runs ./hybrid_engine.py). The driver leaves through os._exit (no interpreter
-teardown); here that exit becomes an exception so the profile can be written.
+Run from the tree to profile (it runs ./hybrid_engine.py in this process: driver_in_process.py).
 """
 from __future__ import annotations
 
 import json
 import os
-import runpy
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-
-class _Left(BaseException):
-    """The driver's os._exit, caught."""
-
-
-def _leave(code: int) -> None:
-    raise _Left(code)
+import driver_in_process  # this folder: the script's own
 
 
 def busy_us(events) -> float:
@@ -65,9 +56,7 @@ def main() -> None:
     path = f"{out}-rank{rank}.json"
     window = step_window(os.environ.get("PROFILE_STEPS", ""))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    sys.argv = ["hybrid_engine.py"] + sys.argv[1:]
-    sys.path.insert(0, os.getcwd())  # the tree run from, not this script's folder
-    os._exit = _leave
+    driver_in_process.enter()
     kwargs, began = {}, [time.perf_counter()]
     if window:
         skip, active = window
@@ -91,10 +80,7 @@ def main() -> None:
                 return result
 
             Engine.train_step = stepped
-        try:
-            runpy.run_path("hybrid_engine.py", run_name="__main__")
-        except (SystemExit, _Left):
-            pass
+        driver_in_process.run()
     if not window:
         write(path, prof, time.perf_counter() - began[0], None)
 
