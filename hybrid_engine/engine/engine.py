@@ -30,14 +30,14 @@ from .micro_batches import MicroBatches, micro_batch_fn
 from .reschedule import Reschedule
 from .step_result import StepResult
 from hybrid_engine.models import materialize
-from hybrid_engine.parallel.pipeline.partition import check_layout, partition, stages_of_rank
+from hybrid_engine.parallel.pipeline.partition import stages_of_rank
 from hybrid_engine.optim.masters import MasterWeights
 from hybrid_engine.parallel.pipeline.schedule import make_schedule
 from .stage_specs import probe_stage_specs
 from .update import UpdateStep
 from hybrid_engine.parallel.pipeline.graphs import GraphChoice
 from hybrid_engine.parallel.pipeline.stages import build_programs, plan_stages
-from hybrid_engine.parallel.pipeline.units import unit_sequence
+from hybrid_engine.parallel.pipeline.units import stage_units
 from hybrid_engine.parallel.data_parallel.tied import TiedGradients
 from hybrid_engine.parallel.context.apply import apply_context_parallel, context_of
 from hybrid_engine.planner.card import this_device
@@ -104,10 +104,7 @@ class Engine(EngineState, UpdateStep, Reschedule):
 
         # Stages: partition the whole model, plan every stage's program, build only this rank's chunks. A layout
         # that cuts inside blocks (units.Half) is a layout of the model's units: those blocks' halves in their place.
-        model, layout, module_index = (unit_sequence(model, layout) if layout is not None
-                                       else (model, None, list(range(len(model)))))
-        layout = partition(model, self.num_stages) if layout is None else check_layout(layout, len(model),
-                                                                                       self.num_stages)
+        model, layout, module_index = stage_units(model, layout, self.num_stages)
         self.layout = layout
         self.plans = plan_stages(model, layout, self.grid.mp_size, precision, stages,
                                  tp_chains=parallelize is parallelize_mlp)

@@ -50,7 +50,6 @@ class Workload:
     layer_costs: list[float]
     full_recompute: bool = False  # StageConfig.recompute for this workload's own recompute option
     cfg: Optional[object] = None  # the model's shape (GPTConfig, LlamaConfig; None for the MLP)
-    half_shares: Optional[dict] = None  # a block's half (units.Half.part) -> its share of the block's cost
     checkpoint_data: Optional[dict] = None  # run_info["data"]: what the model trains on (None: the seed says it)
 
     @property
@@ -76,10 +75,10 @@ class Workload:
 
     def describe_layout(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> str:
         """A line per stage, and one that says which blocks the stages cut (where they cut any)."""
+        rule = self.layout_fn if isinstance(self.layout_fn, LayoutRule) else None
         lines = [describe_layout(self.layer_names, self.layer_costs, self.layout(num_stages, pp, placement),
-                                 self.half_shares)]
-        split = getattr(self.layout_fn, "describe", None)
-        note = split(num_stages, pp, placement) if split is not None else None
+                                 rule.shares if rule else None)]
+        note = rule.describe(num_stages, pp, placement) if rule else None
         return "\n".join(lines + ([note] if note else []))
 
     def engine_kwargs(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> dict:

@@ -100,7 +100,7 @@ def gpt_workload(cfg: GPTConfig, data: str | TokenDataset | None = None, *, sequ
         checkpoint_model=gpt_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(cfg.layers)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        half_shares=dict(zip(Block.RESIDUAL_HALVES, half_costs(cfg))), checkpoint_data=checkpoint_data(data))
+        checkpoint_data=checkpoint_data(data))
 
 
 def check_gpt(cfg, grid, sequence_parallel: bool = False, virtual_stages: int = 1,

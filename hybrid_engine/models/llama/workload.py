@@ -93,7 +93,7 @@ def llama_workload(cfg: LlamaConfig, data: str | TokenDataset | None = None, *, 
         checkpoint_model=llama_checkpoint_model(cfg), summary=summary,
         layer_names=["embedding"] + [f"block {i}" for i in range(1, cfg.layers + 1)] + ["head"],
         layer_costs=costs, full_recompute=recompute == "full", cfg=cfg,
-        half_shares=dict(zip(Block.RESIDUAL_HALVES, half_costs(cfg))), checkpoint_data=checkpoint_data(data))
+        checkpoint_data=checkpoint_data(data))
 
 
 def config_of_options(m, seed: int, vocab_size: int) -> LlamaConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["balanced_partition", "stage_costs", "describe_layout"]
+__all__ = ["balanced_partition", "stage_costs", "entry_cost", "describe_layout"]
 
 
 def balanced_partition(costs: Sequence[float], num_stages: int) -> list[list[int]]:
@@ -69,6 +69,12 @@ def stage_costs(costs: Sequence[float], stages: list[list[int]]) -> list[float]:
     return [sum(costs[i] for i in stage) for stage in stages]
 
 
+def entry_cost(entry, costs: Sequence[float], shares: dict | None = None) -> float:
+    """The cost of a layout's entry: a module's (by index), or a block's half's (units.Half: its share of the
+    block's; shares: each part's share)."""
+    return costs[entry] if isinstance(entry, int) else costs[entry.module] * shares[entry.part]
+
+
 def describe_layout(names: Sequence[str], costs: Sequence[float], stages: list[list], shares: dict | None = None
                     ) -> str:
     """One line per stage: the model's modules it holds, by index (the indices Engine(layout=) takes and a
@@ -80,8 +86,7 @@ def describe_layout(names: Sequence[str], costs: Sequence[float], stages: list[l
     def index(u) -> str:
         return str(u) if isinstance(u, int) else f"{u.module} ({u.part})"
 
-    totals = [sum(costs[u] if isinstance(u, int) else costs[u.module] * shares[u.part] for u in stage)
-              for stage in stages]
+    totals = [sum(entry_cost(u, costs, shares) for u in stage) for stage in stages]
     mean = sum(totals) / len(totals) if totals else 1.0
     lines = []
     for s, (stage, total) in enumerate(zip(stages, totals)):

@@ -186,18 +186,14 @@ def check_run(cfg, workload, grid, device_type: str, card=None) -> GraphChoice:
     auto, where the run can be graphed: the planner's verdict on the run's plan (`planned`) on `card` (None: this
     device's). The driver hands the choice to the engine, which says it."""
     from hybrid_engine.models import losses
-    from hybrid_engine.parallel.pipeline.partition import partition
     from hybrid_engine.parallel.pipeline.stages import plan_stages
+    from hybrid_engine.parallel.pipeline.units import stage_units
     from hybrid_engine.parallel.tensor.layers import parallelize_mlp
     from hybrid_engine.planner.card import this_device
 
-    from hybrid_engine.parallel.pipeline.units import unit_sequence
-
     num_stages = grid.pp_size * cfg.schedule.virtual_stages
     model = workload.engine_kwargs(num_stages, grid.pp_size, cfg.schedule.placement)
-    units, layout = workload.model, partition(workload.model, num_stages)
-    if model["layout"] is not None:
-        units, layout, _ = unit_sequence(workload.model, model["layout"])
+    units, layout, _ = stage_units(workload.model, model["layout"], num_stages)
     plans = plan_stages(units, layout, grid.mp_size, cfg.precision, cfg.stages,
                         tp_chains=model["parallelize"] is parallelize_mlp)
     native = [p.native for p in plans]

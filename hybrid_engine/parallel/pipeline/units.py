@@ -28,9 +28,11 @@ import torch.nn as nn
 
 import hybrid_engine._C as _C
 
-from .balance import balanced_partition, stage_costs
+from .balance import balanced_partition, entry_cost, stage_costs
+from .partition import check_layout, partition
 
-__all__ = ["Half", "AUTO_GAIN", "half_of", "halves_of", "unit_sequence", "place", "LayoutRule", "unit_module"]
+__all__ = ["Half", "AUTO_GAIN", "half_of", "halves_of", "unit_sequence", "stage_units", "place", "LayoutRule",
+           "unit_module"]
 
 # auto cuts inside blocks only where that lowers the busiest pipeline rank's work by more than this share of it:
 # below it the gain is within the cost model's error
@@ -122,6 +124,16 @@ def unit_sequence(model: nn.Sequential, layout: Sequence[Sequence[int | Half]]
     return nn.Sequential(*units), positions, module_index
 
 
+def stage_units(model: nn.Sequential, layout: Sequence[Sequence[int | Half]] | None, num_stages: int
+                ) -> tuple[nn.Sequential, list[list[int]], list[int]]:
+    """What an engine cuts: (units, each stage's positions in them, each unit's module index) of `layout`
+    (unit_sequence, then checked: contiguous, covering every unit), or of a cut by layer count where it is None."""
+    if layout is None:
+        return model, partition(model, num_stages), list(range(len(model)))
+    units, positions, module_index = unit_sequence(model, layout)
+    return units, check_layout(positions, len(units), num_stages), module_index
+
+
 def place(costs: Sequence[float], halves: dict[int, tuple[str, ...]], half_costs: Sequence[float],
           num_stages: int, pp: int | None = None, placement: str = "loop", mode: str = "auto"
           ) -> list[list[int | Half]]:
@@ -140,8 +152,7 @@ def place(costs: Sequence[float], halves: dict[int, tuple[str, ...]], half_costs
 def _place(costs: tuple[float, ...], halves_items: tuple, half_costs: tuple[float, ...], num_stages: int,
            pp: int | None, placement: str, mode: str) -> tuple[tuple[int | Half, ...], ...]:
     halves = dict(halves_items)
-    pp = num_stages if pp is None else pp
-    ranks = [_C.schedule.stage_rank(s, pp, num_stages, placement) for s in range(num_stages)]
+    pp, ranks = _ranks(num_stages, pp, placement)
     whole = tuple(map(tuple, balanced_partition(costs, num_stages)))
     if mode == "off" or not halves:
         return whole
@@ -175,6 +186,11 @@ class LayoutRule:
         return LayoutRule(tuple(costs), {i: halves_of(m) for i, m in enumerate(model) if halves_of(m)},
                           tuple(half_costs), mode)
 
+    @property
+    def shares(self) -> dict[str, float]:
+        """Each half (by part) -> its share of its block's cost."""
+        return dict(zip(next(iter(self.halves.values()), ()), self.half_costs))
+
     def __call__(self, num_stages: int, pp: int | None = None, placement: str = "loop") -> list[list[int | Half]]:
         return place(self.costs, self.halves, self.half_costs, num_stages, pp, placement, self.mode)
 
@@ -184,18 +200,21 @@ class LayoutRule:
         cut = [u.module for stage in layout[1:] for u in stage[:1] if isinstance(u, Half)]
         if not cut:
             return None
-        pp = num_stages if pp is None else pp
-        ranks = [_C.schedule.stage_rank(s, pp, num_stages, placement) for s in range(num_stages)]
-        shares = dict(zip(next(iter(self.halves.values())), self.half_costs))
+        pp, ranks = _ranks(num_stages, pp, placement)
         loads = [0.0] * pp
         for stage, rank in zip(layout, ranks):
-            loads[rank] += sum(self.costs[u] if isinstance(u, int) else self.costs[u.module] * shares[u.part]
-                               for u in stage)
+            loads[rank] += sum(entry_cost(u, self.costs, self.shares) for u in stage)
         whole = _rank_loads(self.costs, balanced_partition(self.costs, num_stages), ranks, pp)
         mean = sum(loads) / pp
         return (f"stages end inside module{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))}, between "
                 f"attention and MLP (--split-blocks {self.mode}): the busiest pipeline rank's work "
                 f"{max(loads) / mean:.2f}x the mean, {max(whole) / mean:.2f}x with whole blocks")
+
+
+def _ranks(num_stages: int, pp: int | None, placement: str) -> tuple[int, list[int]]:
+    """(pipeline ranks, each stage's rank): `placement`'s, one stage a rank where pp is None."""
+    pp = num_stages if pp is None else pp
+    return pp, [_C.schedule.stage_rank(s, pp, num_stages, placement) for s in range(num_stages)]
 
 
 def _rank_loads(costs: Sequence[float], stages: list[list[int]], ranks: list[int], pp: int) -> list[float]:
