@@ -166,9 +166,8 @@ def peak_bytes(shape: ModelShape, s: Setting, plan: Plan, workspace: float = 0.0
             activations = m * sum(held[st] for st in stages)
             backward *= m * len(stages)
         elif replayed:  # autograd stages: their graphs' pools, static buffers and transfers (graph_pools.py)
-            n, by_stage, at = s.pp * v, {}, 0
-            for st in stages:
-                by_stage[st], at = layers[at:at + len(cut[st])], at + len(cut[st])
+            n = s.pp * v
+            by_stage = {st: [shape.layer(i) for i in cut[st]] for st in stages}
             remote = [stage_rank(st, s.pp, n, placement) != r for st in range(n)]
             graphed = {st: GraphedStage(held[st], temporaries(by_stage[st], mp, e, tokens),
                                         sum(layer.params / mp * e for layer in by_stage[st] if not layer.matmul_params),
