@@ -117,6 +117,12 @@ def run_ranks(world_size: int, fn: Callable, *args: Any, timeout: float = 60) ->
                 rank, ok, value = results.get(timeout=0.1)
                 outcome[rank] = (ok, value)
                 if not ok:
+                    # a peer that died without a word is the cause, and the failing rank only saw it go (gloo's
+                    # "connection closed by peer"): the death is what the test is told
+                    dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                            if r not in outcome and p.exitcode not in (None, 0)]
+                    if dead:
+                        pytest.fail(f"run_ranks: rank {dead[0][0]} of {world_size} died with exit code {dead[0][1]}")
                     pytest.fail(f"run_ranks: rank {rank} of {world_size} failed:\n{value}", pytrace=False)
                 continue
             except queue.Empty:

@@ -29,6 +29,13 @@ def _rank_0_dies(rank: int, world_size: int) -> None:
     time.sleep(30)
 
 
+def _rank_0_dies_then_rank_1_fails(rank: int, world_size: int) -> None:
+    if rank == 0:
+        os._exit(3)
+    time.sleep(0.5)  # rank 0 is gone; this rank's error reaches the parent within the dead rank's grace
+    raise RuntimeError("connection closed by peer")
+
+
 def _rank_1_skips_the_collective(rank: int, world_size: int) -> None:
     if rank != 1:
         dist.all_reduce(torch.zeros(1))
@@ -48,6 +55,11 @@ def test_a_dead_rank_fails_the_test():
     # the message is the claim: the death is reported as such, not as the 30 s timeout
     with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 died with exit code 3"):
         run_ranks(2, _rank_0_dies, timeout=30)
+
+
+def test_a_rank_failing_because_a_peer_died_reports_the_death():
+    with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 died with exit code 3"):
+        run_ranks(2, _rank_0_dies_then_rank_1_fails, timeout=30)
 
 
 def test_a_hang_fails_at_the_timeout():
